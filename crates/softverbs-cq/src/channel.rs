@@ -1,0 +1,340 @@
+//! Completion channels (`ibv_create_comp_channel(3)`, `ibv_get_cq_event(3)`): one channel
+//! serves many CQs; each event names its CQ and the CQ's user context.
+//!
+//! The channel is a pollable file descriptor (an `eventfd` in semaphore mode, one count per
+//! queued event), so it works blocking, non-blocking (`O_NONBLOCK` gives `EAGAIN`) and from
+//! `poll`/`epoll`, exactly as the fd of a libibverbs channel. Events sit in a queue beside
+//! it; the queue's lock is also what orders event delivery against CQ destruction.
+//!
+//! In Rust a [`CqEvent`] acknowledges itself when dropped; the counted form
+//! ([`CqEvent::into_unacknowledged`] then `ack_events(n)` on the CQ) is there for the C side.
+//!
+//! Waking a thread blocked in the kernel costs tens of microseconds on a virtual machine, so
+//! a blocking [`CompletionChannel::get_event`] first spins for a short, configurable time
+//! ([`CompletionChannel::set_spin`]) watching the queue.
+
+use crate::cq::Shared;
+use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+#[cfg(not(loom))]
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// How long a blocking `get_event` spins before sleeping, by default.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
+
+pub(crate) struct QueuedEvent {
+    cq: Arc<Shared>,
+}
+
+impl QueuedEvent {
+    pub(crate) fn new(cq: Arc<Shared>) -> Self {
+        QueuedEvent { cq }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.cq.id()
+    }
+}
+
+pub(crate) struct ChannelInner {
+    #[cfg(not(loom))]
+    fd: OwnedFd,
+    queue: Mutex<VecDeque<QueuedEvent>>,
+    /// Events queued and not yet taken (mirrors the queue length for the spin phase).
+    queued: AtomicUsize,
+    /// CQs using this channel. (Event-fd counts of events withdrawn at CQ destruction stay
+    /// behind; a getter that consumes one finds the queue empty and waits again.)
+    pub(crate) attached: AtomicUsize,
+    spin_ns: AtomicU64,
+}
+
+impl ChannelInner {
+    pub(crate) fn lock_queue(&self) -> MutexGuard<'_, VecDeque<QueuedEvent>> {
+        lock(&self.queue)
+    }
+
+    /// Wakes one getter: one more count on the event fd. Called after queueing an event,
+    /// outside the queue lock.
+    pub(crate) fn wake_one(&self) {
+        self.queued.fetch_add(1, Ordering::Release);
+        #[cfg(not(loom))]
+        {
+            // An eventfd write of 1 fails only if the counter would overflow, which 2^64-2
+            // queued events cannot reach.
+            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Records events withdrawn from the queue (their fd counts stay; getters skip them).
+    pub(crate) fn note_purged(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::Release);
+    }
+
+    fn pop(&self) -> Option<QueuedEvent> {
+        let ev = self.lock_queue().pop_front();
+        if ev.is_some() {
+            self.queued.fetch_sub(1, Ordering::Release);
+        }
+        ev
+    }
+}
+
+/// A completion channel.
+///
+/// ```
+/// use softverbs_cq::{CompletionChannel, CqBuilder, WorkCompletion, WcOpcode};
+/// let channel = CompletionChannel::new()?;
+/// let cq = CqBuilder::new(8).channel(&channel).user_context(42).build().unwrap();
+/// cq.req_notify(false);
+/// cq.producer().push(WorkCompletion::success(1, WcOpcode::Recv, 3), false).unwrap();
+/// let event = channel.get_event()?;
+/// assert!(event.is_for(cq.id()));
+/// assert_eq!(event.user_context(), 42);
+/// drop(event); // acknowledges it
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CompletionChannel {
+    inner: Arc<ChannelInner>,
+}
+
+impl fmt::Debug for CompletionChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("CompletionChannel");
+        #[cfg(not(loom))]
+        s.field("fd", &self.inner.fd.as_raw_fd());
+        s.field("queued", &self.inner.queued.load(Ordering::Relaxed))
+            .field("cqs", &self.inner.attached.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl CompletionChannel {
+    /// Creates a channel (`ibv_create_comp_channel(3)`). Its fd is blocking, like
+    /// libibverbs'; set `O_NONBLOCK` with [`CompletionChannel::set_nonblocking`] or `fcntl`.
+    pub fn new() -> io::Result<Self> {
+        #[cfg(not(loom))]
+        let fd = {
+            use rustix::event::{eventfd, EventfdFlags};
+            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::SEMAPHORE)?
+        };
+        Ok(CompletionChannel {
+            inner: Arc::new(ChannelInner {
+                #[cfg(not(loom))]
+                fd,
+                queue: Mutex::new(VecDeque::new()),
+                queued: AtomicUsize::new(0),
+                attached: AtomicUsize::new(0),
+                spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
+            }),
+        })
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<ChannelInner> {
+        &self.inner
+    }
+
+    /// How long a blocking [`CompletionChannel::get_event`] spins before it sleeps in the
+    /// kernel (0 disables spinning).
+    pub fn set_spin(&self, spin: Duration) {
+        self.inner
+            .spin_ns
+            .store(spin.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    }
+
+    /// The number of CQs using this channel. `ibv_destroy_comp_channel(3)` "fails if any
+    /// CQs are still associated with the completion event channel being destroyed".
+    pub fn attached_cqs(&self) -> usize {
+        self.inner.attached.load(Ordering::Relaxed)
+    }
+
+    /// Events waiting to be taken.
+    pub fn pending(&self) -> usize {
+        self.inner.queued.load(Ordering::Relaxed)
+    }
+
+    /// Takes one event without waiting: `Ok(None)` if none is queued.
+    pub fn try_get_event(&self) -> io::Result<Option<CqEvent>> {
+        if self.inner.queued.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        self.take_one(false)
+    }
+}
+
+#[cfg(not(loom))]
+impl CompletionChannel {
+    /// Waits for the next event (`ibv_get_cq_event(3)`). Blocks unless the fd is
+    /// non-blocking, in which case an empty channel gives `EAGAIN`
+    /// (`io::ErrorKind::WouldBlock`).
+    pub fn get_event(&self) -> io::Result<CqEvent> {
+        let nonblocking = self.is_nonblocking()?;
+        if !nonblocking {
+            self.spin_for_event();
+        }
+        loop {
+            if let Some(event) = self.take_one(true)? {
+                return Ok(event);
+            }
+            if nonblocking {
+                return Err(io::Error::from(io::ErrorKind::WouldBlock));
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an event: `Ok(None)` if none came.
+    pub fn get_event_timeout(&self, timeout: Duration) -> io::Result<Option<CqEvent>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.try_get_event()? {
+                return Ok(Some(event));
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let left = deadline - now;
+            let ts = rustix::time::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            let mut fds = [rustix::event::PollFd::new(
+                &self.inner.fd,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the channel's fd.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+        let mut flags = fcntl_getfl(&self.inner.fd)?;
+        flags.set(OFlags::NONBLOCK, nonblocking);
+        fcntl_setfl(&self.inner.fd, flags)?;
+        Ok(())
+    }
+
+    fn is_nonblocking(&self) -> io::Result<bool> {
+        use rustix::fs::{fcntl_getfl, OFlags};
+        Ok(fcntl_getfl(&self.inner.fd)?.contains(OFlags::NONBLOCK))
+    }
+
+    fn spin_for_event(&self) {
+        let spin = self.inner.spin_ns.load(Ordering::Relaxed);
+        if spin == 0 || self.inner.queued.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        let start = std::time::Instant::now();
+        let limit = Duration::from_nanos(spin);
+        let mut i = 0u32;
+        while self.inner.queued.load(Ordering::Acquire) == 0 {
+            std::hint::spin_loop();
+            i = i.wrapping_add(1);
+            if i % 64 == 0 && start.elapsed() >= limit {
+                return;
+            }
+        }
+    }
+
+    /// Consumes one fd count (blocking per the fd's mode if `wait`), then one queued event.
+    fn take_one(&self, wait: bool) -> io::Result<Option<CqEvent>> {
+        if !wait && self.inner.queued.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        let mut buf = [0u8; 8];
+        loop {
+            match rustix::io::read(&self.inner.fd, &mut buf) {
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) if wait => {
+                    return Err(io::Error::from(io::ErrorKind::WouldBlock))
+                }
+                Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(self.inner.pop().map(|e| CqEvent {
+            cq: e.cq,
+            acknowledged: false,
+        }))
+    }
+}
+
+#[cfg(loom)]
+impl CompletionChannel {
+    fn take_one(&self, _wait: bool) -> io::Result<Option<CqEvent>> {
+        Ok(self.inner.pop().map(|e| CqEvent {
+            cq: e.cq,
+            acknowledged: false,
+        }))
+    }
+}
+
+#[cfg(not(loom))]
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+#[cfg(not(loom))]
+impl AsRawFd for CompletionChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+}
+
+/// One completion event: "this CQ got a completion while armed". Acknowledges itself when
+/// dropped (`ibv_ack_cq_events(3)`).
+pub struct CqEvent {
+    cq: Arc<Shared>,
+    acknowledged: bool,
+}
+
+impl CqEvent {
+    /// The CQ the event is for ([`CompletionQueue::id`](crate::CompletionQueue::id)).
+    pub fn cq_id(&self) -> u64 {
+        self.cq.id()
+    }
+
+    /// Whether the event is for the CQ with this id.
+    pub fn is_for(&self, cq_id: u64) -> bool {
+        self.cq.id() == cq_id
+    }
+
+    /// The CQ's user context (`cq_context`).
+    pub fn user_context(&self) -> u64 {
+        self.cq.user_context()
+    }
+
+    /// Gives up acknowledging on drop: the caller must call `ack_events` on the CQ later
+    /// (the C side's counted `ibv_ack_cq_events`). Returns (CQ id, user context).
+    pub fn into_unacknowledged(mut self) -> (u64, u64) {
+        self.acknowledged = true;
+        (self.cq.id(), self.cq.user_context())
+    }
+}
+
+impl Drop for CqEvent {
+    fn drop(&mut self) {
+        if !self.acknowledged {
+            self.cq.ack(1);
+        }
+    }
+}
+
+impl fmt::Debug for CqEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqEvent")
+            .field("cq", &self.cq.id())
+            .field("user_context", &self.cq.user_context())
+            .finish()
+    }
+}

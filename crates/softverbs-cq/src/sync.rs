@@ -1,0 +1,173 @@
+//! The synchronisation primitives the CQ is built from, switchable to loom.
+//!
+//! Under `--cfg loom` every atomic, lock and thread comes from loom so that the models in
+//! `tests/loom.rs` explore every interleaving the C11 memory model allows; otherwise from
+//! `std`. The asymmetric barrier pair ([`light_barrier`] on the hot producer path,
+//! [`heavy_barrier`] on the rare arming path) is what makes notification race-free without
+//! a full fence per pushed completion:
+//!
+//! - With `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` available, the light side is a
+//!   compiler fence and the heavy side is the syscall, which runs a full memory barrier on
+//!   every CPU running a thread of this process. Together they order like a pair of
+//!   `SeqCst` fences (the scheme of Linux `sys_membarrier` users and folly's asymmetric
+//!   fences).
+//! - Without it (older kernels, sandboxes, Miri, loom), both sides are `SeqCst` fences.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+pub(crate) use std::sync::atomic::Ordering;
+
+/// One iteration of a spin-wait (a scheduling point under loom).
+#[inline(always)]
+pub(crate) fn spin_hint() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+}
+
+/// Locks a mutex, treating poisoning as recovered: every critical section in this crate
+/// leaves its data consistent at each step, so a panic elsewhere cannot corrupt it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(loom)]
+    {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    #[cfg(not(loom))]
+    {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(not(any(loom, miri)))]
+mod membarrier_state {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    const UNKNOWN: u8 = 0;
+    const AVAILABLE: u8 = 1;
+    const UNAVAILABLE: u8 = 2;
+
+    static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+    /// Registers this process for private expedited membarrier once. Returns whether the
+    /// heavy side may use it. `Release`/`Acquire`: a producer that sees `AVAILABLE` also
+    /// sees that registration finished before it.
+    pub(super) fn init() -> bool {
+        match STATE.load(Ordering::Acquire) {
+            AVAILABLE => return true,
+            UNAVAILABLE => return false,
+            _ => {}
+        }
+        use rustix::thread::{membarrier, MembarrierCommand};
+        let ok = membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+            && membarrier(MembarrierCommand::PrivateExpedited).is_ok();
+        STATE.store(if ok { AVAILABLE } else { UNAVAILABLE }, Ordering::Release);
+        ok
+    }
+
+    /// Whether the light side may be a compiler fence only. `Relaxed` is enough: a stale
+    /// `UNKNOWN` only makes the light side stronger (a real fence).
+    #[inline(always)]
+    pub(super) fn available() -> bool {
+        STATE.load(Ordering::Relaxed) == AVAILABLE
+    }
+
+    pub(super) fn heavy() {
+        use rustix::thread::{membarrier, MembarrierCommand};
+        if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+    }
+}
+
+/// Prepares the asymmetric barrier (registers for membarrier). Called when a CQ is created,
+/// before any producer can run for it.
+pub(crate) fn init_barriers() {
+    #[cfg(not(any(loom, miri)))]
+    membarrier_state::init();
+}
+
+/// The producer's half of the asymmetric barrier: orders its earlier publication of an
+/// entry before its later read of the notification flag, against [`heavy_barrier`].
+#[inline(always)]
+pub(crate) fn light_barrier() {
+    #[cfg(not(any(loom, miri)))]
+    {
+        if membarrier_state::available() {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+    #[cfg(any(loom, miri))]
+    fence(Ordering::SeqCst);
+}
+
+/// The arming side's half of the asymmetric barrier: orders its earlier store of the
+/// notification flag before its later read of the ring, against [`light_barrier`].
+pub(crate) fn heavy_barrier() {
+    #[cfg(not(any(loom, miri)))]
+    {
+        if membarrier_state::init() {
+            membarrier_state::heavy();
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+    #[cfg(any(loom, miri))]
+    fence(Ordering::SeqCst);
+}
+
+/// A test-and-test-and-set spin lock whose release is a plain store, so a producer that
+/// holds it over a burst of pushes issues one locked instruction per burst.
+#[derive(Debug, Default)]
+pub(crate) struct SpinLock {
+    locked: AtomicBool,
+}
+
+impl SpinLock {
+    pub(crate) fn new() -> Self {
+        SpinLock {
+            locked: AtomicBool::new(false),
+        }
+    }
+
+    /// Acquires. `Acquire` on success: everything the previous holder wrote before
+    /// `unlock` is visible.
+    #[inline]
+    pub(crate) fn lock(&self) {
+        loop {
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+            let mut spins = 0u32;
+            while self.locked.load(Ordering::Relaxed) {
+                spin_hint();
+                spins += 1;
+                if spins > 1 << 10 {
+                    #[cfg(not(loom))]
+                    std::thread::yield_now();
+                    spins = 0;
+                }
+            }
+        }
+    }
+
+    /// Releases. `Release`: publishes the holder's writes to the next holder.
+    #[inline]
+    pub(crate) fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+}
