@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The whole softverbs test suite, from a fresh Debian 12 machine with a Rust toolchain.
+# Installs what it needs (Debian packages as root, the nightly Miri component) and fails
+# loudly if it cannot; it never skips a stage silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
+
+# Debian packages: verbs.h and the real libibverbs (layout and status-string tests), the man
+# pages the tests cite, a C compiler.
+packages=(libibverbs-dev rdma-core ibverbs-utils gcc libc6-dev pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing Debian packages: ${missing[*]}"
+  [ "$(id -u)" = 0 ] || die "need root to apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || die "apt-get update failed"
+  apt-get install -y -qq "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+fi
+[ -f /usr/include/infiniband/verbs.h ] || die "verbs.h missing after installing libibverbs-dev"
+
+step "toolchains"
+rustup show active-toolchain
+rustup toolchain list | grep -q '^nightly' || die "no nightly toolchain for Miri (rustup toolchain install nightly)"
+rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1 \
+  || die "cannot add the miri component to the nightly toolchain"
+
+export CARGO_TERM_COLOR=never
+
+step "format"
+cargo fmt --all -- --check
+
+step "clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+step "docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps
+
+step "tests"
+cargo test --locked --workspace
+
+step "loom models (softverbs-cq)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test --locked --release -p softverbs-cq --test loom
+
+step "Miri (softverbs-cq ring, small counts)"
+MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance}" CARGO_TARGET_DIR=target/miri \
+  cargo +nightly miri test --locked -p softverbs-cq --test miri_ring
+
+step "benchmarks compile and run once (smoke; figures come from scripts/bench.sh)"
+cargo bench --locked --workspace -- --test
+
+echo
+echo "all stages passed"
