@@ -56,10 +56,15 @@ impl ChannelInner {
         lock(&self.queue)
     }
 
+    /// Counts one queued event; called with the queue lock held, so `queued` always equals
+    /// the queue length once the lock is released.
+    pub(crate) fn note_queued(&self) {
+        self.queued.fetch_add(1, Ordering::Release);
+    }
+
     /// Wakes one getter: one more count on the event fd. Called after queueing an event,
     /// outside the queue lock.
     pub(crate) fn wake_one(&self) {
-        self.queued.fetch_add(1, Ordering::Release);
         #[cfg(not(loom))]
         {
             // An eventfd write of 1 fails only if the counter would overflow, which 2^64-2
@@ -68,13 +73,15 @@ impl ChannelInner {
         }
     }
 
-    /// Records events withdrawn from the queue (their fd counts stay; getters skip them).
+    /// Records events withdrawn from the queue; called with the queue lock held. Their fd
+    /// counts stay behind, and a getter that consumes one finds no event and waits again.
     pub(crate) fn note_purged(&self, n: usize) {
         self.queued.fetch_sub(n, Ordering::Release);
     }
 
     fn pop(&self) -> Option<QueuedEvent> {
-        let ev = self.lock_queue().pop_front();
+        let mut queue = self.lock_queue();
+        let ev = queue.pop_front();
         if ev.is_some() {
             self.queued.fetch_sub(1, Ordering::Release);
         }
@@ -140,9 +147,10 @@ impl CompletionChannel {
     /// How long a blocking [`CompletionChannel::get_event`] spins before it sleeps in the
     /// kernel (0 disables spinning).
     pub fn set_spin(&self, spin: Duration) {
-        self.inner
-            .spin_ns
-            .store(spin.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+        self.inner.spin_ns.store(
+            spin.as_nanos().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// The number of CQs using this channel. `ibv_destroy_comp_channel(3)` "fails if any
@@ -237,7 +245,7 @@ impl CompletionChannel {
         while self.inner.queued.load(Ordering::Acquire) == 0 {
             std::hint::spin_loop();
             i = i.wrapping_add(1);
-            if i % 64 == 0 && start.elapsed() >= limit {
+            if i.is_multiple_of(64) && start.elapsed() >= limit {
                 return;
             }
         }

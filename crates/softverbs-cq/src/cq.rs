@@ -15,7 +15,7 @@
 //!
 //! Notification follows `ibv_req_notify_cq(3)`: one shot, fired by the next completion added
 //! after arming (solicited-only: the next solicited or unsuccessful one), delivered to the
-//! CQ's [`CompletionChannel`](crate::CompletionChannel). Overrun follows `ibv_poll_cq(3)`
+//! CQ's [`CompletionChannel`]. Overrun follows `ibv_poll_cq(3)`
 //! under [`OverrunPolicy::Error`] (the default).
 
 use crate::channel::{ChannelInner, CompletionChannel};
@@ -25,8 +25,8 @@ use crate::error::{
 };
 use crate::ring::{Entry, Peek, Ring, WcExtra};
 use crate::sync::{
-    init_barriers, heavy_barrier, light_barrier, lock, Arc, AtomicBool, AtomicPtr,
-    AtomicU64, AtomicU8, AtomicUsize, Condvar, Mutex, Ordering, SpinLock,
+    heavy_barrier, init_barriers, light_barrier, lock, Arc, AtomicBool, AtomicPtr, AtomicU64,
+    AtomicU8, AtomicUsize, Condvar, Mutex, Ordering, SpinLock,
 };
 use crate::wc::{WcFields, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use crossbeam_utils::CachePadded;
@@ -250,6 +250,7 @@ impl CqBuilder {
             }),
             high_water: AtomicU64::new(0),
             overruns: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             moderation: Mutex::new(ModerationState::default()),
             events: Mutex::new(EventCounts::default()),
@@ -342,7 +343,10 @@ pub(crate) struct CqShared {
     producer: CachePadded<ProducerSide>,
     consumer: CachePadded<ConsumerSide>,
     high_water: AtomicU64,
+    /// Completions dropped by a push that overran (the error policy).
     overruns: AtomicU64,
+    /// Completions the consumer skipped because they were overwritten.
+    skipped: AtomicU64,
     refused: AtomicU64,
     moderation: Mutex<ModerationState>,
     events: Mutex<EventCounts>,
@@ -350,6 +354,7 @@ pub(crate) struct CqShared {
     attached_qps: AtomicUsize,
     /// Rings replaced by resize. A lock-free empty check may still be looking at one, so
     /// they live as long as the CQ.
+    #[allow(clippy::vec_box)] // readers hold `&Ring` into the box: it must not move
     retired: Mutex<Vec<Box<Ring>>>,
 }
 
@@ -515,7 +520,8 @@ impl CqShared {
         }
         let ring = self.ring();
         let validate = self.policy == OverrunPolicy::Overwrite;
-        let mut head = self.consumer.head.load(Ordering::Relaxed);
+        let start = self.consumer.head.load(Ordering::Relaxed);
+        let mut head = start;
         let mut n = 0;
         while n < out.len() {
             match ring.peek(head) {
@@ -531,7 +537,9 @@ impl CqShared {
                 Peek::Lapped => head = self.skip_lapped(head, ring),
             }
         }
-        self.consumer.head.store(head, Ordering::Release);
+        if head != start {
+            self.publish_head(start, head, n as u64);
+        }
         Ok(n)
     }
 
@@ -551,14 +559,24 @@ impl CqShared {
         }
     }
 
-    /// Under `IGNORE_OVERRUN` the producer overwrote the entry at `head`: move to the
-    /// oldest entry that can still be there and count what was lost.
+    /// Under `IGNORE_OVERRUN` the producer overwrote the entry at `head`: the oldest entry
+    /// that can still be there. (What was skipped is counted when the head is published.)
     #[cold]
     fn skip_lapped(&self, head: u64, ring: &Ring) -> u64 {
         let tail = self.producer.tail.load(Ordering::Acquire);
-        let oldest = tail.saturating_sub(ring.capacity()).max(head + 1);
-        self.overruns.fetch_add(oldest - head, Ordering::Relaxed);
-        oldest
+        tail.saturating_sub(ring.capacity()).max(head + 1)
+    }
+
+    /// Moves the head from `start` to `end` after handing out `delivered` completions;
+    /// the rest of the distance was lost to overwriting. `Release`: the producer may reuse
+    /// the slots once it sees the new head.
+    #[inline(always)]
+    fn publish_head(&self, start: u64, end: u64, delivered: u64) {
+        let lost = end - start - delivered;
+        if lost > 0 {
+            self.skipped.fetch_add(lost, Ordering::Relaxed);
+        }
+        self.consumer.head.store(end, Ordering::Release);
     }
 
     /// Whether the CQ holds no completion, without taking the consumer lock. The ring
@@ -667,8 +685,7 @@ impl CqShared {
             let fresh = Box::new(Ring::new(slots, self.ring_has_extra()));
             old.copy_into(oldest, tail, &fresh);
             if oldest != head {
-                self.overruns.fetch_add(oldest - head, Ordering::Relaxed);
-                self.consumer.head.store(oldest, Ordering::Release);
+                self.publish_head(head, oldest, 0);
             }
             self.producer.cached_head.store(oldest, Ordering::Relaxed);
             let previous = self.ring.swap(Box::into_raw(fresh), Ordering::AcqRel);
@@ -686,7 +703,30 @@ impl CqShared {
             .intersects(WcFields::CVLAN | WcFields::FLOW_TAG | WcFields::TM_INFO)
     }
 
+    /// Destroys if nothing holds the CQ; with `wait`, waits up to that long for delivered
+    /// events to be acknowledged.
     fn destroy_check(self: &Arc<Self>, wait: Option<Duration>) -> Result<(), DestroyError> {
+        let deadline = wait.map(|w| std::time::Instant::now() + w);
+        loop {
+            match self.destroy_now() {
+                Err(DestroyError::UnacknowledgedEvents(n)) => {
+                    let now = std::time::Instant::now();
+                    match deadline {
+                        Some(deadline) if now < deadline => {
+                            // Wait for an ack with no other lock held, then look again.
+                            let ev = lock(&self.events);
+                            let step = (deadline - now).min(Duration::from_millis(10));
+                            drop(wait_timeout(&self.events_acked_cv, ev, step));
+                        }
+                        _ => return Err(DestroyError::UnacknowledgedEvents(n)),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn destroy_now(self: &Arc<Self>) -> Result<(), DestroyError> {
         let qps = self.attached_qps.load(Ordering::Acquire);
         if qps > 0 {
             return Err(DestroyError::QueuePairsAttached(qps));
@@ -698,44 +738,19 @@ impl CqShared {
             .as_ref()
             .map_or(0, |q| q.iter().filter(|e| e.id() == self.id).count() as u64);
         let mut ev = lock(&self.events);
-        let deadline = wait.map(|w| std::time::Instant::now() + w);
-        let outstanding = |ev: &EventCounts| ev.raised - queued - ev.acked;
-        if outstanding(&ev) > 0 {
-            let Some(deadline) = deadline else {
-                return Err(DestroyError::UnacknowledgedEvents(outstanding(&ev)));
-            };
-            // Waiting must not hold the channel queue: release it and re-check after.
-            drop(ev);
-            drop(queue_guard);
-            let mut ev = lock(&self.events);
-            loop {
-                let queued_now = self.channel.as_ref().map_or(0, |ch| {
-                    ch.lock_queue().iter().filter(|e| e.id() == self.id).count() as u64
-                });
-                if ev.raised - queued_now - ev.acked == 0 {
-                    break;
-                }
-                let now = std::time::Instant::now();
-                if now >= deadline {
-                    return Err(DestroyError::UnacknowledgedEvents(
-                        ev.raised - queued_now - ev.acked,
-                    ));
-                }
-                let step = (deadline - now).min(Duration::from_millis(10));
-                ev = wait_timeout(&self.events_acked_cv, ev, step);
-            }
-            drop(ev);
-            return self.destroy_check(None);
+        let outstanding = ev.raised - queued - ev.acked;
+        if outstanding > 0 {
+            return Err(DestroyError::UnacknowledgedEvents(outstanding));
         }
         self.state.store(STATE_DESTROYED, Ordering::Release);
         self.notify.store(ARM_NONE, Ordering::Release);
         if let Some(mut q) = queue_guard {
             let before = q.len();
             q.retain(|e| e.id() != self.id);
-            let purged = (before - q.len()) as u64;
-            ev.raised -= purged;
+            let purged = before - q.len();
+            ev.raised -= purged as u64;
             if let Some(ch) = &self.channel {
-                ch.note_purged(purged as usize);
+                ch.note_purged(purged);
             }
         }
         Ok(())
@@ -752,8 +767,10 @@ impl CqShared {
             depth: (tail - head).min(capacity),
             high_water: self.high_water.load(Ordering::Relaxed),
             produced: tail,
-            polled: head - self.overruns.load(Ordering::Relaxed).min(head),
-            overruns: self.overruns.load(Ordering::Relaxed) + behind,
+            polled: head - self.skipped.load(Ordering::Relaxed),
+            overruns: self.overruns.load(Ordering::Relaxed)
+                + self.skipped.load(Ordering::Relaxed)
+                + behind,
             refused: self.refused.load(Ordering::Relaxed),
             events_raised: ev.raised,
             events_acked: ev.acked,
@@ -934,9 +951,7 @@ macro_rules! common_cq_methods {
 
         /// Replaces the user context.
         pub fn set_user_context(&self, context: u64) {
-            self.shared
-                .user_context
-                .store(context, Ordering::Relaxed);
+            self.shared.user_context.store(context, Ordering::Relaxed);
         }
 
         /// The completion vector given at creation.
@@ -1077,12 +1092,12 @@ fn mark_dropped(shared: &Arc<CqShared>) {
             let before = q.len();
             q.retain(|e| e.id() != shared.id);
             let purged = before - q.len();
+            if let Some(ch) = &shared.channel {
+                ch.note_purged(purged);
+            }
             drop(q);
             if purged > 0 {
                 shared.note_events_purged(purged as u64);
-                if let Some(ch) = &shared.channel {
-                    ch.note_purged(purged);
-                }
             }
         }
     }
@@ -1201,6 +1216,10 @@ impl SingleThreadedCq {
 pub struct PollBatch<'a> {
     shared: &'a Arc<CqShared>,
     locked: bool,
+    /// The head when the batch started.
+    start: u64,
+    /// Completions the batch was positioned on.
+    delivered: u64,
     /// The position of the current entry.
     pos: u64,
     current: Entry,
@@ -1210,11 +1229,19 @@ pub struct PollBatch<'a> {
 
 impl<'a> PollBatch<'a> {
     fn start(shared: &'a Arc<CqShared>, locked: bool) -> Option<Self> {
-        let mut head = shared.consumer.head.load(Ordering::Relaxed);
-        let entry = shared.peek_entry(&mut head)?;
+        let start = shared.consumer.head.load(Ordering::Relaxed);
+        let mut head = start;
+        let Some(entry) = shared.peek_entry(&mut head) else {
+            if head != start {
+                shared.publish_head(start, head, 0);
+            }
+            return None;
+        };
         Some(PollBatch {
             shared,
             locked,
+            start,
+            delivered: 1,
             pos: head,
             current: entry,
             wallclock_offset: None,
@@ -1234,6 +1261,7 @@ impl<'a> PollBatch<'a> {
             Some(entry) => {
                 self.pos = next;
                 self.current = entry;
+                self.delivered += 1;
                 true
             }
             None => {
@@ -1384,9 +1412,7 @@ impl Drop for PollBatch<'_> {
     fn drop(&mut self) {
         // ibv_end_poll: every completion the batch was positioned on is consumed.
         self.shared
-            .consumer
-            .head
-            .store(self.pos + 1, Ordering::Release);
+            .publish_head(self.start, self.pos + 1, self.delivered);
         if self.locked {
             self.shared.consumer.lock.unlock();
         }
@@ -1412,6 +1438,7 @@ impl ChannelInner {
             return;
         }
         queue.push_back(crate::channel::QueuedEvent::new(cq.clone()));
+        self.note_queued();
         cq.note_event_raised();
         drop(queue);
         self.wake_one();

@@ -809,7 +809,10 @@ mod tests {
         let done = wc.result().unwrap();
         assert_eq!(done.invalidated_rkey(), Some(0xabcd));
         assert_eq!(done.imm_data(), None);
-        assert_eq!(done.flags() & (WcFlags::WITH_IMM | WcFlags::WITH_INV), WcFlags::WITH_INV);
+        assert_eq!(
+            done.flags() & (WcFlags::WITH_IMM | WcFlags::WITH_INV),
+            WcFlags::WITH_INV
+        );
     }
 
     #[test]

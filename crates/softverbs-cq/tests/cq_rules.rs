@@ -335,8 +335,16 @@ fn one_channel_serves_many_cqs_and_each_event_names_its_cq_and_context() {
     // ibv_get_cq_event(3): "Fills the arguments cq with the CQ that got the event and
     // cq_context with the CQ's context."
     let ch = CompletionChannel::new().unwrap();
-    let a = CqBuilder::new(4).channel(&ch).user_context(0xa).build().unwrap();
-    let b = CqBuilder::new(4).channel(&ch).user_context(0xb).build().unwrap();
+    let a = CqBuilder::new(4)
+        .channel(&ch)
+        .user_context(0xa)
+        .build()
+        .unwrap();
+    let b = CqBuilder::new(4)
+        .channel(&ch)
+        .user_context(0xb)
+        .build()
+        .unwrap();
     assert_eq!(ch.attached_cqs(), 2);
     a.req_notify(false);
     b.req_notify(false);
@@ -562,7 +570,7 @@ fn resize_grows_and_shrinks_keeping_every_outstanding_completion_in_order() {
     let mut wcs = [WorkCompletion::default(); 30];
     assert_eq!(cq.poll(&mut wcs).unwrap(), 30);
     let shrunk = cq.resize(10).unwrap();
-    assert!(shrunk >= 10 && shrunk < 64);
+    assert!((10..64).contains(&shrunk));
     let rest: Vec<_> = poll_all(&cq).iter().map(|w| w.wr_id()).collect();
     assert_eq!(rest, (30..40).collect::<Vec<_>>());
     assert_eq!(
