@@ -425,10 +425,18 @@ impl CqShared {
                 }
             }
         }
-        let depth = (pos + 1 - head).min(capacity);
-        if depth > self.high_water.load(Ordering::Relaxed) {
-            let fresh = (pos + 1 - self.consumer.head.load(Ordering::Acquire)).min(capacity);
-            self.high_water.fetch_max(fresh, Ordering::Relaxed);
+        // The depth against the cached head is an upper bound; only when it exceeds the
+        // high-water mark is the real head read (and cached), so the mark stays exact while
+        // the producer rarely touches the consumer's cache line. Only the lock holder writes
+        // the mark, so a plain store suffices.
+        let high_water = self.high_water.load(Ordering::Relaxed);
+        if (pos + 1 - head).min(capacity) > high_water {
+            let fresh = self.consumer.head.load(Ordering::Acquire);
+            p.cached_head.store(fresh, Ordering::Relaxed);
+            let depth = (pos + 1 - fresh).min(capacity);
+            if depth > high_water {
+                self.high_water.store(depth, Ordering::Relaxed);
+            }
         }
         let timestamp = if self.timestamps {
             DeviceClock::now()
