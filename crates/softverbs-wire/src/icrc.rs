@@ -1,0 +1,841 @@
+//! The RoCEv2 invariant CRC (ICRC) and the IP / UDP header information it covers.
+//!
+//! Algorithm (reference §1.7, checked against ~1,900 hardware packets): CRC-32 (the
+//! Ethernet / zlib CRC: reflected polynomial 0xEDB88320, initial value and final XOR
+//! 0xFFFFFFFF) over a pseudo packet made of
+//!
+//! 1. 8 bytes of 0xFF (standing for the masked IB LRH);
+//! 2. the IP header with its variant fields set to all ones: IPv4 TOS (byte 1), TTL
+//!    (byte 8) and header checksum (bytes 10–11); IPv6 traffic class and flow label (the
+//!    first 4 bytes become `6F FF FF FF`) and hop limit (byte 7);
+//! 3. the UDP header with its checksum (bytes 6–7) set to 0xFFFF;
+//! 4. the BTH with byte 4 (F, B and 6 reserved bits) set to 0xFF;
+//! 5. the rest of the packet: extension headers, payload and pad (not the ICRC itself).
+//!
+//! The result goes on the wire **least-significant byte first** (like an Ethernet FCS):
+//! ICRC 0x2A00FD82 is sent as `82 FD 00 2A`.
+//!
+//! What a sender and a receiver can know (reference §5.2, §5.3): the ICRC covers the IPv4
+//! ID and flags. A sender using a plain UDP socket does not write its IP header; Linux
+//! writes ID 0 with DF set only on an unconnected socket with `IP_PMTUDISC_DO`, which is
+//! what [`IpHeaderInfo::linux_ipv4`] / [`linux_ipv4_header`] assume. A receiver on a plain
+//! socket never sees the sender's ID: it can verify IPv4 packets only from peers that send
+//! the same way (other softverbs devices), not from `rxe` (hashed ID) or NICs (counting
+//! ID); those need a raw receive path ([`split_ip_packet`]) or no IPv4 ICRC check. IPv6
+//! has no ID, so its ICRC is always checkable from addresses, lengths and ports.
+//!
+//! Holds [`IpHeaderInfo`], [`UdpHeaderInfo`], [`compute`], [`verify`], [`fill`],
+//! [`linux_ipv4_header`] and [`split_ip_packet`].
+//!
+//! No-panic contract: nothing here panics, whatever the bytes. [`compute`] accepts any
+//! slice (a packet shorter than a BTH is hashed with the masks that apply to the bytes
+//! present); the other functions report short or malformed input as a [`WireError`].
+//! Large payloads are hashed in place, never copied.
+
+use core::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::packet::ICRC_LEN;
+use crate::WireError;
+
+/// The RoCEv2 UDP destination port, 4791 (0x12B7).
+pub const ROCEV2_PORT: u16 = 4791;
+
+/// IP protocol / IPv6 next header number of UDP.
+const PROTOCOL_UDP: u8 = 17;
+const IPV4_HEADER_LEN: usize = 20;
+const IPV6_HEADER_LEN: usize = 40;
+const UDP_HEADER_LEN: usize = 8;
+/// IPv4 flags + fragment offset with only DF set.
+const FLAGS_DF: u16 = 0x4000;
+
+/// The IP header fields of a RoCEv2 packet, as far as the ICRC (and a rebuilt header)
+/// needs them. TOS / TTL / traffic class / flow label / hop limit are masked out of the
+/// ICRC; they are kept so a real header can be written ([`IpHeaderInfo::emit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpHeaderInfo {
+    /// IPv4 header without options (IHL 5), protocol UDP.
+    V4 {
+        /// Source address.
+        src: Ipv4Addr,
+        /// Destination address.
+        dst: Ipv4Addr,
+        /// TOS: DSCP and ECN (masked out of the ICRC).
+        tos: u8,
+        /// TTL (masked out of the ICRC).
+        ttl: u8,
+        /// Identification (covered by the ICRC).
+        id: u16,
+        /// Flags (bits 15..13) and fragment offset (covered by the ICRC); 0x4000 = DF.
+        flags_frag: u16,
+        /// Total length: 20 + UDP length (covered by the ICRC).
+        total_len: u16,
+    },
+    /// IPv6 header without extension headers, next header UDP.
+    V6 {
+        /// Source address.
+        src: Ipv6Addr,
+        /// Destination address.
+        dst: Ipv6Addr,
+        /// Traffic class: DSCP and ECN (masked out of the ICRC).
+        traffic_class: u8,
+        /// Flow label, 20 bits (masked out of the ICRC).
+        flow_label: u32,
+        /// Payload length: the UDP length (covered by the ICRC).
+        payload_len: u16,
+        /// Hop limit (masked out of the ICRC).
+        hop_limit: u8,
+    },
+}
+
+impl IpHeaderInfo {
+    /// The IPv4 header Linux writes for a datagram of `udp_len` bytes sent on an
+    /// **unconnected** UDP socket with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`: ID 0, DF set, no
+    /// options (reference §5.2). `LengthOverflow` if 20 + `udp_len` exceeds 65535.
+    pub fn linux_ipv4(
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        tos: u8,
+        ttl: u8,
+        udp_len: u16,
+    ) -> Result<IpHeaderInfo, WireError> {
+        let total_len = udp_len
+            .checked_add(IPV4_HEADER_LEN as u16)
+            .ok_or(WireError::LengthOverflow)?;
+        Ok(IpHeaderInfo::V4 {
+            src,
+            dst,
+            tos,
+            ttl,
+            id: 0,
+            flags_frag: FLAGS_DF,
+            total_len,
+        })
+    }
+
+    /// The IPv6 header for a datagram of `udp_len` bytes (`flow_label` masked to 20 bits).
+    pub fn ipv6(
+        src: Ipv6Addr,
+        dst: Ipv6Addr,
+        traffic_class: u8,
+        flow_label: u32,
+        hop_limit: u8,
+        udp_len: u16,
+    ) -> IpHeaderInfo {
+        IpHeaderInfo::V6 {
+            src,
+            dst,
+            traffic_class,
+            flow_label: flow_label & 0x000F_FFFF,
+            payload_len: udp_len,
+            hop_limit,
+        }
+    }
+
+    /// Parses an IPv4 header without options or an IPv6 header, whose protocol / next
+    /// header is UDP. `Truncated` for a short buffer, `BadIpHeader` otherwise. Lengths are
+    /// read, not checked against the buffer ([`split_ip_packet`] does that).
+    pub fn parse(bytes: &[u8]) -> Result<IpHeaderInfo, WireError> {
+        let version = bytes.first().ok_or(WireError::Truncated)? >> 4;
+        match version {
+            4 => {
+                let header: &[u8; IPV4_HEADER_LEN] = bytes
+                    .get(..IPV4_HEADER_LEN)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or(WireError::Truncated)?;
+                if header[0] != 0x45 || header[9] != PROTOCOL_UDP {
+                    return Err(WireError::BadIpHeader);
+                }
+                Ok(IpHeaderInfo::V4 {
+                    src: Ipv4Addr::new(header[12], header[13], header[14], header[15]),
+                    dst: Ipv4Addr::new(header[16], header[17], header[18], header[19]),
+                    tos: header[1],
+                    ttl: header[8],
+                    id: u16::from_be_bytes([header[4], header[5]]),
+                    flags_frag: u16::from_be_bytes([header[6], header[7]]),
+                    total_len: u16::from_be_bytes([header[2], header[3]]),
+                })
+            }
+            6 => {
+                let header: &[u8; IPV6_HEADER_LEN] = bytes
+                    .get(..IPV6_HEADER_LEN)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or(WireError::Truncated)?;
+                if header[6] != PROTOCOL_UDP {
+                    return Err(WireError::BadIpHeader);
+                }
+                let first = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+                let mut src = [0u8; 16];
+                src.copy_from_slice(&header[8..24]);
+                let mut dst = [0u8; 16];
+                dst.copy_from_slice(&header[24..40]);
+                Ok(IpHeaderInfo::V6 {
+                    src: Ipv6Addr::from(src),
+                    dst: Ipv6Addr::from(dst),
+                    traffic_class: (first >> 20) as u8,
+                    flow_label: first & 0x000F_FFFF,
+                    payload_len: u16::from_be_bytes([header[4], header[5]]),
+                    hop_limit: header[7],
+                })
+            }
+            _ => Err(WireError::BadIpHeader),
+        }
+    }
+
+    /// Length of the header: 20 (IPv4) or 40 (IPv6).
+    pub const fn header_len(&self) -> usize {
+        match self {
+            IpHeaderInfo::V4 { .. } => IPV4_HEADER_LEN,
+            IpHeaderInfo::V6 { .. } => IPV6_HEADER_LEN,
+        }
+    }
+
+    /// The UDP length this header announces: IPv4 total length − 20, IPv6 payload length
+    /// (`None` if an IPv4 total length is below 20).
+    pub const fn udp_len(&self) -> Option<u16> {
+        match *self {
+            IpHeaderInfo::V4 { total_len, .. } => total_len.checked_sub(IPV4_HEADER_LEN as u16),
+            IpHeaderInfo::V6 { payload_len, .. } => Some(payload_len),
+        }
+    }
+
+    /// Writes the real header into the front of `buf` (IPv4 with a valid header checksum)
+    /// and returns its length. `BufferTooSmall` if `buf` is too short.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.header_len();
+        let available = buf.len();
+        let out = buf.get_mut(..len).ok_or(WireError::BufferTooSmall {
+            needed: len,
+            available,
+        })?;
+        self.write_header(out, false);
+        Ok(len)
+    }
+
+    /// Writes the header (20 or 40 bytes in `out`); with `masked`, the fields outside the
+    /// ICRC are all ones, as the pseudo packet needs them.
+    fn write_header(&self, out: &mut [u8], masked: bool) {
+        match *self {
+            IpHeaderInfo::V4 {
+                src,
+                dst,
+                tos,
+                ttl,
+                id,
+                flags_frag,
+                total_len,
+            } => {
+                out[0] = 0x45;
+                out[1] = if masked { 0xFF } else { tos };
+                out[2..4].copy_from_slice(&total_len.to_be_bytes());
+                out[4..6].copy_from_slice(&id.to_be_bytes());
+                out[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+                out[8] = if masked { 0xFF } else { ttl };
+                out[9] = PROTOCOL_UDP;
+                out[10..12].fill(0);
+                out[12..16].copy_from_slice(&src.octets());
+                out[16..20].copy_from_slice(&dst.octets());
+                let checksum = if masked {
+                    0xFFFF
+                } else {
+                    ipv4_checksum(&out[..20])
+                };
+                out[10..12].copy_from_slice(&checksum.to_be_bytes());
+            }
+            IpHeaderInfo::V6 {
+                src,
+                dst,
+                traffic_class,
+                flow_label,
+                payload_len,
+                hop_limit,
+            } => {
+                let first = if masked {
+                    0x6FFF_FFFF
+                } else {
+                    (6 << 28) | (u32::from(traffic_class) << 20) | (flow_label & 0x000F_FFFF)
+                };
+                out[0..4].copy_from_slice(&first.to_be_bytes());
+                out[4..6].copy_from_slice(&payload_len.to_be_bytes());
+                out[6] = PROTOCOL_UDP;
+                out[7] = if masked { 0xFF } else { hop_limit };
+                out[8..24].copy_from_slice(&src.octets());
+                out[24..40].copy_from_slice(&dst.octets());
+            }
+        }
+    }
+}
+
+/// Prints like `IPv4 172.17.242.47 > 172.17.242.56 tos=0x02 ttl=64 id=0x4694 df len=60`.
+impl fmt::Display for IpHeaderInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            IpHeaderInfo::V4 {
+                src,
+                dst,
+                tos,
+                ttl,
+                id,
+                flags_frag,
+                total_len,
+            } => {
+                write!(
+                    f,
+                    "IPv4 {src} > {dst} tos={tos:#04x} ttl={ttl} id={id:#06x}"
+                )?;
+                if flags_frag & FLAGS_DF != 0 {
+                    f.write_str(" df")?;
+                }
+                if flags_frag & !FLAGS_DF != 0 {
+                    write!(f, " frag={:#06x}", flags_frag & !FLAGS_DF)?;
+                }
+                write!(f, " len={total_len}")
+            }
+            IpHeaderInfo::V6 {
+                src,
+                dst,
+                traffic_class,
+                flow_label,
+                payload_len,
+                hop_limit,
+            } => {
+                write!(
+                    f,
+                    "IPv6 {src} > {dst} tclass={traffic_class:#04x} flowlabel={flow_label:#07x} \
+                     hlim={hop_limit} plen={payload_len}"
+                )
+            }
+        }
+    }
+}
+
+/// The one's-complement header checksum of an IPv4 header whose checksum field is zero.
+fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header
+        .chunks(2)
+        .map(|pair| u32::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The UDP header fields the ICRC covers (the checksum is masked and not kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdpHeaderInfo {
+    /// Source port (any value; `rxe` uses 0xC000 | hash, reference §4.4).
+    pub src_port: u16,
+    /// Destination port ([`ROCEV2_PORT`]).
+    pub dst_port: u16,
+    /// UDP length: 8 + the whole IB transport packet, ICRC included.
+    pub length: u16,
+}
+
+impl UdpHeaderInfo {
+    /// The UDP header of a RoCEv2 datagram from `src_port` to port 4791 carrying an IB
+    /// transport packet of `ib_len` bytes, ICRC included. `LengthOverflow` if 8 + `ib_len`
+    /// exceeds 65535.
+    pub fn rocev2(src_port: u16, ib_len: usize) -> Result<UdpHeaderInfo, WireError> {
+        let length = ib_len
+            .checked_add(UDP_HEADER_LEN)
+            .and_then(|len| u16::try_from(len).ok())
+            .ok_or(WireError::LengthOverflow)?;
+        Ok(UdpHeaderInfo {
+            src_port,
+            dst_port: ROCEV2_PORT,
+            length,
+        })
+    }
+
+    /// Parses a UDP header. `Truncated` for fewer than 8 bytes, `BadIpHeader` if the
+    /// length field is below 8.
+    pub fn parse(bytes: &[u8]) -> Result<UdpHeaderInfo, WireError> {
+        let header = bytes.get(..UDP_HEADER_LEN).ok_or(WireError::Truncated)?;
+        let field = |at: usize| u16::from_be_bytes([header[at], header[at + 1]]);
+        let info = UdpHeaderInfo {
+            src_port: field(0),
+            dst_port: field(2),
+            length: field(4),
+        };
+        if usize::from(info.length) < UDP_HEADER_LEN {
+            return Err(WireError::BadIpHeader);
+        }
+        Ok(info)
+    }
+
+    /// Writes the 8-byte UDP header with checksum 0 (what `rxe` and ConnectX send, reference
+    /// §1.1) and returns 8. `BufferTooSmall` if `buf` is too short.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        let available = buf.len();
+        let out = buf
+            .get_mut(..UDP_HEADER_LEN)
+            .ok_or(WireError::BufferTooSmall {
+                needed: UDP_HEADER_LEN,
+                available,
+            })?;
+        self.write_header(out, false);
+        Ok(UDP_HEADER_LEN)
+    }
+
+    fn write_header(&self, out: &mut [u8], masked: bool) {
+        out[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        out[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        out[4..6].copy_from_slice(&self.length.to_be_bytes());
+        let checksum: u16 = if masked { 0xFFFF } else { 0 };
+        out[6..8].copy_from_slice(&checksum.to_be_bytes());
+    }
+}
+
+/// Prints like `UDP 63431 > 4791 len=40`.
+impl fmt::Display for UdpHeaderInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "UDP {} > {} len={}",
+            self.src_port, self.dst_port, self.length
+        )
+    }
+}
+
+/// The 20-byte IPv4 header (valid checksum) Linux sends for a datagram of `udp_len` bytes on
+/// an unconnected UDP socket with `IP_PMTUDISC_DO`: ID 0, DF set, no options, protocol UDP
+/// (reference §5.2). Also the header to synthesise for a UD receive buffer's GRH area
+/// (reference §5.3).
+pub fn linux_ipv4_header(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    tos: u8,
+    ttl: u8,
+    udp_len: u16,
+) -> Result<[u8; 20], WireError> {
+    let mut header = [0u8; IPV4_HEADER_LEN];
+    IpHeaderInfo::linux_ipv4(src, dst, tos, ttl, udp_len)?.write_header(&mut header, false);
+    Ok(header)
+}
+
+/// The ICRC of an IB transport packet given **without** its 4-byte ICRC trailer
+/// (reference §1.7). Any slice is accepted.
+pub fn compute(ip: &IpHeaderInfo, udp: &UdpHeaderInfo, ib_packet: &[u8]) -> u32 {
+    let mut pseudo = [0u8; 8 + IPV6_HEADER_LEN + UDP_HEADER_LEN];
+    pseudo[..8].fill(0xFF);
+    let ip_len = ip.header_len();
+    ip.write_header(&mut pseudo[8..8 + ip_len], true);
+    let udp_at = 8 + ip_len;
+    udp.write_header(&mut pseudo[udp_at..udp_at + UDP_HEADER_LEN], true);
+
+    let bth_len = ib_packet.len().min(crate::bth::HEADER_LEN);
+    let mut bth = [0u8; crate::bth::HEADER_LEN];
+    bth[..bth_len].copy_from_slice(&ib_packet[..bth_len]);
+    if bth_len > 4 {
+        bth[4] = 0xFF;
+    }
+
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&pseudo[..udp_at + UDP_HEADER_LEN]);
+    hasher.update(&bth[..bth_len]);
+    hasher.update(&ib_packet[bth_len..]);
+    hasher.finalize()
+}
+
+/// Splits an IB packet into the bytes before the trailer and the trailer value (read
+/// least-significant byte first).
+fn split_trailer(ib_packet: &[u8]) -> Result<(&[u8], u32), WireError> {
+    let at = ib_packet
+        .len()
+        .checked_sub(ICRC_LEN)
+        .ok_or(WireError::Truncated)?;
+    let (body, trailer) = ib_packet.split_at(at);
+    let mut bytes = [0u8; ICRC_LEN];
+    bytes.copy_from_slice(trailer);
+    Ok((body, u32::from_le_bytes(bytes)))
+}
+
+/// Checks the ICRC of an IB transport packet given **with** its trailer. `Truncated` for
+/// fewer than 4 bytes; `BadIcrc { expected: computed, found: trailer }` on a mismatch.
+pub fn verify(ip: &IpHeaderInfo, udp: &UdpHeaderInfo, ib_packet: &[u8]) -> Result<(), WireError> {
+    let (body, found) = split_trailer(ib_packet)?;
+    let expected = compute(ip, udp, body);
+    if expected == found {
+        Ok(())
+    } else {
+        Err(WireError::BadIcrc { expected, found })
+    }
+}
+
+/// Computes the ICRC of an IB transport packet given **with** room for its trailer (as
+/// [`PacketRepr::emit`](crate::PacketRepr::emit) leaves it), writes it into the last 4
+/// bytes least-significant byte first, and returns it. `Truncated` for fewer than 4 bytes.
+pub fn fill(
+    ip: &IpHeaderInfo,
+    udp: &UdpHeaderInfo,
+    ib_packet: &mut [u8],
+) -> Result<u32, WireError> {
+    let at = ib_packet
+        .len()
+        .checked_sub(ICRC_LEN)
+        .ok_or(WireError::Truncated)?;
+    let (body, trailer) = ib_packet.split_at_mut(at);
+    let icrc = compute(ip, udp, body);
+    trailer.copy_from_slice(&icrc.to_le_bytes());
+    Ok(icrc)
+}
+
+/// Splits a raw IP packet (IPv4 or IPv6 header first, e.g. from a capture or a raw socket)
+/// into its IP header information, UDP header information and IB transport packet (ICRC
+/// included). The IB packet is located by the UDP length, never by the buffer length, so
+/// Ethernet padding or capture trailers are ignored (reference §5.3).
+///
+/// Errors: `Truncated` if the buffer is shorter than the lengths the headers announce;
+/// `BadIpHeader` for a header [`IpHeaderInfo::parse`] refuses or inconsistent lengths.
+pub fn split_ip_packet(packet: &[u8]) -> Result<(IpHeaderInfo, UdpHeaderInfo, &[u8]), WireError> {
+    let ip = IpHeaderInfo::parse(packet)?;
+    let ip_len = ip.header_len();
+    let udp_bytes = packet.get(ip_len..).ok_or(WireError::Truncated)?;
+    let udp = UdpHeaderInfo::parse(udp_bytes)?;
+    let ip_udp_len = usize::from(ip.udp_len().ok_or(WireError::BadIpHeader)?);
+    let udp_len = usize::from(udp.length);
+    if udp_len > ip_udp_len {
+        return Err(WireError::BadIpHeader);
+    }
+    let ib_packet = udp_bytes
+        .get(UDP_HEADER_LEN..udp_len)
+        .ok_or(WireError::Truncated)?;
+    Ok((ip, udp, ib_packet))
+}
+
+/// [`split_ip_packet`] then [`verify`]: checks the ICRC of a raw IP packet.
+pub fn verify_ip_packet(packet: &[u8]) -> Result<(), WireError> {
+    let (ip, udp, ib_packet) = split_ip_packet(packet)?;
+    verify(&ip, &udp, ib_packet)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_vectors::{self, hex};
+
+    fn trailer(packet: &[u8]) -> u32 {
+        let mut bytes = [0u8; 4];
+        bytes.copy_from_slice(&packet[packet.len() - 4..]);
+        u32::from_le_bytes(bytes)
+    }
+
+    fn icrc_of(packet: &[u8]) -> u32 {
+        let (ip, udp, ib) = split_ip_packet(packet).unwrap();
+        compute(&ip, &udp, &ib[..ib.len() - 4])
+    }
+
+    // Reference §1.8: every vector (A ConnectX, B ConnectX-4 Lx CNP, C scapy, D IPv6)
+    // reproduces exactly, and the trailer is the CRC least-significant byte first.
+    #[test]
+    fn every_reference_vector_verifies() {
+        for (name, packet) in test_vectors::all_ip_packets() {
+            assert_eq!(verify_ip_packet(&packet), Ok(()), "{name}");
+            assert_eq!(icrc_of(&packet), trailer(&packet), "{name}");
+        }
+    }
+
+    // Reference §1.8 A: the ICRC values of the five ConnectX packets.
+    #[test]
+    fn vector_a_connectx_icrc_values() {
+        assert_eq!(icrc_of(&hex(test_vectors::A_SEND_ONLY)), 0x08a8_11b1);
+        assert_eq!(icrc_of(&hex(test_vectors::A_ACKNOWLEDGE)), 0x56cd_7bc8);
+        assert_eq!(icrc_of(&hex(test_vectors::A_WRITE_ONLY)), 0x0cf4_5f82);
+        assert_eq!(icrc_of(&hex(test_vectors::A_READ_REQUEST)), 0xe634_5efc);
+        assert_eq!(
+            icrc_of(&hex(test_vectors::A_READ_RESPONSE_ONLY)),
+            0x8a9c_1a80
+        );
+    }
+
+    // Reference §1.7 step 4 and §1.8 B: CRC 0x2A00FD82 is on the wire as 82 FD 00 2A
+    // (TOS 0xC2, UDP source port 0, BTH B=1 — all irrelevant or masked).
+    #[test]
+    fn vector_b_cnp_icrc_is_little_endian_on_the_wire() {
+        let frame = hex(test_vectors::B_CNP_FRAME);
+        let packet = &frame[14..];
+        assert_eq!(icrc_of(packet), 0x2A00_FD82);
+        assert_eq!(&packet[packet.len() - 4..], &[0x82, 0xfd, 0x00, 0x2a]);
+        let (ip, udp, _) = split_ip_packet(packet).unwrap();
+        assert_eq!(udp.src_port, 0);
+        assert!(matches!(ip, IpHeaderInfo::V4 { tos: 0xC2, .. }));
+    }
+
+    // Reference §1.8 C: ICRC 78 f3 53 f3, and our IPv4 header writer reproduces the IP
+    // checksum 0xb4d5 of the reconstructed packet.
+    #[test]
+    fn vector_c_scapy_uc_send_only_and_ip_checksum() {
+        let packet = hex(test_vectors::C_SCAPY_UC_SEND_ONLY);
+        assert_eq!(icrc_of(&packet), 0xf353_f378);
+        let ip = IpHeaderInfo::parse(&packet).unwrap();
+        let mut header = [0u8; 20];
+        assert_eq!(ip.emit(&mut header), Ok(20));
+        assert_eq!(&header[10..12], &[0xb4, 0xd5]);
+        assert_eq!(&header[..], &packet[..20]);
+    }
+
+    // Reference §1.8 D: IPv6; traffic class 0xB8, flow label 0, hop limit 1 give the same
+    // ICRC 66 77 9c 57.
+    #[test]
+    fn vector_d_ipv6_masks_traffic_class_flow_label_hop_limit() {
+        let packet = hex(test_vectors::D_IPV6_SEND_ONLY);
+        let (ip, udp, ib) = split_ip_packet(&packet).unwrap();
+        assert_eq!(
+            ip,
+            IpHeaderInfo::ipv6(
+                "2001:db8::1".parse().unwrap(),
+                "2001:db8::2".parse().unwrap(),
+                0,
+                0x12345,
+                64,
+                0x1c
+            )
+        );
+        assert_eq!(
+            udp,
+            UdpHeaderInfo {
+                src_port: 0xC001,
+                dst_port: ROCEV2_PORT,
+                length: 0x1c
+            }
+        );
+        let IpHeaderInfo::V6 {
+            src,
+            dst,
+            payload_len,
+            ..
+        } = ip
+        else {
+            unreachable!()
+        };
+        let changed = IpHeaderInfo::V6 {
+            src,
+            dst,
+            traffic_class: 0xB8,
+            flow_label: 0,
+            payload_len,
+            hop_limit: 1,
+        };
+        assert_eq!(verify(&changed, &udp, ib), Ok(()));
+        assert_eq!(compute(&changed, &udp, &ib[..ib.len() - 4]), 0x579c_7766);
+        // The rebuilt header with the changed fields still verifies as a whole packet.
+        let mut rebuilt = packet.clone();
+        changed.emit(&mut rebuilt).unwrap();
+        assert_eq!(&rebuilt[..4], &[0x6B, 0x80, 0x00, 0x00]);
+        assert_eq!(verify_ip_packet(&rebuilt), Ok(()));
+    }
+
+    /// Byte offsets (in the IP packet) whose bits are masked out of the ICRC, and offsets
+    /// the API fixes (IPv4 version/IHL and protocol, IPv6 version and next header) so that
+    /// a flip there is not an ICRC question but a different packet kind.
+    /// (byte offset, bit mask) pairs.
+    type BitSet = Vec<(usize, u8)>;
+
+    fn masked_and_fixed(packet: &[u8]) -> (BitSet, BitSet) {
+        if packet[0] >> 4 == 4 {
+            let masked = vec![
+                (1, 0xFF),
+                (8, 0xFF),
+                (10, 0xFF),
+                (11, 0xFF),
+                (26, 0xFF),
+                (27, 0xFF),
+                (32, 0xFF),
+            ];
+            (masked, vec![(0, 0xFF), (9, 0xFF)])
+        } else {
+            let masked = vec![
+                (0, 0x0F),
+                (1, 0xFF),
+                (2, 0xFF),
+                (3, 0xFF),
+                (7, 0xFF),
+                (46, 0xFF),
+                (47, 0xFF),
+                (52, 0xFF),
+            ];
+            (masked, vec![(0, 0xF0), (6, 0xFF)])
+        }
+    }
+
+    // Reference §1.8 property tests: the ICRC is invariant under changes of IPv4 TOS / TTL /
+    // checksum, IPv6 traffic class / flow label / hop limit, UDP checksum and BTH F / B /
+    // reserved-6 bits, and changes for any other single-bit flip (IP ID, lengths, UDP source
+    // port, BTH A bit, pad bytes, payload …).
+    #[test]
+    fn icrc_invariant_exactly_under_masked_bit_flips() {
+        for packet in [
+            hex(test_vectors::A_WRITE_ONLY),
+            hex(test_vectors::D_IPV6_SEND_ONLY),
+        ] {
+            let reference = trailer(&packet);
+            let ip_len = if packet[0] >> 4 == 4 { 20 } else { 40 };
+            let (masked, fixed) = masked_and_fixed(&packet);
+            for byte in 0..packet.len() - 4 {
+                for bit in 0..8 {
+                    let mask = 1u8 << bit;
+                    if fixed.iter().any(|&(at, m)| at == byte && m & mask != 0) {
+                        continue;
+                    }
+                    let mut flipped = packet.clone();
+                    flipped[byte] ^= mask;
+                    // Split at the original positions: a flipped length must change the
+                    // ICRC, not move the ICRC.
+                    let ip = IpHeaderInfo::parse(&flipped).unwrap();
+                    let udp = UdpHeaderInfo {
+                        src_port: u16::from_be_bytes([flipped[ip_len], flipped[ip_len + 1]]),
+                        dst_port: u16::from_be_bytes([flipped[ip_len + 2], flipped[ip_len + 3]]),
+                        length: u16::from_be_bytes([flipped[ip_len + 4], flipped[ip_len + 5]]),
+                    };
+                    let icrc = compute(&ip, &udp, &flipped[ip_len + 8..packet.len() - 4]);
+                    let is_masked = masked.iter().any(|&(at, m)| at == byte && m & mask != 0);
+                    assert_eq!(icrc == reference, is_masked, "byte {byte} bit {bit}");
+                }
+            }
+        }
+    }
+
+    // Reference §1.7 step 3: rxe's seed 0xDEBB20E3 is the raw CRC register after eight 0xFF
+    // bytes (crc32fast keeps the complemented register).
+    #[test]
+    fn eight_ff_bytes_equal_rxe_seed() {
+        assert_eq!(!crc32fast::hash(&[0xFF; 8]), 0xDEBB_20E3);
+    }
+
+    // Reference §5.2: Linux writes ID 0 and DF for an unconnected IP_PMTUDISC_DO socket;
+    // the header checksum must be valid (libibverbs checks it in the UD GRH area, §3.4).
+    #[test]
+    fn linux_ipv4_header_has_id_zero_df_and_valid_checksum() {
+        let header = linux_ipv4_header(
+            Ipv4Addr::new(172, 17, 242, 47),
+            Ipv4Addr::new(172, 17, 242, 56),
+            0x02,
+            64,
+            0x28,
+        )
+        .unwrap();
+        assert_eq!(
+            &header[..10],
+            &[0x45, 0x02, 0x00, 0x3c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11]
+        );
+        assert_eq!(&header[12..], &[172, 17, 242, 47, 172, 17, 242, 56]);
+        let sum: u32 = header
+            .chunks(2)
+            .map(|p| u32::from(u16::from_be_bytes([p[0], p[1]])))
+            .sum();
+        assert_eq!((sum & 0xFFFF) + (sum >> 16), 0xFFFF);
+        assert_eq!(ipv4_checksum(&[0u8; 20]), 0xFFFF);
+        assert_eq!(
+            linux_ipv4_header(Ipv4Addr::LOCALHOST, Ipv4Addr::LOCALHOST, 0, 64, 65516),
+            Err(WireError::LengthOverflow)
+        );
+    }
+
+    // Reference §1.8 A: the ConnectX send-only packet with its IP ID replaced by 0 is what
+    // a Linux softverbs peer sends; fill() then verify() agree, the hardware ICRC does not.
+    #[test]
+    fn fill_then_verify_with_linux_header() {
+        let packet = hex(test_vectors::A_SEND_ONLY);
+        let (_, udp, ib) = split_ip_packet(&packet).unwrap();
+        let ip = IpHeaderInfo::linux_ipv4(
+            Ipv4Addr::new(172, 17, 242, 47),
+            Ipv4Addr::new(172, 17, 242, 56),
+            0,
+            64,
+            udp.length,
+        )
+        .unwrap();
+        assert!(matches!(
+            verify(&ip, &udp, ib),
+            Err(WireError::BadIcrc { .. })
+        ));
+        let mut ib = ib.to_vec();
+        let icrc = fill(&ip, &udp, &mut ib).unwrap();
+        assert_eq!(trailer(&ib), icrc);
+        assert_eq!(verify(&ip, &udp, &ib), Ok(()));
+    }
+
+    #[test]
+    fn ip_and_udp_headers_round_trip_through_parse_and_emit() {
+        for (name, packet) in test_vectors::all_ip_packets() {
+            let (ip, udp, _) = split_ip_packet(&packet).unwrap();
+            let ip_len = ip.header_len();
+            let mut bytes = vec![0u8; ip_len + 8];
+            assert_eq!(ip.emit(&mut bytes), Ok(ip_len));
+            assert_eq!(udp.emit(&mut bytes[ip_len..]), Ok(8));
+            // Every vector carries UDP checksum 0, as rxe and ConnectX send (§1.1).
+            assert_eq!(&bytes[..], &packet[..ip_len + 8], "{name}");
+            assert_eq!(ip.udp_len(), Some(udp.length), "{name}");
+        }
+    }
+
+    #[test]
+    fn short_or_malformed_input_is_an_error() {
+        let good = hex(test_vectors::A_SEND_ONLY);
+        let ip = IpHeaderInfo::parse(&good).unwrap();
+        let udp = UdpHeaderInfo::parse(&good[20..]).unwrap();
+        assert_eq!(verify(&ip, &udp, &[1, 2, 3]), Err(WireError::Truncated));
+        assert_eq!(fill(&ip, &udp, &mut [0u8; 3]), Err(WireError::Truncated));
+        assert_eq!(
+            verify(&ip, &udp, &[0, 0, 0, 0]),
+            Err(WireError::BadIcrc {
+                expected: compute(&ip, &udp, &[]),
+                found: 0
+            })
+        );
+        for len in 0..good.len() {
+            assert!(split_ip_packet(&good[..len]).is_err(), "len {len}");
+        }
+        let mut bad = good.clone();
+        bad[9] = 6; // TCP
+        assert_eq!(split_ip_packet(&bad).err(), Some(WireError::BadIpHeader));
+        let mut bad = good.clone();
+        bad[0] = 0x46; // IP options
+        assert_eq!(split_ip_packet(&bad).err(), Some(WireError::BadIpHeader));
+        let mut bad = good.clone();
+        bad[0] = 0x55;
+        assert_eq!(split_ip_packet(&bad).err(), Some(WireError::BadIpHeader));
+        let mut bad = good.clone();
+        bad[25] += 1; // UDP length beyond the IP length
+        assert_eq!(split_ip_packet(&bad).err(), Some(WireError::BadIpHeader));
+        let mut bad = good.clone();
+        bad[25] = 7; // UDP length below 8
+        assert_eq!(split_ip_packet(&bad).err(), Some(WireError::BadIpHeader));
+        let mut padded = good.clone();
+        padded.extend_from_slice(&[0xEE; 6]); // Ethernet padding / capture trailer (§5.3)
+        assert_eq!(verify_ip_packet(&padded), Ok(()));
+        assert_eq!(
+            UdpHeaderInfo::rocev2(4791, 65528),
+            Err(WireError::LengthOverflow)
+        );
+        assert_eq!(UdpHeaderInfo::rocev2(4791, 40).unwrap().length, 48);
+        assert_eq!(
+            ip.emit(&mut [0u8; 19]),
+            Err(WireError::BufferTooSmall {
+                needed: 20,
+                available: 19
+            })
+        );
+        // compute accepts anything, including packets shorter than a BTH.
+        for len in 0..16 {
+            let _ = compute(&ip, &udp, &good[28..28 + len]);
+        }
+    }
+
+    #[test]
+    fn display_ip_and_udp_headers() {
+        let packet = hex(test_vectors::A_SEND_ONLY);
+        let (ip, udp, _) = split_ip_packet(&packet).unwrap();
+        assert_eq!(
+            ip.to_string(),
+            "IPv4 172.17.242.47 > 172.17.242.56 tos=0x02 ttl=64 id=0x4694 df len=60"
+        );
+        assert_eq!(udp.to_string(), "UDP 63431 > 4791 len=40");
+        let (ip6, _, _) = split_ip_packet(&hex(test_vectors::D_IPV6_SEND_ONLY)).unwrap();
+        assert_eq!(
+            ip6.to_string(),
+            "IPv6 2001:db8::1 > 2001:db8::2 tclass=0x00 flowlabel=0x12345 hlim=64 plen=28"
+        );
+    }
+}
