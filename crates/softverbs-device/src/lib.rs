@@ -1,0 +1,1 @@
+//! The softverbs device runtime (transports first).
