@@ -9,8 +9,8 @@ step() { printf '\n==> %s\n' "$*"; }
 die() { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
 
 # Debian packages: verbs.h and the real libibverbs (layout and status-string tests), the man
-# pages the tests cite, a C compiler.
-packages=(libibverbs-dev rdma-core ibverbs-utils gcc libc6-dev pkg-config)
+# pages the tests cite, a C compiler, tshark (decodes our RoCEv2 captures).
+packages=(libibverbs-dev rdma-core ibverbs-utils gcc libc6-dev pkg-config tshark)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
