@@ -1,0 +1,575 @@
+//! What every transport of the device offers: the [`Transport`] trait, the [`Endpoint`]
+//! and [`Gid`] a packet is addressed with, and the counters a transport keeps.
+//!
+//! A transport moves **opaque IB transport packets** (BTH onward, with the 4-byte ICRC
+//! trailer; reference `rocev2.md` §1.1) between device endpoints. It knows nothing of queue
+//! pairs. What it owns is the part of RoCEv2 below the BTH: the IP and UDP headers the
+//! packet travels with, and therefore the ICRC (§1.7), which covers them:
+//!
+//! - [`Transport::prepare`] decides the IP / UDP headers a packet will be sent with and
+//!   fills its ICRC for exactly that path; [`Transport::transmit`] puts the bytes on the
+//!   path as they are. [`Transport::send`] does both. The split exists for middleware:
+//!   fault injection corrupts bytes after the ICRC is filled, pcap capture records the
+//!   bytes that are transmitted.
+//! - [`Transport::recv`] hands out only packets whose ICRC verified (or, where the path
+//!   makes that impossible and the configuration allows it, says so in
+//!   [`Received::icrc_checked`]). Malformed datagrams and bad ICRCs are dropped and
+//!   counted ([`TransportCounters`]), never returned as errors and never a panic: a wrong
+//!   ICRC looks like packet loss, as on a real NIC (§1.7 step 5).
+//!
+//! Implementations: [`UdpTransport`](crate::udp::UdpTransport) (real RoCEv2 over UDP),
+//! [`LoopbackTransport`](crate::loopback::LoopbackTransport) (in-process), and the
+//! middleware [`FaultTransport`](crate::fault::FaultTransport) and
+//! [`PcapTransport`](crate::pcap::PcapTransport), which wrap any transport.
+//!
+//! The UDP source port of a packet is chosen by the caller, per flow (reference §4.4):
+//! [`udp_src_port_for_qps`] is the Linux `rdma_get_udp_sport` convention for a connected
+//! QP pair, [`udp_src_port_for_qp`] the one for a QP without a remote (UD, or before RTR).
+
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use softverbs_wire::icrc::{IpHeaderInfo, UdpHeaderInfo, ROCEV2_PORT};
+
+/// The RoCEv2 UDP port, 4791 (reference §1.1): the default port of every endpoint.
+pub const DEFAULT_PORT: u16 = ROCEV2_PORT;
+
+/// The smallest IB transport packet a transport accepts: a BTH (12) and the ICRC (4).
+pub const MIN_PACKET_LEN: usize = 16;
+
+/// A 16-byte RoCEv2 GID: an IPv6 address, or an IPv4 address in IPv4-mapped form
+/// `::ffff:a.b.c.d` (reference §4.3; DESIGN "GIDs are IP addresses").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The GID of an IP address: IPv6 as is, IPv4 as `::ffff:a.b.c.d`.
+    pub fn from_ip(addr: IpAddr) -> Gid {
+        match addr {
+            IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+
+    /// The IP address of this GID: an IPv4-mapped GID gives the IPv4 address, any other
+    /// the IPv6 address. (`::ffff:a.b.c.d` is the only IPv4 form; the deprecated
+    /// IPv4-compatible `::a.b.c.d` is read as IPv6.)
+    pub fn ip(&self) -> IpAddr {
+        let v6 = Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        }
+    }
+
+    /// True if this GID is an IPv4-mapped address (the packet goes over IPv4).
+    pub fn is_ipv4(&self) -> bool {
+        Ipv6Addr::from(self.0).to_ipv4_mapped().is_some()
+    }
+
+    /// The raw 16 bytes, in network order (as `union ibv_gid.raw`).
+    pub const fn octets(&self) -> [u8; 16] {
+        self.0
+    }
+}
+
+impl From<IpAddr> for Gid {
+    fn from(addr: IpAddr) -> Gid {
+        Gid::from_ip(addr)
+    }
+}
+
+impl From<Ipv4Addr> for Gid {
+    fn from(addr: Ipv4Addr) -> Gid {
+        Gid::from_ip(IpAddr::V4(addr))
+    }
+}
+
+impl From<Ipv6Addr> for Gid {
+    fn from(addr: Ipv6Addr) -> Gid {
+        Gid::from_ip(IpAddr::V6(addr))
+    }
+}
+
+impl From<Gid> for IpAddr {
+    fn from(gid: Gid) -> IpAddr {
+        gid.ip()
+    }
+}
+
+/// Prints as an IPv6 address, e.g. `::ffff:127.0.0.2` or `fe80::1`.
+impl fmt::Display for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ipv6Addr::from(self.0).fmt(f)
+    }
+}
+
+/// Where a device receives RoCEv2 packets: an IP address (v4 or v6) and a UDP port (4791
+/// unless configured otherwise, e.g. an ephemeral port in tests).
+///
+/// The address is never an IPv4-mapped IPv6 address: [`Endpoint::new`] and
+/// [`Endpoint::from_gid`] turn `::ffff:a.b.c.d` into `a.b.c.d`, so that the IP version of
+/// an endpoint is the IP version on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Endpoint {
+    addr: IpAddr,
+    port: u16,
+}
+
+impl Endpoint {
+    /// An endpoint at `addr`:`port` (an IPv4-mapped IPv6 address becomes IPv4).
+    pub fn new(addr: IpAddr, port: u16) -> Endpoint {
+        let addr = match addr {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
+            },
+            v4 => v4,
+        };
+        Endpoint { addr, port }
+    }
+
+    /// An endpoint at `addr`, port 4791.
+    pub fn rocev2(addr: IpAddr) -> Endpoint {
+        Endpoint::new(addr, DEFAULT_PORT)
+    }
+
+    /// The endpoint of a GID (reference §4.3) at `port`.
+    pub fn from_gid(gid: Gid, port: u16) -> Endpoint {
+        Endpoint::new(gid.ip(), port)
+    }
+
+    /// The IP address.
+    pub const fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The UDP port.
+    pub const fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The GID of the address (IPv4 as `::ffff:a.b.c.d`).
+    pub fn gid(&self) -> Gid {
+        Gid::from_ip(self.addr)
+    }
+
+    /// True for an IPv4 endpoint.
+    pub const fn is_ipv4(&self) -> bool {
+        self.addr.is_ipv4()
+    }
+
+    /// The socket address.
+    pub const fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.addr, self.port)
+    }
+}
+
+impl From<SocketAddr> for Endpoint {
+    fn from(addr: SocketAddr) -> Endpoint {
+        Endpoint::new(addr.ip(), addr.port())
+    }
+}
+
+impl From<Endpoint> for SocketAddr {
+    fn from(endpoint: Endpoint) -> SocketAddr {
+        endpoint.socket_addr()
+    }
+}
+
+/// Prints as a socket address: `127.0.0.2:4791`, `[::1]:4791`.
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.socket_addr().fmt(f)
+    }
+}
+
+/// The UDP source port of a connected QP pair, Linux `rdma_get_udp_sport` with flow label
+/// 0 (reference §4.4): symmetric, so both ends of an RC connection pick the same port;
+/// always in 0xC000–0xFFFF.
+///
+/// ```
+/// # use softverbs_device::transport::udp_src_port_for_qps;
+/// assert_eq!(udp_src_port_for_qps(361, 313), 0xF967); // the reference's example
+/// assert_eq!(udp_src_port_for_qps(313, 361), 0xF967);
+/// ```
+pub fn udp_src_port_for_qps(local_qpn: u32, remote_qpn: u32) -> u16 {
+    let mut fl = u64::from(local_qpn) * u64::from(remote_qpn);
+    fl ^= fl >> 20;
+    fl ^= fl >> 40;
+    let fl = fl & 0xF_FFFF;
+    0xC000 | (((fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14)) as u16)
+}
+
+/// The UDP source port of a QP without a remote QP (UD, or before RTR): `0xC000 | hash`
+/// of the QPN, as `rxe` does (reference §4.4). The hash is the same 20-bit fold as
+/// [`udp_src_port_for_qps`] applied to the QPN alone.
+pub fn udp_src_port_for_qp(qpn: u32) -> u16 {
+    udp_src_port_for_qps(qpn, 1)
+}
+
+/// The IP and UDP headers a packet is sent with, as [`Transport::prepare`] decided them,
+/// and the ICRC it filled for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sent {
+    /// Source endpoint (the transport's local endpoint).
+    pub from: Endpoint,
+    /// The IP header (for IPv4 over a socket: ID 0, DF, as Linux writes it, §5.2).
+    pub ip: IpHeaderInfo,
+    /// The UDP header (its checksum is masked out of the ICRC and not kept).
+    pub udp: UdpHeaderInfo,
+    /// The ICRC written into the packet's trailer.
+    pub icrc: u32,
+}
+
+/// A packet [`Transport::recv`] accepted: its length in the caller's buffer and where it
+/// came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Received {
+    /// The sender's address and the datagram's UDP source port. The port is the sender's
+    /// per-flow choice (reference §4.4), not necessarily where it receives: replies go to
+    /// the peer's device endpoint (port 4791 unless configured otherwise), as RoCE
+    /// responders address the QP's path, never the source port.
+    pub from: Endpoint,
+    /// The endpoint it was addressed to (the transport's local endpoint).
+    pub to: Endpoint,
+    /// Length of the IB transport packet (BTH … ICRC) at the front of the buffer.
+    pub len: usize,
+    /// The IP header as far as the receiver knows it (see the transport's documentation
+    /// for fields a socket cannot see, such as the IPv4 ID).
+    pub ip: IpHeaderInfo,
+    /// The UDP header.
+    pub udp: UdpHeaderInfo,
+    /// True if the ICRC was verified; false only where the transport was configured to
+    /// accept packets whose ICRC it cannot check (IPv4 from non-softverbs peers, §5.3).
+    pub icrc_checked: bool,
+}
+
+/// A snapshot of a transport's counters. Receive drops are counted per reason:
+/// `received_packets` + `dropped_bad_icrc` + `dropped_malformed` + `dropped_truncated` is
+/// every datagram the transport took in. `dropped_undeliverable` counts on the sending
+/// side (in-process transport only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct TransportCounters {
+    /// Packets handed to the path.
+    pub sent_packets: u64,
+    /// Bytes of those packets (IB transport packet bytes, ICRC included).
+    pub sent_bytes: u64,
+    /// Sends that failed (the error was also returned to the caller).
+    pub send_errors: u64,
+    /// Packets handed out by `recv`.
+    pub received_packets: u64,
+    /// Bytes of those packets.
+    pub received_bytes: u64,
+    /// Datagrams dropped because their ICRC did not verify (§1.7 step 5).
+    pub dropped_bad_icrc: u64,
+    /// Datagrams dropped because they cannot be an IB transport packet: shorter than a BTH
+    /// and an ICRC, or not a whole number of 4-byte words (§1.6).
+    pub dropped_malformed: u64,
+    /// Datagrams dropped because they did not fit the caller's buffer.
+    pub dropped_truncated: u64,
+    /// Packets addressed to an endpoint nobody listens on, or dropped because the
+    /// receiver's queue was full (in-process transport only; UDP loses them silently).
+    pub dropped_undeliverable: u64,
+    /// Packets handed out without an ICRC check (counted in `received_packets` too).
+    pub icrc_unchecked: u64,
+}
+
+impl fmt::Display for TransportCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sent {} pkts / {} B ({} errors), received {} pkts / {} B, dropped: bad icrc {}, \
+             malformed {}, truncated {}, undeliverable {}; icrc unchecked {}",
+            self.sent_packets,
+            self.sent_bytes,
+            self.send_errors,
+            self.received_packets,
+            self.received_bytes,
+            self.dropped_bad_icrc,
+            self.dropped_malformed,
+            self.dropped_truncated,
+            self.dropped_undeliverable,
+            self.icrc_unchecked
+        )
+    }
+}
+
+/// The live counters behind [`TransportCounters`], shared by a transport's senders and
+/// receivers.
+///
+/// Ordering: every counter is an independent statistic, incremented with `Relaxed` by the
+/// thread that saw the event and read with `Relaxed` by [`AtomicCounters::snapshot`]; no
+/// other memory is published through them, so a snapshot may mix counts from slightly
+/// different instants but each count is exact.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicCounters {
+    pub(crate) sent_packets: AtomicU64,
+    pub(crate) sent_bytes: AtomicU64,
+    pub(crate) send_errors: AtomicU64,
+    pub(crate) received_packets: AtomicU64,
+    pub(crate) received_bytes: AtomicU64,
+    pub(crate) dropped_bad_icrc: AtomicU64,
+    pub(crate) dropped_malformed: AtomicU64,
+    pub(crate) dropped_truncated: AtomicU64,
+    pub(crate) dropped_undeliverable: AtomicU64,
+    pub(crate) icrc_unchecked: AtomicU64,
+}
+
+/// Adds one to a counter (see [`AtomicCounters`] for the ordering).
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n` to a counter (see [`AtomicCounters`] for the ordering).
+pub(crate) fn add(counter: &AtomicU64, n: usize) {
+    counter.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+impl AtomicCounters {
+    pub(crate) fn snapshot(&self) -> TransportCounters {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        TransportCounters {
+            sent_packets: load(&self.sent_packets),
+            sent_bytes: load(&self.sent_bytes),
+            send_errors: load(&self.send_errors),
+            received_packets: load(&self.received_packets),
+            received_bytes: load(&self.received_bytes),
+            dropped_bad_icrc: load(&self.dropped_bad_icrc),
+            dropped_malformed: load(&self.dropped_malformed),
+            dropped_truncated: load(&self.dropped_truncated),
+            dropped_undeliverable: load(&self.dropped_undeliverable),
+            icrc_unchecked: load(&self.icrc_unchecked),
+        }
+    }
+
+    pub(crate) fn count_sent(&self, len: usize) {
+        bump(&self.sent_packets);
+        add(&self.sent_bytes, len);
+    }
+
+    pub(crate) fn count_drop(&self, reason: DropReason) {
+        bump(match reason {
+            DropReason::BadIcrc => &self.dropped_bad_icrc,
+            DropReason::Malformed => &self.dropped_malformed,
+            DropReason::Truncated => &self.dropped_truncated,
+            DropReason::Undeliverable => &self.dropped_undeliverable,
+        });
+    }
+
+    pub(crate) fn count_received(&self, len: usize) {
+        bump(&self.received_packets);
+        add(&self.received_bytes, len);
+    }
+}
+
+/// Why a transport dropped a datagram (one [`TransportCounters`] field each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DropReason {
+    BadIcrc,
+    Malformed,
+    Truncated,
+    Undeliverable,
+}
+
+/// True if `len` bytes can be an IB transport packet: a BTH and an ICRC at least, and a
+/// whole number of 4-byte words (headers, payload + pad and ICRC all are, §1.6).
+pub(crate) fn plausible_packet_len(len: usize) -> bool {
+    len >= MIN_PACKET_LEN && len.is_multiple_of(4)
+}
+
+/// A device's path to its peers: moves IB transport packets (BTH … ICRC) between
+/// [`Endpoint`]s, owning the IP / UDP encapsulation and the ICRC.
+///
+/// Contract:
+///
+/// - All methods take `&self` and may be called from several threads at once (sends from
+///   application threads, receives from the progress thread).
+/// - `prepare` fills the last 4 bytes of `ib_packet` with the ICRC for the headers it
+///   returns; `transmit` sends the bytes unchanged. A packet must be at least
+///   [`MIN_PACKET_LEN`] bytes. Both return errors for local problems only (bad argument,
+///   socket error); a packet lost on the way is not an error.
+/// - `recv` waits at most `timeout` (`None`: until a packet arrives; `Some(ZERO)`: does
+///   not wait) and returns `Ok(None)` when the time is up. It drops and counts datagrams
+///   that are malformed, do not fit `buf` or fail the ICRC check, and keeps waiting for a
+///   good one within the same timeout.
+pub trait Transport: Send + Sync {
+    /// The endpoint this transport receives on and sends from.
+    fn local(&self) -> Endpoint;
+
+    /// Chooses the IP / UDP headers `ib_packet` will travel with to `to` (UDP source port
+    /// `src_port` if the transport can, see [`udp_src_port_for_qps`]) and fills its ICRC.
+    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent>;
+
+    /// Sends `ib_packet` exactly as it is, with the headers `sent` describes (as returned
+    /// by [`Transport::prepare`] of the same transport for the same destination).
+    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()>;
+
+    /// [`Transport::prepare`] then [`Transport::transmit`].
+    fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        let sent = self.prepare(to, src_port, ib_packet)?;
+        self.transmit(to, &sent, ib_packet)?;
+        Ok(sent)
+    }
+
+    /// Receives the next good packet into the front of `buf`; see the trait contract.
+    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>>;
+
+    /// A snapshot of the counters.
+    fn counters(&self) -> TransportCounters;
+}
+
+impl<T: Transport + ?Sized> Transport for Arc<T> {
+    fn local(&self) -> Endpoint {
+        (**self).local()
+    }
+    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        (**self).prepare(to, src_port, ib_packet)
+    }
+    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
+        (**self).transmit(to, sent, ib_packet)
+    }
+    fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        (**self).send(to, src_port, ib_packet)
+    }
+    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
+        (**self).recv(buf, timeout)
+    }
+    fn counters(&self) -> TransportCounters {
+        (**self).counters()
+    }
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn local(&self) -> Endpoint {
+        (**self).local()
+    }
+    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        (**self).prepare(to, src_port, ib_packet)
+    }
+    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
+        (**self).transmit(to, sent, ib_packet)
+    }
+    fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        (**self).send(to, src_port, ib_packet)
+    }
+    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
+        (**self).recv(buf, timeout)
+    }
+    fn counters(&self) -> TransportCounters {
+        (**self).counters()
+    }
+}
+
+/// The IP header a packet of `ib_len` bytes from `from` to `to` carries when the sender
+/// writes it the way softverbs does: IPv4 as Linux writes it for an unconnected
+/// `IP_PMTUDISC_DO` socket (ID 0, DF; §5.2), IPv6 with flow label 0 (masked anyway).
+/// `InvalidInput` for mixed IP versions or a packet too long for the length fields.
+pub(crate) fn path_headers(
+    from: &Endpoint,
+    to: &Endpoint,
+    src_port: u16,
+    traffic_class: u8,
+    hop_limit: u8,
+    ib_len: usize,
+) -> io::Result<(IpHeaderInfo, UdpHeaderInfo)> {
+    if ib_len < MIN_PACKET_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "IB transport packet shorter than a BTH and an ICRC",
+        ));
+    }
+    let mut udp = UdpHeaderInfo::rocev2(src_port, ib_len).map_err(invalid_input)?;
+    udp.dst_port = to.port();
+    let ip = match (from.addr(), to.addr()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            IpHeaderInfo::linux_ipv4(src, dst, traffic_class, hop_limit, udp.length)
+                .map_err(invalid_input)?
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            IpHeaderInfo::ipv6(src, dst, traffic_class, 0, hop_limit, udp.length)
+        }
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{from} and {to} are not the same IP version (reference §4.3)"),
+            ))
+        }
+    };
+    Ok((ip, udp))
+}
+
+pub(crate) fn invalid_input(error: softverbs_wire::WireError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Reference §4.3: an IPv4 address is the GID ::ffff:a.b.c.d, an IPv6 address is itself,
+    // and both convert back.
+    #[test]
+    fn gid_of_ipv4_is_ipv4_mapped_and_converts_back() {
+        let v4: IpAddr = "127.0.0.2".parse().unwrap();
+        let gid = Gid::from(v4);
+        assert_eq!(
+            gid.octets(),
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 127, 0, 0, 2]
+        );
+        assert_eq!(gid.to_string(), "::ffff:127.0.0.2");
+        assert!(gid.is_ipv4());
+        assert_eq!(gid.ip(), v4);
+        let endpoint = Endpoint::from_gid(gid, DEFAULT_PORT);
+        assert_eq!(endpoint, Endpoint::rocev2(v4));
+        assert_eq!(endpoint.gid(), gid);
+        assert_eq!(endpoint.to_string(), "127.0.0.2:4791");
+
+        let v6: IpAddr = "fe80::1".parse().unwrap();
+        let gid6 = Gid::from(v6);
+        assert!(!gid6.is_ipv4());
+        assert_eq!(gid6.ip(), v6);
+        assert_eq!(Endpoint::from_gid(gid6, 7).to_string(), "[fe80::1]:7");
+
+        // A mapped IPv6 address given as an endpoint address becomes IPv4.
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert!(Endpoint::new(mapped, 1).is_ipv4());
+    }
+
+    // Reference §4.4: QPNs 361 and 313 give source port 0xF967, both ways round; every
+    // port is in 0xC000..=0xFFFF.
+    #[test]
+    fn udp_source_port_follows_rdma_get_udp_sport() {
+        assert_eq!(udp_src_port_for_qps(361, 313), 0xF967);
+        assert_eq!(udp_src_port_for_qps(313, 361), 0xF967);
+        for qpn in [0u32, 1, 2, 17, 0xFF_FFFF, 12345] {
+            assert!(udp_src_port_for_qp(qpn) >= 0xC000);
+            assert!(udp_src_port_for_qps(qpn, 0xFF_FFFF) >= 0xC000);
+        }
+    }
+
+    #[test]
+    fn path_headers_refuse_mixed_versions_and_short_packets() {
+        let v4 = Endpoint::rocev2("127.0.0.1".parse().unwrap());
+        let v6 = Endpoint::rocev2("::1".parse().unwrap());
+        assert!(path_headers(&v4, &v6, 0xC000, 0, 64, 16).is_err());
+        assert!(path_headers(&v4, &v4, 0xC000, 0, 64, 15).is_err());
+        assert!(path_headers(&v4, &v4, 0xC000, 0, 64, 70_000).is_err());
+        let (ip, udp) = path_headers(&v4, &v4, 0xC123, 0, 64, 16).unwrap();
+        assert_eq!(udp.length, 24);
+        assert_eq!(udp.src_port, 0xC123);
+        assert!(matches!(
+            ip,
+            IpHeaderInfo::V4 {
+                id: 0,
+                flags_frag: 0x4000,
+                total_len: 44,
+                ..
+            }
+        ));
+    }
+}

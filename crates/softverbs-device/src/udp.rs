@@ -1,0 +1,664 @@
+//! RoCEv2 over UDP sockets: the transport that talks to other processes, other hosts,
+//! kernel Soft-RoCE and RoCE NICs.
+//!
+//! # Addresses: one (address, 4791) pair per process
+//!
+//! Only one plain socket can own `address:4791` (reference `rocev2.md` §5.1), so every
+//! device process needs its own address (DESIGN "Several processes on one host"). The
+//! address is chosen by [`UdpConfig::from_env`], in this order:
+//!
+//! 1. `SOFTVERBS_ADDR` ([`ADDR_ENV`]) if set: `IP` or `IP:PORT` (`[IPv6]:PORT` for IPv6),
+//!    e.g. `10.0.0.5`, `127.0.0.7:4791`, `[::1]:4791`. Binding exactly that, or an error.
+//! 2. Otherwise the automatic scheme ([`UdpConfig::default`]): `127.0.0.1:4791`, and if
+//!    that is taken (`EADDRINUSE`) `127.0.0.2:4791`, … up to `127.0.0.254:4791`; the first
+//!    free one wins. Several processes on one host therefore work with nothing configured
+//!    (the loopback range 127.0.0.0/8 is local on Linux), and a peer addresses a process by
+//!    its GID `::ffff:127.0.0.x` (§5.7). Binding the unspecified address (`0.0.0.0`, `::`)
+//!    is refused: the ICRC covers the source address, so the socket must be bound to the
+//!    exact address of the device's GID (§5.2).
+//!
+//! `SOFTVERBS_PORT` is not a thing: tests that want several transports without touching
+//! port 4791 set [`UdpConfig::port`] to 0 (an ephemeral port) in code.
+//!
+//! # Sending (reference §5.2)
+//!
+//! The kernel writes the IP header, so the sender predicts it: every socket is
+//! **unconnected** with `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, for which Linux sends DF and IPv4
+//! ID 0 (checked by `kernel_really_sends_ipv4_id_zero_with_df` in the tests, which reads the
+//! datagrams back through a raw socket). The ICRC is computed over
+//! [`IpHeaderInfo::linux_ipv4`] / [`IpHeaderInfo::ipv6`] with the configured TOS / traffic
+//! class and TTL / hop limit (set on the socket; they are masked anyway). Oversized packets
+//! fail with `EMSGSIZE` instead of being fragmented. IPv6 sockets also set
+//! `IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO`.
+//!
+//! UDP source port (§4.4): a plain socket sends from the port it is bound to, so per-flow
+//! entropy needs one socket per source port. With [`SourcePorts::PerFlow`] (the default)
+//! the transport opens, on first use, a send-only socket bound to (device address, the
+//! requested port in 0xC000–0xFFFF), up to a limit; when the limit is reached, the port is
+//! taken, or the hint is outside 0xC000–0xFFFF, the packet goes from the device socket
+//! (port 4791), which receivers accept (they ignore the source port, §1.9).
+//! [`SourcePorts::Bound`] always uses the device socket. [`Sent::udp`] says which port
+//! was used.
+//!
+//! # Receiving (reference §5.3)
+//!
+//! Datagrams are read with `recvmsg`, with `IP_RECVTOS` / `IP_RECVTTL` (IPv6:
+//! `IPV6_RECVTCLASS` / `IPV6_RECVHOPLIMIT`) so [`Received::ip`] carries the real TOS / ECN
+//! bits and TTL. The destination address is the socket's own (it is bound to one unicast
+//! address). IPv6 sockets set `UDP_NO_CHECK6_RX` so that zero UDP checksums (what `rxe`
+//! sends, §5.2) are accepted.
+//!
+//! A socket never sees the sender's IPv4 ID and flags, which the ICRC covers. With
+//! [`Ipv4IcrcCheck::AssumeLinuxSender`] (the default) the receiver verifies IPv4 packets
+//! over the header a softverbs sender writes (ID 0, DF), which is exact for softverbs
+//! peers and drops packets of peers that send other IDs (`rxe` hashes them, NICs count);
+//! [`Ipv4IcrcCheck::Skip`] accepts IPv4 packets unchecked and counts them
+//! (`icrc_unchecked`), for interoperating with those peers over a socket. IPv6 has no ID:
+//! its ICRC is always verified.
+//!
+//! Datagrams shorter than a BTH and an ICRC, not a whole number of 4-byte words, larger
+//! than the caller's buffer or with a bad ICRC are dropped and counted; `recv` never
+//! panics on network input.
+
+use std::collections::HashMap;
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use rustix::net::sockopt;
+use socket2::{Domain, MaybeUninitSlice, MsgHdrMut, Protocol, SockAddr, Socket, Type};
+use softverbs_wire::icrc::{self, IpHeaderInfo};
+
+use crate::transport::{
+    bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Received, Sent,
+    Transport, TransportCounters, DEFAULT_PORT,
+};
+
+/// The environment variable that sets the device address: `IP`, `IP:PORT` or
+/// `[IPv6]:PORT`.
+pub const ADDR_ENV: &str = "SOFTVERBS_ADDR";
+
+/// How IPv4 ICRCs are checked on receive (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Ipv4IcrcCheck {
+    /// Verify over the IPv4 header a softverbs (Linux, unconnected, `IP_PMTUDISC_DO`)
+    /// sender writes: ID 0, DF. Exact for softverbs peers.
+    #[default]
+    AssumeLinuxSender,
+    /// Accept IPv4 packets without an ICRC check and count them (`icrc_unchecked`).
+    Skip,
+}
+
+/// Which UDP source port a packet goes from (reference §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SourcePorts {
+    /// Always the device socket's port (4791 by default).
+    Bound,
+    /// The caller's hint, through a send-only socket per port, opened on first use, at
+    /// most `max_sockets` of them; the device port when that is not possible.
+    PerFlow {
+        /// Most extra sockets to open.
+        max_sockets: usize,
+    },
+}
+
+impl Default for SourcePorts {
+    fn default() -> SourcePorts {
+        SourcePorts::PerFlow { max_sockets: 64 }
+    }
+}
+
+/// Configuration of a [`UdpTransport`]. `Default` is the automatic scheme of the module
+/// documentation: no address (try 127.0.0.1 … 127.0.0.254), port 4791.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UdpConfig {
+    /// The device address; `None` picks the first free 127.0.0.x (x = 1..=254).
+    pub address: Option<IpAddr>,
+    /// The UDP port to receive on (4791; 0 for an ephemeral port, in tests).
+    pub port: u16,
+    /// IPv4 TOS / IPv6 traffic class of sent packets (DSCP and ECN; masked out of the
+    /// ICRC).
+    pub traffic_class: u8,
+    /// IPv4 TTL / IPv6 hop limit of sent packets (masked out of the ICRC).
+    pub hop_limit: u8,
+    /// How IPv4 ICRCs are checked on receive.
+    pub ipv4_icrc: Ipv4IcrcCheck,
+    /// Which UDP source port packets go from.
+    pub source_ports: SourcePorts,
+}
+
+impl Default for UdpConfig {
+    fn default() -> UdpConfig {
+        UdpConfig {
+            address: None,
+            port: DEFAULT_PORT,
+            traffic_class: 0,
+            hop_limit: 64,
+            ipv4_icrc: Ipv4IcrcCheck::default(),
+            source_ports: SourcePorts::default(),
+        }
+    }
+}
+
+impl UdpConfig {
+    /// The default configuration with the address (and port) of `SOFTVERBS_ADDR` if that
+    /// is set. `InvalidInput` if it is set but cannot be parsed.
+    pub fn from_env() -> io::Result<UdpConfig> {
+        let mut config = UdpConfig::default();
+        if let Some(spec) = std::env::var_os(ADDR_ENV) {
+            let spec = spec.to_str().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{ADDR_ENV} is not UTF-8"),
+                )
+            })?;
+            let (address, port) = parse_address(spec)?;
+            config.address = Some(address);
+            if let Some(port) = port {
+                config.port = port;
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// Parses a device address as `SOFTVERBS_ADDR` gives it: `IP`, `IP:PORT` or `[IPv6]:PORT`.
+///
+/// ```
+/// # use softverbs_device::udp::parse_address;
+/// assert_eq!(parse_address("127.0.0.7").unwrap(), ("127.0.0.7".parse().unwrap(), None));
+/// assert_eq!(parse_address("[::1]:4000").unwrap(), ("::1".parse().unwrap(), Some(4000)));
+/// assert!(parse_address("localhost").is_err());
+/// ```
+pub fn parse_address(spec: &str) -> io::Result<(IpAddr, Option<u16>)> {
+    let spec = spec.trim();
+    if let Ok(addr) = spec.parse::<IpAddr>() {
+        return Ok((addr, None));
+    }
+    if let Ok(addr) = spec.parse::<SocketAddr>() {
+        return Ok((addr.ip(), Some(addr.port())));
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{ADDR_ENV}={spec:?} is not IP, IP:PORT or [IPv6]:PORT"),
+    ))
+}
+
+/// RoCEv2 over UDP. See the module documentation.
+#[derive(Debug)]
+pub struct UdpTransport {
+    socket: Socket,
+    local: Endpoint,
+    config: UdpConfig,
+    /// Send-only sockets per UDP source port ([`SourcePorts::PerFlow`]); `None` marks a
+    /// port that could not be bound, so it is not retried on every packet.
+    flow_sockets: RwLock<HashMap<u16, Option<Arc<Socket>>>>,
+    counters: AtomicCounters,
+}
+
+const IPV6_PMTUDISC_DO: i32 = 2;
+/// `UDP_NO_CHECK6_RX` (linux/udp.h): accept zero UDP checksums over IPv6.
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
+
+/// Sets an `int` socket option that neither socket2 nor rustix offers.
+fn set_int_option(
+    socket: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the fd is open for the duration of the call (borrowed from `socket`), and the
+    // option value pointer / length describe a live `c_int` on this stack frame.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A UDP socket bound to `addr`, set up for RoCEv2 as the module documentation says.
+fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Result<Socket> {
+    let domain = Domain::for_address(addr);
+    let socket = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    match addr {
+        SocketAddr::V4(_) => {
+            sockopt::set_ip_mtu_discover(socket.as_fd(), sockopt::Ipv4PathMtuDiscovery::DO)?;
+            socket.set_tos(u32::from(config.traffic_class))?;
+            socket.set_ttl(u32::from(config.hop_limit))?;
+            if receive {
+                socket.set_recv_tos(true)?;
+                set_int_option(&socket, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+            }
+        }
+        SocketAddr::V6(_) => {
+            socket.set_only_v6(true)?;
+            set_int_option(
+                &socket,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                IPV6_PMTUDISC_DO,
+            )?;
+            socket.set_tclass_v6(u32::from(config.traffic_class))?;
+            socket.set_unicast_hops_v6(u32::from(config.hop_limit))?;
+            if receive {
+                socket.set_recv_tclass_v6(true)?;
+                socket.set_recv_hoplimit_v6(true)?;
+                set_int_option(&socket, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)?;
+            }
+        }
+    }
+    socket.bind(&SockAddr::from(addr))?;
+    Ok(socket)
+}
+
+/// Views an initialised byte buffer as `MaybeUninit` bytes for `recvmsg`.
+fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`; the slice starts initialised and
+    // `recvmsg` only ever writes initialised bytes into it, so it stays a valid `[u8]`.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len()) }
+}
+
+/// TOS / TTL (IPv6: traffic class / hop limit) found in the ancillary data of `recvmsg`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Ancillary {
+    traffic_class: Option<u8>,
+    hop_limit: Option<u8>,
+}
+
+/// Reads the control messages Linux delivers (`struct cmsghdr`: `size_t len; int level;
+/// int type;` then data, each aligned to `size_t`). Never panics: a malformed buffer ends
+/// the walk.
+fn parse_ancillary(control: &[u8]) -> Ancillary {
+    const ALIGN: usize = std::mem::size_of::<usize>();
+    let header_len = std::mem::size_of::<libc::cmsghdr>();
+    let align = |n: usize| n.div_ceil(ALIGN) * ALIGN;
+    let int_at = |bytes: &[u8]| -> Option<u8> {
+        match bytes.len() {
+            1 => Some(bytes[0]),
+            4.. => {
+                let value = i32::from_ne_bytes(bytes[..4].try_into().ok()?);
+                u8::try_from(value).ok()
+            }
+            _ => None,
+        }
+    };
+    let mut found = Ancillary::default();
+    let mut at = 0;
+    while let Some(header) = control.get(at..at + header_len) {
+        let len = usize::from_ne_bytes(header[..ALIGN].try_into().unwrap_or([0; ALIGN]));
+        let level = i32::from_ne_bytes(header[ALIGN..ALIGN + 4].try_into().unwrap_or([0; 4]));
+        let kind = i32::from_ne_bytes(header[ALIGN + 4..ALIGN + 8].try_into().unwrap_or([0; 4]));
+        if len < header_len {
+            break;
+        }
+        let Some(data) = control.get(at + header_len..at + len) else {
+            break;
+        };
+        match (level, kind) {
+            (libc::IPPROTO_IP, libc::IP_TOS) | (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                found.traffic_class = int_at(data);
+            }
+            (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                found.hop_limit = int_at(data);
+            }
+            _ => {}
+        }
+        at += align(len);
+    }
+    found
+}
+
+impl UdpTransport {
+    /// Opens the transport `config` describes (see the module documentation for the
+    /// automatic address). Errors: `InvalidInput` for an unspecified or multicast address,
+    /// `AddrInUse` if the address (or every automatic one) is taken, other socket errors.
+    pub fn bind(config: UdpConfig) -> io::Result<UdpTransport> {
+        let (socket, addr) = match config.address {
+            Some(address) => {
+                if address.is_unspecified() || address.is_multicast() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "device address {address} must be one unicast address (reference §5.2)"
+                        ),
+                    ));
+                }
+                let addr = SocketAddr::new(Endpoint::new(address, 0).addr(), config.port);
+                (rocev2_socket(addr, &config, true)?, addr)
+            }
+            None => Self::bind_automatic(&config)?,
+        };
+        let bound = socket
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("socket has no IP address"))?;
+        tracing::debug!(local = %bound, requested = %addr, "UDP RoCEv2 transport bound");
+        Ok(UdpTransport {
+            socket,
+            local: Endpoint::from(bound),
+            config,
+            flow_sockets: RwLock::new(HashMap::new()),
+            counters: AtomicCounters::default(),
+        })
+    }
+
+    /// [`UdpTransport::bind`] with [`UdpConfig::from_env`].
+    pub fn from_env() -> io::Result<UdpTransport> {
+        UdpTransport::bind(UdpConfig::from_env()?)
+    }
+
+    fn bind_automatic(config: &UdpConfig) -> io::Result<(Socket, SocketAddr)> {
+        for host in 1..=254u8 {
+            let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, host)), config.port);
+            match rocev2_socket(addr, config, true) {
+                Ok(socket) => return Ok((socket, addr)),
+                Err(error) if error.kind() == io::ErrorKind::AddrInUse => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "127.0.0.1..=127.0.0.254 port {} are all taken; set {ADDR_ENV}",
+                config.port
+            ),
+        ))
+    }
+
+    /// The configuration the transport was opened with.
+    pub fn config(&self) -> &UdpConfig {
+        &self.config
+    }
+
+    /// The socket a packet with source port hint `src_port` goes from, and its port.
+    fn source_socket(&self, src_port: u16) -> (Option<Arc<Socket>>, u16) {
+        let SourcePorts::PerFlow { max_sockets } = self.config.source_ports else {
+            return (None, self.local.port());
+        };
+        if src_port < 0xC000 || src_port == self.local.port() {
+            return (None, self.local.port());
+        }
+        let found = self
+            .flow_sockets
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&src_port)
+            .cloned();
+        let entry = match found {
+            Some(entry) => entry,
+            None => {
+                let mut sockets = self
+                    .flow_sockets
+                    .write()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if sockets.len() >= max_sockets && !sockets.contains_key(&src_port) {
+                    None
+                } else {
+                    sockets
+                        .entry(src_port)
+                        .or_insert_with(|| {
+                            let addr = SocketAddr::new(self.local.addr(), src_port);
+                            match rocev2_socket(addr, &self.config, false) {
+                                Ok(socket) => {
+                                    // Send-only: keep what strays in small.
+                                    let _ = socket.set_recv_buffer_size(1);
+                                    Some(Arc::new(socket))
+                                }
+                                Err(error) => {
+                                    tracing::debug!(%addr, %error, "no per-flow source socket");
+                                    None
+                                }
+                            }
+                        })
+                        .clone()
+                }
+            }
+        };
+        match entry {
+            Some(socket) => (Some(socket), src_port),
+            None => (None, self.local.port()),
+        }
+    }
+
+    fn receive_one(&self, buf: &mut [u8]) -> io::Result<Result<Received, DropReason>> {
+        let mut control = [0u8; 128];
+        let mut from = SockAddr::from(SocketAddr::new(self.local.addr(), 0));
+        let (len, truncated, control_len) = {
+            let mut bufs = [MaybeUninitSlice::new(as_uninit(buf))];
+            let mut msg = MsgHdrMut::new()
+                .with_addr(&mut from)
+                .with_buffers(&mut bufs)
+                .with_control(as_uninit(&mut control));
+            let len = self
+                .socket
+                .recvmsg(&mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC)?;
+            (len, msg.flags().is_truncated(), msg.control_len())
+        };
+        if truncated || len > buf.len() {
+            return Ok(Err(DropReason::Truncated));
+        }
+        if !plausible_packet_len(len) {
+            return Ok(Err(DropReason::Malformed));
+        }
+        let Some(from) = from.as_socket() else {
+            return Ok(Err(DropReason::Malformed));
+        };
+        let from = Endpoint::from(from);
+        let ancillary = parse_ancillary(control.get(..control_len).unwrap_or(&[]));
+        let traffic_class = ancillary.traffic_class.unwrap_or(0);
+        let hop_limit = ancillary.hop_limit.unwrap_or(self.config.hop_limit);
+        let Ok((ip, mut udp)) = path_headers(
+            &from,
+            &self.local,
+            from.port(),
+            traffic_class,
+            hop_limit,
+            len,
+        ) else {
+            return Ok(Err(DropReason::Malformed));
+        };
+        udp.dst_port = self.local.port();
+        let packet = &buf[..len];
+        let icrc_checked = match ip {
+            IpHeaderInfo::V4 { .. } if self.config.ipv4_icrc == Ipv4IcrcCheck::Skip => false,
+            _ => {
+                if icrc::verify(&ip, &udp, packet).is_err() {
+                    return Ok(Err(DropReason::BadIcrc));
+                }
+                true
+            }
+        };
+        Ok(Ok(Received {
+            from,
+            to: self.local,
+            len,
+            ip,
+            udp,
+            icrc_checked,
+        }))
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes (`None`: forever). True if readable.
+fn wait_readable(fd: impl AsFd, timeout: Option<Duration>) -> io::Result<bool> {
+    let timespec = timeout.map(|t| rustix::event::Timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    match rustix::event::poll(&mut fds, timespec.as_ref()) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+impl Transport for UdpTransport {
+    fn local(&self) -> Endpoint {
+        self.local
+    }
+
+    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        let (_, port) = self.source_socket(src_port);
+        let (ip, udp) = path_headers(
+            &self.local,
+            to,
+            port,
+            self.config.traffic_class,
+            self.config.hop_limit,
+            ib_packet.len(),
+        )?;
+        let icrc = icrc::fill(&ip, &udp, ib_packet).map_err(crate::transport::invalid_input)?;
+        Ok(Sent {
+            from: self.local,
+            ip,
+            udp,
+            icrc,
+        })
+    }
+
+    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
+        let (flow_socket, _) = self.source_socket(sent.udp.src_port);
+        let socket = flow_socket.as_deref().unwrap_or(&self.socket);
+        let result = socket.send_to(ib_packet, &SockAddr::from(to.socket_addr()));
+        match result {
+            Ok(n) if n == ib_packet.len() => {
+                self.counters.count_sent(n);
+                Ok(())
+            }
+            Ok(n) => {
+                bump(&self.counters.send_errors);
+                Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    format!("sent {n} of {} bytes", ib_packet.len()),
+                ))
+            }
+            Err(error) => {
+                bump(&self.counters.send_errors);
+                Err(error)
+            }
+        }
+    }
+
+    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            match self.receive_one(buf) {
+                Ok(Ok(received)) => {
+                    self.counters.count_received(received.len);
+                    if !received.icrc_checked {
+                        bump(&self.counters.icrc_unchecked);
+                    }
+                    return Ok(Some(received));
+                }
+                Ok(Err(reason)) => {
+                    tracing::trace!(?reason, "dropped a datagram");
+                    self.counters.count_drop(reason);
+                    continue;
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                // ICMP errors queued on the socket (e.g. port unreachable after a send to
+                // a closed port) are not about this receive: read the next datagram.
+                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(error) => return Err(error),
+            }
+            let remaining = match deadline {
+                None => None,
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(None);
+                    }
+                    Some(deadline - now)
+                }
+            };
+            wait_readable(&self.socket, remaining)?;
+        }
+    }
+
+    fn counters(&self) -> TransportCounters {
+        self.counters.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancillary_parser_reads_tos_and_ttl_and_survives_garbage() {
+        let mut control = Vec::new();
+        let push = |control: &mut Vec<u8>, level: i32, kind: i32, data: &[u8]| {
+            let header = std::mem::size_of::<libc::cmsghdr>();
+            control.extend_from_slice(&(header + data.len()).to_ne_bytes());
+            control.extend_from_slice(&level.to_ne_bytes());
+            control.extend_from_slice(&kind.to_ne_bytes());
+            control.extend_from_slice(data);
+            while !control.len().is_multiple_of(std::mem::size_of::<usize>()) {
+                control.push(0);
+            }
+        };
+        push(&mut control, libc::IPPROTO_IP, libc::IP_TOS, &[0x02]);
+        push(
+            &mut control,
+            libc::IPPROTO_IP,
+            libc::IP_TTL,
+            &64i32.to_ne_bytes(),
+        );
+        assert_eq!(
+            parse_ancillary(&control),
+            Ancillary {
+                traffic_class: Some(2),
+                hop_limit: Some(64)
+            }
+        );
+        for len in 0..control.len() {
+            let _ = parse_ancillary(&control[..len]);
+        }
+        let mut garbage = control.clone();
+        garbage[0] = 0xFF;
+        let _ = parse_ancillary(&garbage);
+        assert_eq!(parse_ancillary(&[0u8; 40]), Ancillary::default());
+    }
+
+    #[test]
+    fn address_spec_forms() {
+        assert_eq!(
+            parse_address(" 127.0.0.9:4791 ").unwrap(),
+            ("127.0.0.9".parse().unwrap(), Some(4791))
+        );
+        assert_eq!(
+            parse_address("::1").unwrap(),
+            ("::1".parse().unwrap(), None)
+        );
+        assert!(parse_address("127.0.0.1:99999").is_err());
+        assert!(parse_address("").is_err());
+    }
+
+    #[test]
+    fn unspecified_address_is_refused() {
+        let config = UdpConfig {
+            address: Some("0.0.0.0".parse().unwrap()),
+            port: 0,
+            ..UdpConfig::default()
+        };
+        let error = UdpTransport::bind(config).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+    }
+}
