@@ -1,7 +1,11 @@
-//! The softverbs device runtime (transports first).
+//! The softverbs device runtime: the [`Device`] (engine, memory, CQ routing, progress),
+//! its asynchronous events, registered memory, and the transports it sends through.
 //!
 //! | module | holds |
 //! |---|---|
+//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread |
+//! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd |
+//! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
 //! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address |
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
@@ -43,14 +47,20 @@
 //! what the kernel really puts on the wire; and `tshark` (Debian package `tshark`) for the
 //! capture-decoding tests. A missing requirement fails the test, never skips it.
 
+pub mod device;
+pub mod events;
 pub mod fault;
 pub mod loopback;
+pub mod memory;
 pub mod pcap;
 pub mod transport;
 pub mod udp;
 
+pub use device::{Device, DeviceAttr, DeviceConfig, DeviceError, Network, PortAttr};
+pub use events::{AsyncEvent, AsyncEventQueue};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};
+pub use memory::{MemoryTable, Region, RegisterError};
 pub use pcap::{Capture, CaptureRecord, Direction, PcapTransport};
 pub use transport::{Endpoint, Gid, Received, Sent, Transport, TransportCounters};
 pub use udp::{UdpConfig, UdpTransport};

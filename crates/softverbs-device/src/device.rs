@@ -1,0 +1,817 @@
+//! The soft RDMA device: one [`softverbs_proto::Endpoint`] (every QP and SRQ of the
+//! device), its registered memory, its transport, the CQs its QPs complete into, and the
+//! progress that keeps the protocol moving.
+//!
+//! Progress has two drivers, and either is enough:
+//! - the application: every verb (post, modify, …) runs the engine, sends what it produced
+//!   and pushes the completions; [`Device::progress`] (called by a poll that found its CQ
+//!   empty) receives and handles whatever has arrived, without blocking;
+//! - a progress thread per device, which sleeps in the transport's receive (or on a
+//!   condition variable for in-process devices) until a packet arrives or the next
+//!   retransmit / RNR deadline, so ACKs, retransmissions and completions keep coming while
+//!   the application sleeps or computes.
+//!
+//! Devices in the same process reach each other directly: a packet for the address of a
+//! device of this process is handed to that device's engine on the sending thread (through
+//! a per-thread queue, so no lock is held while another device runs), with no system call.
+//! Other addresses go over the transport (UDP carrying RoCEv2).
+
+use crate::events::{AsyncEvent, AsyncEventQueue};
+use crate::memory::{MemoryTable, Region, RegisterError};
+use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid, Transport};
+use crate::udp::{UdpConfig, UdpTransport};
+use softverbs_cq::{CqProducer, DeviceClock, PushError, WorkCompletion, MAX_CQE};
+use softverbs_proto::{
+    AccessFlags, AttrMask, CqTarget, Endpoint as Engine, EndpointConfig, Event, Mtu, QpAttr,
+    QpInit, QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
+};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The vendor id the device reports: outside every vendor table (perftest treats unknown
+/// vendors as generic devices).
+pub const VENDOR_ID: u32 = 0x00ff_ffff;
+
+/// How long the progress thread sleeps at most before looking at its timers again.
+const PROGRESS_TICK: Duration = Duration::from_millis(5);
+
+/// Where the device's packets go.
+#[derive(Clone, Debug)]
+pub enum Network {
+    /// Only devices of this process (no socket); the device gets an address in
+    /// 127.1.0.0/16 that no socket uses.
+    InProcess,
+    /// RoCEv2 over UDP (reaches other processes and hosts), as configured.
+    Udp(UdpConfig),
+}
+
+/// How to open a device.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// The device name (`ibv_get_device_name`).
+    pub name: String,
+    /// Where packets go.
+    pub network: Network,
+    /// Protocol limits and the port MTU.
+    pub engine: EndpointConfig,
+    /// Whether to start the progress thread (tests of the sans-IO paths may not want it).
+    pub progress_thread: bool,
+}
+
+impl DeviceConfig {
+    /// An in-process device with default limits.
+    pub fn in_process() -> Self {
+        DeviceConfig {
+            name: "softverbs0".into(),
+            network: Network::InProcess,
+            engine: EndpointConfig::default(),
+            progress_thread: true,
+        }
+    }
+
+    /// A UDP device configured from the environment (`SOFTVERBS_ADDR`, else the first free
+    /// 127.0.0.x:4791).
+    pub fn udp_from_env() -> io::Result<Self> {
+        Ok(DeviceConfig {
+            name: "softverbs0".into(),
+            network: Network::Udp(UdpConfig::from_env()?),
+            engine: EndpointConfig::default(),
+            progress_thread: true,
+        })
+    }
+}
+
+/// The device's limits (`struct ibv_device_attr`, the fields that mean something here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Node GUID (derived from the address).
+    pub node_guid: u64,
+    /// Vendor id.
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Largest registrable region.
+    pub max_mr_size: u64,
+    /// Page sizes supported.
+    pub page_size_cap: u64,
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Work requests per queue.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Completion queues.
+    pub max_cq: u32,
+    /// Entries per completion queue.
+    pub max_cqe: u32,
+    /// Memory regions.
+    pub max_mr: u32,
+    /// Protection domains.
+    pub max_pd: u32,
+    /// Incoming reads/atomics per QP.
+    pub max_qp_rd_atom: u8,
+    /// Outgoing reads/atomics per QP.
+    pub max_qp_init_rd_atom: u8,
+    /// Shared receive queues.
+    pub max_srq: u32,
+    /// Work requests per SRQ.
+    pub max_srq_wr: u32,
+    /// Scatter/gather entries per SRQ work request.
+    pub max_srq_sge: u32,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+    /// Atomic guarantees: `IBV_ATOMIC_HCA` (atomic among this device's atomics).
+    pub atomic_cap_hca: bool,
+    /// Completion timestamp valid bits (`completion_timestamp_mask`).
+    pub completion_timestamp_mask: u64,
+    /// Device clock in kHz (`hca_core_clock`).
+    pub hca_core_clock_khz: u64,
+    /// Physical ports.
+    pub phys_port_cnt: u8,
+}
+
+/// The port's state (`struct ibv_port_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Always `IBV_PORT_ACTIVE`.
+    pub active: bool,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use.
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// Link layer: Ethernet (RoCE).
+    pub link_layer_ethernet: bool,
+}
+
+/// Why a verb failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The engine refused it.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// Registration refused.
+    #[error(transparent)]
+    Register(#[from] RegisterError),
+    /// A transport or OS error.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// No such object.
+    #[error("no such {0}")]
+    NoSuch(&'static str),
+}
+
+impl DeviceError {
+    /// The errno the C side reports.
+    pub fn errno(&self) -> i32 {
+        match self {
+            DeviceError::Verbs(e) => e.errno(),
+            DeviceError::Register(e) => e.errno(),
+            DeviceError::Io(e) => e.raw_os_error().unwrap_or(5),
+            DeviceError::NoSuch(_) => 22,
+        }
+    }
+}
+
+/// Where a QP's completions go.
+struct Route {
+    send: CqProducer,
+    recv: CqProducer,
+}
+
+struct State {
+    engine: Engine,
+    memory: MemoryTable,
+    routes: HashMap<u32, Route>,
+    /// Completions a back-pressure CQ refused, retried in order on every run.
+    held: VecDeque<(u32, CqTarget, WorkCompletion)>,
+    next_pd: u32,
+    scratch: Vec<u8>,
+}
+
+/// A packet produced by a run, to send once the state lock is released.
+struct Outgoing {
+    to: NetEndpoint,
+    src_port: u16,
+    bytes: Vec<u8>,
+}
+
+pub(crate) struct DeviceInner {
+    name: String,
+    address: IpAddr,
+    gid: Gid,
+    state: Mutex<State>,
+    transport: Option<Box<dyn Transport>>,
+    events: AsyncEventQueue,
+    /// Wakes an in-process device's progress thread when its deadlines change.
+    wake: Condvar,
+    shutdown: AtomicBool,
+    /// Whether packets for devices of this process skip the transport.
+    shortcut: AtomicBool,
+    port_mtu: Mtu,
+}
+
+fn registry() -> &'static Mutex<HashMap<IpAddr, Weak<DeviceInner>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceInner>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Packets for devices of this process: (destination, source address, bytes).
+type LocalQueue = VecDeque<(Arc<DeviceInner>, IpAddr, Vec<u8>)>;
+
+thread_local! {
+    /// Packets for devices of this process, delivered in order by the outermost run on
+    /// this thread (so no device lock is held while another device runs). The flag says
+    /// whether a run on this thread is already draining the queue.
+    static LOCAL_DELIVERY: RefCell<(bool, LocalQueue)> =
+        const { RefCell::new((false, VecDeque::new())) };
+}
+
+/// An open soft RDMA device.
+///
+/// ```
+/// use softverbs_device::{Device, DeviceConfig};
+/// let device = Device::open(DeviceConfig::in_process())?;
+/// assert!(device.query_port().active);
+/// # Ok::<(), softverbs_device::DeviceError>(())
+/// ```
+pub struct Device {
+    inner: Arc<DeviceInner>,
+    progress: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.inner.name)
+            .field("address", &self.inner.address)
+            .finish()
+    }
+}
+
+fn next_in_process_address() -> IpAddr {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    IpAddr::V4(Ipv4Addr::new(127, 1, (n >> 8) as u8, n as u8))
+}
+
+impl Device {
+    /// Opens a device.
+    pub fn open(config: DeviceConfig) -> Result<Device, DeviceError> {
+        let (transport, address): (Option<Box<dyn Transport>>, IpAddr) = match &config.network {
+            Network::InProcess => (None, next_in_process_address()),
+            Network::Udp(udp) => {
+                let t = UdpTransport::bind(udp.clone())?;
+                let addr = t.local().addr();
+                (Some(Box::new(t)), addr)
+            }
+        };
+        let mut engine_config = config.engine;
+        // A path through a real interface carries 1500-byte frames: 1024 is the largest IB
+        // MTU that fits. Loopback carries 64 KiB.
+        if !address.is_loopback() && engine_config.port_mtu.bytes() > 1024 {
+            engine_config.port_mtu = Mtu::Mtu1024;
+        }
+        let inner = Arc::new(DeviceInner {
+            name: config.name,
+            address,
+            gid: Gid::from_ip(address),
+            state: Mutex::new(State {
+                engine: Engine::new(engine_config),
+                memory: MemoryTable::new(),
+                routes: HashMap::new(),
+                held: VecDeque::new(),
+                next_pd: 1,
+                scratch: vec![0u8; 16 * 1024],
+            }),
+            transport,
+            events: AsyncEventQueue::new()?,
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            shortcut: AtomicBool::new(true),
+            port_mtu: engine_config.port_mtu,
+        });
+        lock(registry()).insert(address, Arc::downgrade(&inner));
+        inner.events.push(AsyncEvent::PortActive { port: 1 });
+        let progress = if config.progress_thread {
+            let weak = Arc::downgrade(&inner);
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("softverbs-progress-{address}"))
+                    .spawn(move || progress_loop(weak))?,
+            )
+        } else {
+            None
+        };
+        Ok(Device { inner, progress })
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The device's address (its GID 0 as an IP address).
+    pub fn address(&self) -> IpAddr {
+        self.inner.address
+    }
+
+    /// GID table entry `index` (only index 0 exists).
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        (index == 0).then_some(self.inner.gid)
+    }
+
+    /// The device's limits.
+    pub fn query_device(&self) -> DeviceAttr {
+        let config = *lock(&self.inner.state).engine.config();
+        let guid_bytes = self.inner.gid.0;
+        let node_guid = u64::from_be_bytes([
+            0x02,
+            0x53,
+            0x56,
+            0xff,
+            guid_bytes[12],
+            guid_bytes[13],
+            guid_bytes[14],
+            guid_bytes[15],
+        ]);
+        DeviceAttr {
+            node_guid,
+            vendor_id: VENDOR_ID,
+            vendor_part_id: 0,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            max_qp: 0x00ff_ff00,
+            max_qp_wr: config.max_qp_wr,
+            max_sge: config.max_sge,
+            max_cq: 1 << 20,
+            max_cqe: MAX_CQE,
+            max_mr: 1 << 20,
+            max_pd: 1 << 20,
+            max_qp_rd_atom: config.max_qp_rd_atom,
+            max_qp_init_rd_atom: config.max_qp_init_rd_atom,
+            max_srq: 1 << 16,
+            max_srq_wr: config.max_qp_wr,
+            max_srq_sge: config.max_sge,
+            max_inline_data: config.max_inline_data,
+            atomic_cap_hca: true,
+            completion_timestamp_mask: softverbs_cq::DEVICE_CLOCK_MASK,
+            hca_core_clock_khz: softverbs_cq::DEVICE_CLOCK_KHZ,
+            phys_port_cnt: 1,
+        }
+    }
+
+    /// The port's state.
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr {
+            active: true,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.inner.port_mtu,
+            gid_tbl_len: 1,
+            link_layer_ethernet: true,
+        }
+    }
+
+    /// The asynchronous event queue.
+    pub fn async_events(&self) -> &AsyncEventQueue {
+        &self.inner.events
+    }
+
+    /// Allocates a protection domain handle.
+    pub fn alloc_pd(&self) -> u32 {
+        let mut st = lock(&self.inner.state);
+        let pd = st.next_pd;
+        st.next_pd += 1;
+        pd
+    }
+
+    /// Registers memory (`ibv_reg_mr_iova2(3)`).
+    ///
+    /// # Safety
+    ///
+    /// As [`MemoryTable::register`]: the range stays valid, and not accessed in conflict
+    /// with the device, until [`Device::dereg_mr`] returns for its lkey.
+    pub unsafe fn reg_mr(
+        &self,
+        pd: u32,
+        addr: usize,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Region, DeviceError> {
+        // SAFETY: forwarded contract.
+        Ok(unsafe {
+            lock(&self.inner.state)
+                .memory
+                .register(pd, addr, len, iova, access)
+        }?)
+    }
+
+    /// Deregisters the region with local key `lkey`; the device never touches it again.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<Region, DeviceError> {
+        lock(&self.inner.state)
+            .memory
+            .deregister(lkey)
+            .ok_or(DeviceError::NoSuch("memory region"))
+    }
+
+    /// Creates a QP completing into `send_cq` and `recv_cq`; returns its number.
+    pub fn create_qp(
+        &self,
+        init: QpInit,
+        send_cq: CqProducer,
+        recv_cq: CqProducer,
+    ) -> Result<u32, DeviceError> {
+        let mut st = lock(&self.inner.state);
+        let qpn = st.engine.create_qp(init)?;
+        send_cq.attach_qp();
+        recv_cq.attach_qp();
+        st.routes.insert(
+            qpn,
+            Route {
+                send: send_cq,
+                recv: recv_cq,
+            },
+        );
+        Ok(qpn)
+    }
+
+    /// Destroys a QP; its CQs may then be destroyed.
+    pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        st.engine.destroy_qp(qpn)?;
+        if let Some(route) = st.routes.remove(&qpn) {
+            route.send.detach_qp();
+            route.recv.detach_qp();
+        }
+        Ok(())
+    }
+
+    /// Modifies a QP (`ibv_modify_qp(3)`).
+    pub fn modify_qp(&self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.modify_qp(qpn, attr, mask))?;
+        Ok(())
+    }
+
+    /// Queries a QP (`ibv_query_qp(3)`).
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInit), DeviceError> {
+        Ok(lock(&self.inner.state).engine.query_qp(qpn)?)
+    }
+
+    /// The state of a QP.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        lock(&self.inner.state).engine.qp_state(qpn)
+    }
+
+    /// Posts a send work request (`ibv_post_send(3)`).
+    pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.post_send(qpn, wr))?;
+        Ok(())
+    }
+
+    /// Posts a receive work request (`ibv_post_recv(3)`).
+    pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.post_recv(qpn, wr))?;
+        Ok(())
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq(3)`).
+    pub fn create_srq(&self, init: SrqInit) -> Result<SrqId, DeviceError> {
+        Ok(lock(&self.inner.state).engine.create_srq(init)?)
+    }
+
+    /// Posts to a shared receive queue (`ibv_post_srq_recv(3)`).
+    pub fn post_srq_recv(&self, srq: SrqId, wr: RecvWr) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.post_srq_recv(srq, wr))?;
+        Ok(())
+    }
+
+    /// Arms an SRQ's limit event (`ibv_modify_srq(3)` with `IBV_SRQ_LIMIT`).
+    pub fn arm_srq_limit(&self, srq: SrqId, limit: u32) -> Result<(), DeviceError> {
+        Ok(lock(&self.inner.state).engine.arm_srq_limit(srq, limit)?)
+    }
+
+    /// Destroys a shared receive queue.
+    pub fn destroy_srq(&self, srq: SrqId) -> Result<(), DeviceError> {
+        Ok(lock(&self.inner.state).engine.destroy_srq(srq)?)
+    }
+
+    /// Receives and handles what has arrived and runs due timers, without blocking.
+    /// Called by a poll that found its CQ empty, so a busy-polling application needs no
+    /// other thread to make progress.
+    pub fn progress(&self) {
+        self.inner.progress_once(Some(Duration::ZERO));
+    }
+
+    /// Whether packets for devices of this process are handed over directly (the
+    /// default) or sent through the transport like any other (tests of the wire path).
+    pub fn set_in_process_shortcut(&self, on: bool) {
+        self.inner.shortcut.store(on, Ordering::Relaxed);
+    }
+
+    /// The engine's counters.
+    pub fn counters(&self) -> softverbs_proto::Counters {
+        lock(&self.inner.state).engine.counters().clone()
+    }
+
+    /// The transport's counters (`None` for an in-process device).
+    pub fn transport_counters(&self) -> Option<crate::transport::TransportCounters> {
+        self.inner.transport.as_ref().map(|t| t.counters())
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        self.inner.wake.notify_all();
+        if let Some(handle) = self.progress.take() {
+            let _ = handle.join();
+        }
+        let mut reg = lock(registry());
+        if reg
+            .get(&self.inner.address)
+            .is_some_and(|w| w.as_ptr() == Arc::as_ptr(&self.inner))
+        {
+            reg.remove(&self.inner.address);
+        }
+    }
+}
+
+fn progress_loop(weak: Weak<DeviceInner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        inner.progress_once(None);
+    }
+}
+
+impl DeviceInner {
+    /// Runs `f` on the engine, then delivers what it produced: completions to their CQs,
+    /// events to the async queue, packets (after the lock is released) to their peers.
+    fn run<R>(self: &Arc<Self>, f: impl FnOnce(&mut State) -> R) -> R {
+        let now = DeviceClock::now();
+        let mut outgoing = Vec::new();
+        let result = {
+            let mut st = lock(&self.state);
+            let result = f(&mut st);
+            self.drain(&mut st, now, &mut outgoing);
+            result
+        };
+        self.send_all(outgoing);
+        result
+    }
+
+    /// Collects transmits, completions and events from the engine.
+    fn drain(&self, st: &mut State, now: u64, outgoing: &mut Vec<Outgoing>) {
+        let State {
+            engine,
+            memory,
+            scratch,
+            ..
+        } = st;
+        while let Some(tx) = engine.poll_transmit(now, scratch, memory) {
+            let to = NetEndpoint::from_gid(Gid(tx.av.dgid), self.port());
+            outgoing.push(Outgoing {
+                to,
+                src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
+                bytes: scratch[..tx.len].to_vec(),
+            });
+        }
+        // Completions: retry what a back-pressure CQ refused first, to keep order.
+        let mut failed_cqs: Vec<u32> = Vec::new();
+        while let Some((qpn, target, wc)) = st.held.pop_front() {
+            if !push_completion(&st.routes, qpn, target, wc, &mut failed_cqs, &mut st.held) {
+                break;
+            }
+        }
+        while let Some(c) = st.engine.poll_completion() {
+            let qpn = c.wc.qp_num();
+            if !st.held.is_empty() {
+                st.held.push_back((qpn, c.cq, c.wc));
+                continue;
+            }
+            push_completion(&st.routes, qpn, c.cq, c.wc, &mut failed_cqs, &mut st.held);
+        }
+        while let Some(event) = st.engine.poll_event() {
+            self.events.push(match event {
+                Event::QpFatal { qpn } => AsyncEvent::QpFatal { qpn },
+                Event::QpRequestError { qpn } => AsyncEvent::QpRequestError { qpn },
+                Event::QpAccessError { qpn } => AsyncEvent::QpAccessError { qpn },
+                Event::CommEst { qpn } => AsyncEvent::CommEst { qpn },
+                Event::SqDrained { qpn } => AsyncEvent::SqDrained { qpn },
+                Event::LastWqeReached { qpn } => AsyncEvent::QpLastWqeReached { qpn },
+                Event::SrqLimitReached { srq } => AsyncEvent::SrqLimitReached { srq: srq.0 },
+            });
+        }
+        // A CQ that overran is in error: every QP completing into it goes to error too
+        // (reference §3.7: "never drop a CQE silently").
+        for qpn in failed_cqs {
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            let _ = st.engine.modify_qp(qpn, &attr, AttrMask::STATE);
+        }
+        self.wake.notify_all();
+    }
+
+    fn port(&self) -> u16 {
+        self.transport
+            .as_ref()
+            .map_or(crate::transport::DEFAULT_PORT, |t| t.local().port())
+    }
+
+    /// Sends packets: to devices of this process directly, to others over the transport.
+    fn send_all(self: &Arc<Self>, outgoing: Vec<Outgoing>) {
+        if outgoing.is_empty() {
+            return;
+        }
+        let mut local = Vec::new();
+        {
+            let reg = lock(registry());
+            let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
+            for mut out in outgoing {
+                let peer = if shortcut {
+                    reg.get(&out.to.addr()).and_then(Weak::upgrade)
+                } else {
+                    None
+                };
+                match peer {
+                    Some(peer) => local.push((peer, out.bytes)),
+                    None => match &self.transport {
+                        Some(t) => {
+                            if let Err(e) = t.send(&out.to, out.src_port, &mut out.bytes) {
+                                tracing::debug!(error = %e, to = %out.to.addr(), "send failed");
+                            }
+                        }
+                        None => {
+                            tracing::debug!(to = %out.to.addr(), "no route for in-process device");
+                        }
+                    },
+                }
+            }
+        }
+        if local.is_empty() {
+            return;
+        }
+        let from = self.address;
+        let drain_here = LOCAL_DELIVERY.with(|cell| {
+            let mut q = cell.borrow_mut();
+            for (peer, bytes) in local {
+                q.1.push_back((peer, from, bytes));
+            }
+            if q.0 {
+                false
+            } else {
+                q.0 = true;
+                true
+            }
+        });
+        if drain_here {
+            while let Some((peer, from, bytes)) =
+                LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.pop_front())
+            {
+                peer.receive(&bytes, from);
+            }
+            LOCAL_DELIVERY.with(|cell| cell.borrow_mut().0 = false);
+        }
+    }
+
+    /// Handles one packet from `from`.
+    fn receive(self: &Arc<Self>, bytes: &[u8], from: IpAddr) {
+        let grh = grh_bytes(from, self.address, bytes.len());
+        let now = DeviceClock::now();
+        self.run(|st| {
+            let State { engine, memory, .. } = st;
+            engine.handle_packet(now, bytes, Some(&grh), memory);
+        });
+    }
+
+    /// One round of progress: receive (waiting up to `wait`, or until the next deadline
+    /// when `None`), handle, and run due timers.
+    fn progress_once(self: &Arc<Self>, wait: Option<Duration>) {
+        let now = DeviceClock::now();
+        let deadline = lock(&self.state).engine.poll_timeout();
+        let until_deadline = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
+        let timeout = match (wait, until_deadline) {
+            (Some(w), Some(d)) => w.min(d),
+            (Some(w), None) => w,
+            (None, Some(d)) => d.min(PROGRESS_TICK),
+            (None, None) => PROGRESS_TICK,
+        };
+        match &self.transport {
+            Some(transport) => {
+                thread_local! {
+                    static RECV_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; 16 * 1024]);
+                }
+                let mut buf = RECV_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+                if buf.len() < 16 * 1024 {
+                    buf = vec![0u8; 16 * 1024];
+                }
+                let mut timeout = Some(timeout);
+                // Handle everything already queued, waiting only for the first packet.
+                for _ in 0..64 {
+                    match transport.recv(&mut buf, timeout) {
+                        Ok(Some(rx)) => {
+                            self.receive(&buf[..rx.len], rx.from.addr());
+                            timeout = Some(Duration::ZERO);
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "receive failed");
+                            std::thread::sleep(PROGRESS_TICK);
+                            break;
+                        }
+                    }
+                }
+                RECV_BUF.with(|b| *b.borrow_mut() = buf);
+            }
+            None => {
+                if !timeout.is_zero() {
+                    let st = lock(&self.state);
+                    if !self.shutdown.load(Ordering::Acquire) {
+                        let _ = self.wake.wait_timeout(st, timeout);
+                    }
+                }
+            }
+        }
+        let now = DeviceClock::now();
+        let due = lock(&self.state)
+            .engine
+            .poll_timeout()
+            .is_some_and(|d| d <= now);
+        if due {
+            self.run(|st| st.engine.handle_timeout(now));
+        }
+    }
+}
+
+/// Pushes one completion to its CQ. Returns false when it was held back (back-pressure).
+fn push_completion(
+    routes: &HashMap<u32, Route>,
+    qpn: u32,
+    target: CqTarget,
+    wc: WorkCompletion,
+    failed_cqs: &mut Vec<u32>,
+    held: &mut VecDeque<(u32, CqTarget, WorkCompletion)>,
+) -> bool {
+    let Some(route) = routes.get(&qpn) else {
+        return true;
+    };
+    let cq = match target {
+        CqTarget::Send => &route.send,
+        CqTarget::Recv => &route.recv,
+    };
+    let solicited = false;
+    match cq.push(wc, solicited) {
+        Ok(()) => true,
+        Err(PushError::Full(wc)) => {
+            held.push_front((qpn, target, wc));
+            false
+        }
+        Err(PushError::Overrun) | Err(PushError::InError) => {
+            if !failed_cqs.contains(&qpn) {
+                failed_cqs.push(qpn);
+            }
+            true
+        }
+        Err(PushError::Destroyed) => true,
+    }
+}
+
+/// The 40-byte GRH area a UD receive gets (reference §3.4): for IPv4, 20 zero bytes then
+/// the IPv4 header as the sender's kernel built it; for IPv6, the IPv6 header.
+fn grh_bytes(from: IpAddr, to: IpAddr, ib_len: usize) -> [u8; 40] {
+    let mut grh = [0u8; 40];
+    let udp_len = (ib_len + 8) as u16;
+    match (from, to) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            if let Ok(header) = softverbs_wire::icrc::linux_ipv4_header(src, dst, 0, 64, udp_len) {
+                grh[20..40].copy_from_slice(&header);
+            }
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            grh[0] = 0x60;
+            grh[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            grh[6] = 17;
+            grh[7] = 64;
+            grh[8..24].copy_from_slice(&src.octets());
+            grh[24..40].copy_from_slice(&dst.octets());
+        }
+        _ => {}
+    }
+    grh
+}

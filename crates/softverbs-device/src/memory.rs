@@ -1,0 +1,465 @@
+//! Registered memory: the table of memory regions and the one place in softverbs that
+//! copies into and out of application memory.
+//!
+//! A region is a range of the process's memory that its owner promised (by the `unsafe`
+//! [`MemoryTable::register`]) to keep valid until it is deregistered. Every access goes
+//! through [`softverbs_proto::Memory`]: the key names the region, and the key, the bounds
+//! and the access flags are checked before a byte moves, so a remote request outside a
+//! region or without the right access is refused (the engine turns that into the NAK or
+//! completion status the spec requires) and never touches other memory.
+//!
+//! Keys are unguessable: 32 random bits from the operating system per key, never reused
+//! while registered (`ibv_reg_mr(3)`: lkey and rkey are the region's local and remote keys).
+
+use softverbs_proto::{AccessFlags, AtomicOp, MemError, MemKey, Memory};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Where the region starts in this process's address space.
+    pub addr: usize,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The I/O virtual address remote peers use for its first byte (`ibv_reg_mr_iova2`;
+    /// equal to `addr` for `ibv_reg_mr`).
+    pub iova: u64,
+    /// Access rights granted.
+    pub access: AccessFlags,
+    /// The protection domain it belongs to.
+    pub pd: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl Region {
+    /// The offset of `[va, va + len)` inside the region, if it is inside.
+    fn offset(&self, va: u64, len: u64) -> Result<usize, MemError> {
+        let start = va.checked_sub(self.iova).ok_or(MemError::OutOfBounds)?;
+        let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        if end > self.len {
+            return Err(MemError::OutOfBounds);
+        }
+        usize::try_from(start).map_err(|_| MemError::OutOfBounds)
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterError {
+    /// `ibv_reg_mr(3)`: remote write or remote atomic access requires local write.
+    #[error("REMOTE_WRITE or REMOTE_ATOMIC access requires LOCAL_WRITE")]
+    MissingLocalWrite,
+    /// A zero-length or wrapping range.
+    #[error("invalid memory range")]
+    BadRange,
+    /// The operating system gave no randomness for a key.
+    #[error("no randomness for a memory key")]
+    NoRandomness,
+}
+
+impl RegisterError {
+    /// The errno libibverbs reports: `EINVAL` (`ENOMEM` with no randomness).
+    pub const fn errno(&self) -> i32 {
+        match self {
+            RegisterError::NoRandomness => 12,
+            _ => 22,
+        }
+    }
+}
+
+/// The table of registered regions of one device.
+#[derive(Debug, Default)]
+pub struct MemoryTable {
+    regions: Vec<Option<Region>>,
+    by_lkey: HashMap<u32, usize>,
+    by_rkey: HashMap<u32, usize>,
+}
+
+fn random_u32() -> Result<u32, RegisterError> {
+    let mut bytes = [0u8; 4];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+        .map_err(|_| RegisterError::NoRandomness)?;
+    Ok(u32::from_ne_bytes(bytes))
+}
+
+impl MemoryTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `[addr, addr + len)` under protection domain `pd`, remote peers naming
+    /// its first byte `iova`. Returns the region with its new keys.
+    ///
+    /// # Safety
+    ///
+    /// The range must be memory of this process that stays allocated, and is not
+    /// otherwise accessed in a way that conflicts with the device reading and writing it,
+    /// until [`MemoryTable::deregister`] returns for its lkey. (This is the contract of
+    /// `ibv_reg_mr(3)`; the safe API upholds it by owning the buffer.)
+    pub unsafe fn register(
+        &mut self,
+        pd: u32,
+        addr: usize,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Region, RegisterError> {
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(RegisterError::MissingLocalWrite);
+        }
+        if (addr as u64).checked_add(len).is_none() || iova.checked_add(len).is_none() {
+            return Err(RegisterError::BadRange);
+        }
+        let lkey = self.fresh_key(true)?;
+        let rkey = self.fresh_key(false)?;
+        let region = Region {
+            addr,
+            len,
+            iova,
+            access,
+            pd,
+            lkey,
+            rkey,
+        };
+        let index = match self.regions.iter().position(Option::is_none) {
+            Some(free) => {
+                self.regions[free] = Some(region);
+                free
+            }
+            None => {
+                self.regions.push(Some(region));
+                self.regions.len() - 1
+            }
+        };
+        self.by_lkey.insert(lkey, index);
+        self.by_rkey.insert(rkey, index);
+        Ok(region)
+    }
+
+    fn fresh_key(&self, local: bool) -> Result<u32, RegisterError> {
+        for _ in 0..64 {
+            let key = random_u32()?;
+            let taken = if local {
+                self.by_lkey.contains_key(&key)
+            } else {
+                self.by_rkey.contains_key(&key)
+            };
+            if key != 0 && !taken {
+                return Ok(key);
+            }
+        }
+        Err(RegisterError::NoRandomness)
+    }
+
+    /// Removes the region with local key `lkey`; after this returns the device never
+    /// touches its memory again.
+    pub fn deregister(&mut self, lkey: u32) -> Option<Region> {
+        let index = self.by_lkey.remove(&lkey)?;
+        let region = self.regions[index].take()?;
+        self.by_rkey.remove(&region.rkey);
+        Some(region)
+    }
+
+    /// The region with local key `lkey`.
+    pub fn by_lkey(&self, lkey: u32) -> Option<&Region> {
+        self.by_lkey
+            .get(&lkey)
+            .and_then(|&i| self.regions[i].as_ref())
+    }
+
+    /// The number of registered regions.
+    pub fn len(&self) -> usize {
+        self.by_lkey.len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.by_lkey.is_empty()
+    }
+
+    fn region(&self, key: MemKey) -> Result<&Region, MemError> {
+        let index = match key {
+            MemKey::Local(k) => self.by_lkey.get(&k),
+            MemKey::Remote(k) => self.by_rkey.get(&k),
+        }
+        .ok_or(MemError::InvalidKey)?;
+        self.regions[*index].as_ref().ok_or(MemError::InvalidKey)
+    }
+
+    fn check(
+        &self,
+        key: MemKey,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(&Region, usize), MemError> {
+        let region = self.region(key)?;
+        if !region.access.contains(need) {
+            return Err(MemError::AccessDenied);
+        }
+        let offset = region.offset(va, len)?;
+        Ok((region, offset))
+    }
+}
+
+impl Memory for MemoryTable {
+    fn check_local(
+        &self,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check(MemKey::Local(lkey), addr, len, need).map(|_| ())
+    }
+
+    fn check_remote(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(), MemError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check(MemKey::Remote(rkey), va, len, need).map(|_| ())
+    }
+
+    fn read(&self, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let need = match key {
+            MemKey::Local(_) => AccessFlags::empty(),
+            MemKey::Remote(_) => AccessFlags::REMOTE_READ,
+        };
+        let (region, offset) = self.check(key, addr, buf.len() as u64, need)?;
+        // SAFETY: `check` proved `[offset, offset + buf.len())` lies inside the region, and
+        // the registration contract keeps the region's memory valid while it is in the
+        // table. `buf` is ours, so the ranges cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (region.addr as *const u8).add(offset),
+                buf.as_mut_ptr(),
+                buf.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let need = match key {
+            MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
+            MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
+        };
+        let (region, offset) = self.check(key, addr, data.len() as u64, need)?;
+        // SAFETY: as in `read`: the range is inside a registered region whose memory the
+        // registration keeps valid; `data` is engine memory, not the region.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (region.addr as *mut u8).add(offset),
+                data.len(),
+            );
+        }
+        Ok(())
+    }
+
+    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        if !va.is_multiple_of(8) {
+            return Err(MemError::Misaligned);
+        }
+        let (region, offset) =
+            self.check(MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let target = region.addr + offset;
+        if !target.is_multiple_of(8) {
+            return Err(MemError::Misaligned);
+        }
+        // SAFETY: the 8 bytes are inside a registered region (checked), 8-byte aligned
+        // (checked), and valid for the registration's life; `AtomicU64::from_ptr` makes the
+        // read-modify-write atomic against other atomics on the same word.
+        let word = unsafe { AtomicU64::from_ptr(target as *mut u64) };
+        let original = match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            AtomicOp::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+        };
+        Ok(original)
+    }
+
+    fn invalidate(&mut self, rkey: u32) -> Result<(), MemError> {
+        let index = *self.by_rkey.get(&rkey).ok_or(MemError::InvalidKey)?;
+        let region = self.regions[index].as_mut().ok_or(MemError::InvalidKey)?;
+        // An invalidated rkey no longer grants remote access (IBTA 10.6.6 for memory
+        // windows and FRMRs; our regions behave the same for SEND_WITH_INV).
+        self.by_rkey.remove(&region.rkey);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table_with(buf: &mut [u8], access: AccessFlags) -> (MemoryTable, Region) {
+        let mut t = MemoryTable::new();
+        // SAFETY: `buf` outlives the table in every test that uses it.
+        let r = unsafe {
+            t.register(
+                1,
+                buf.as_mut_ptr() as usize,
+                buf.len() as u64,
+                0x1000,
+                access,
+            )
+        }
+        .unwrap();
+        (t, r)
+    }
+
+    #[test]
+    fn remote_write_without_local_write_is_refused_at_registration() {
+        // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set,
+        // then IBV_ACCESS_LOCAL_WRITE must be set too."
+        let mut buf = [0u8; 8];
+        let mut t = MemoryTable::new();
+        // SAFETY: refused before anything is recorded.
+        let err = unsafe {
+            t.register(
+                1,
+                buf.as_mut_ptr() as usize,
+                8,
+                0,
+                AccessFlags::REMOTE_WRITE,
+            )
+        };
+        assert_eq!(err, Err(RegisterError::MissingLocalWrite));
+    }
+
+    #[test]
+    fn keys_are_distinct_random_and_lkey_differs_from_rkey() {
+        let mut buf = [0u8; 64];
+        let mut t = MemoryTable::new();
+        let mut keys = std::collections::HashSet::new();
+        for _ in 0..32 {
+            // SAFETY: `buf` outlives `t`.
+            let r = unsafe {
+                t.register(
+                    1,
+                    buf.as_mut_ptr() as usize,
+                    64,
+                    0,
+                    AccessFlags::LOCAL_WRITE,
+                )
+            }
+            .unwrap();
+            assert!(keys.insert(r.lkey));
+            assert!(keys.insert(r.rkey));
+        }
+    }
+
+    #[test]
+    fn remote_access_outside_the_region_or_without_rights_touches_nothing() {
+        let mut buf = [7u8; 16];
+        let (mut t, r) = table_with(
+            &mut buf,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        );
+        let mut out = [0u8; 8];
+        assert_eq!(t.read(MemKey::Remote(r.rkey), 0x1008, &mut out), Ok(()));
+        assert_eq!(
+            t.read(MemKey::Remote(r.rkey), 0x100c, &mut out),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(
+            t.read(MemKey::Remote(r.rkey), 0x0ff8, &mut out),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(
+            t.write(MemKey::Remote(r.rkey), 0x1000, &[1, 2]),
+            Err(MemError::AccessDenied)
+        );
+        assert_eq!(
+            t.read(MemKey::Remote(r.rkey ^ 1), 0x1000, &mut out),
+            Err(MemError::InvalidKey)
+        );
+        assert_eq!(buf, [7u8; 16]);
+    }
+
+    #[test]
+    fn atomics_are_aligned_checked_and_return_the_original_value() {
+        let mut buf = [0u64; 2];
+        let bytes = 16;
+        let mut t = MemoryTable::new();
+        // SAFETY: `buf` outlives `t`.
+        let r = unsafe {
+            t.register(
+                1,
+                buf.as_mut_ptr() as usize,
+                bytes,
+                0,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+            )
+        }
+        .unwrap();
+        assert_eq!(t.atomic(r.rkey, 8, AtomicOp::FetchAdd { add: 5 }), Ok(0));
+        assert_eq!(
+            t.atomic(
+                r.rkey,
+                8,
+                AtomicOp::CompareSwap {
+                    compare: 5,
+                    swap: 9
+                }
+            ),
+            Ok(5)
+        );
+        assert_eq!(
+            t.atomic(r.rkey, 4, AtomicOp::FetchAdd { add: 1 }),
+            Err(MemError::Misaligned)
+        );
+        assert_eq!(
+            t.atomic(r.rkey, 16, AtomicOp::FetchAdd { add: 1 }),
+            Err(MemError::OutOfBounds)
+        );
+        assert_eq!(buf, [0, 9]);
+    }
+
+    #[test]
+    fn deregistered_and_invalidated_keys_are_refused() {
+        let mut buf = [0u8; 8];
+        let (mut t, r) = table_with(
+            &mut buf,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        );
+        t.invalidate(r.rkey).unwrap();
+        assert_eq!(
+            t.write(MemKey::Remote(r.rkey), 0x1000, &[1]),
+            Err(MemError::InvalidKey)
+        );
+        assert!(t.write(MemKey::Local(r.lkey), 0x1000, &[1]).is_ok());
+        t.deregister(r.lkey).unwrap();
+        assert_eq!(
+            t.write(MemKey::Local(r.lkey), 0x1000, &[1]),
+            Err(MemError::InvalidKey)
+        );
+        assert!(t.is_empty());
+    }
+}
