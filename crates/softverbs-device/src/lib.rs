@@ -60,7 +60,7 @@ pub use device::{Device, DeviceAttr, DeviceConfig, DeviceError, Network, PortAtt
 pub use events::{AsyncEvent, AsyncEventQueue};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};
-pub use memory::{MemoryTable, Region, RegisterError};
+pub use memory::{copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError};
 pub use pcap::{Capture, CaptureRecord, Direction, PcapTransport};
 pub use transport::{Endpoint, Gid, Received, Sent, Transport, TransportCounters};
 pub use udp::{UdpConfig, UdpTransport};

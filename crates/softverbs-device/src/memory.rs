@@ -10,6 +10,12 @@
 //!
 //! Keys are unguessable: 32 random bits from the operating system per key, never reused
 //! while registered (`ibv_reg_mr(3)`: lkey and rkey are the region's local and remote keys).
+//!
+//! Registered memory is shared with the application, which may read or write it while a
+//! remote peer's RDMA write lands in it (that is what RDMA is for). So that such a race is
+//! a race on values and never undefined behaviour, every copy into or out of a region is
+//! made of relaxed atomic loads and stores ([`copy_from_shared`], [`copy_to_shared`]): word
+//! by word where aligned, byte by byte at the edges. On x86-64 these are plain moves.
 
 use softverbs_proto::{AccessFlags, AtomicOp, MemError, MemKey, Memory};
 use std::collections::HashMap;
@@ -77,6 +83,69 @@ pub struct MemoryTable {
     regions: Vec<Option<Region>>,
     by_lkey: HashMap<u32, usize>,
     by_rkey: HashMap<u32, usize>,
+}
+
+/// Copies `dst.len()` bytes from shared memory at `src` into `dst` with relaxed atomic
+/// loads, so a concurrent writer makes the values unspecified, never the behaviour.
+///
+/// # Safety
+///
+/// `src .. src + dst.len()` must be valid for reads for the duration of the call, and every
+/// concurrent access to it must be atomic or by this module's functions.
+pub unsafe fn copy_from_shared(src: *const u8, dst: &mut [u8]) {
+    use std::sync::atomic::AtomicU8;
+    let len = dst.len();
+    let mut i = 0;
+    // Each pointer below is inside `src .. src + len`, valid per the contract; the word
+    // loads start at the 8-byte boundary `align_offset` found.
+    let head = src.align_offset(8).min(len);
+    while i < head {
+        // SAFETY: `src + i` is inside the readable range (see above); bytes need no alignment.
+        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
+        i += 1;
+    }
+    while i + 8 <= len {
+        // SAFETY: `src + i .. src + i + 8` is inside the range and 8-byte aligned (`i` starts
+        // at the alignment offset and steps by 8).
+        let word = unsafe { AtomicU64::from_ptr(src.add(i) as *mut u64) }.load(Ordering::Relaxed);
+        dst[i..i + 8].copy_from_slice(&word.to_ne_bytes());
+        i += 8;
+    }
+    while i < len {
+        // SAFETY: `src + i` is inside the readable range (see above); bytes need no alignment.
+        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
+        i += 1;
+    }
+}
+
+/// Copies `src` into shared memory at `dst` with relaxed atomic stores.
+///
+/// # Safety
+///
+/// `dst .. dst + src.len()` must be valid for writes for the duration of the call, and every
+/// concurrent access to it must be atomic or by this module's functions.
+pub unsafe fn copy_to_shared(src: &[u8], dst: *mut u8) {
+    use std::sync::atomic::AtomicU8;
+    let len = src.len();
+    let mut i = 0;
+    // As in `copy_from_shared`, for writes.
+    let head = dst.align_offset(8).min(len);
+    while i < head {
+        // SAFETY: `dst + i` is inside the writable range; bytes need no alignment.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(src[i], Ordering::Relaxed);
+        i += 1;
+    }
+    while i + 8 <= len {
+        let word = u64::from_ne_bytes(src[i..i + 8].try_into().expect("8 bytes"));
+        // SAFETY: `dst + i .. dst + i + 8` is inside the range and 8-byte aligned.
+        unsafe { AtomicU64::from_ptr(dst.add(i) as *mut u64) }.store(word, Ordering::Relaxed);
+        i += 8;
+    }
+    while i < len {
+        // SAFETY: `dst + i` is inside the writable range; bytes need no alignment.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(src[i], Ordering::Relaxed);
+        i += 1;
+    }
 }
 
 fn random_u32() -> Result<u32, RegisterError> {
@@ -247,14 +316,8 @@ impl Memory for MemoryTable {
         let (region, offset) = self.check(key, addr, buf.len() as u64, need)?;
         // SAFETY: `check` proved `[offset, offset + buf.len())` lies inside the region, and
         // the registration contract keeps the region's memory valid while it is in the
-        // table. `buf` is ours, so the ranges cannot overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (region.addr as *const u8).add(offset),
-                buf.as_mut_ptr(),
-                buf.len(),
-            );
-        }
+        // table and accessed only atomically or through these copies.
+        unsafe { copy_from_shared((region.addr as *const u8).add(offset), buf) };
         Ok(())
     }
 
@@ -269,13 +332,7 @@ impl Memory for MemoryTable {
         let (region, offset) = self.check(key, addr, data.len() as u64, need)?;
         // SAFETY: as in `read`: the range is inside a registered region whose memory the
         // registration keeps valid; `data` is engine memory, not the region.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                (region.addr as *mut u8).add(offset),
-                data.len(),
-            );
-        }
+        unsafe { copy_to_shared(data, (region.addr as *mut u8).add(offset)) };
         Ok(())
     }
 
@@ -440,6 +497,23 @@ mod tests {
             Err(MemError::OutOfBounds)
         );
         assert_eq!(buf, [0, 9]);
+    }
+
+    #[test]
+    fn shared_copies_move_every_byte_at_any_alignment() {
+        let src: Vec<u8> = (0..100u8).collect();
+        for start in 0..9 {
+            for len in [0, 1, 7, 8, 9, 31, 64, 90] {
+                let mut region = vec![0u8; 100];
+                // SAFETY: both ranges are inside live vectors of this test.
+                unsafe { copy_to_shared(&src[..len], region.as_mut_ptr().add(start)) };
+                assert_eq!(&region[start..start + len], &src[..len]);
+                let mut out = vec![0u8; len];
+                // SAFETY: as above.
+                unsafe { copy_from_shared(region.as_ptr().add(start), &mut out) };
+                assert_eq!(out, &src[..len]);
+            }
+        }
     }
 
     #[test]
