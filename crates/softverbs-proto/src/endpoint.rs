@@ -1,0 +1,641 @@
+//! [`Endpoint`]: the sans-IO engine of one device port — its QPs and SRQs, the packet
+//! demultiplexer, and the `poll_*` outputs.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+
+use crate::codec::{self, ParseError};
+use crate::memory::Memory;
+use crate::output::{Completion, Counters, DropReason, Event, Transmit};
+use crate::qp::{Ctx, Qp};
+use crate::srq::{Srq, SrqInit};
+use crate::types::{AttrMask, EndpointConfig, QpAttr, QpInit, QpState, SrqId, VerbsError};
+use crate::wr::{RecvWr, SendWr};
+
+/// The queue-pair engine of one device: every QP and SRQ, no I/O.
+///
+/// # Calling contract
+///
+/// - Time is a `now: u64` in nanoseconds from any fixed origin, never decreasing across
+///   calls. The engine never reads a clock.
+/// - Verbs (`create_qp`, `modify_qp`, `post_send`, `post_recv`, SRQ calls) may be called at
+///   any time; they validate their arguments and return a [`VerbsError`] instead of
+///   panicking.
+/// - Feed every received RoCEv2 transport packet (BTH onward, ICRC included and already
+///   verified by the caller) to [`handle_packet`](Self::handle_packet). For UD, pass the
+///   40 bytes the receive buffer's GRH area must hold (reference §3.4).
+/// - After any input, drain the outputs: [`poll_transmit`](Self::poll_transmit) until
+///   `None` (each call writes one packet into the caller's buffer, which must hold
+///   [`max_packet_len`](Self::max_packet_len) bytes), [`poll_completion`](Self::poll_completion),
+///   [`poll_event`](Self::poll_event).
+/// - Call [`handle_timeout`](Self::handle_timeout) when the clock reaches
+///   [`poll_timeout`](Self::poll_timeout) (calling it early is harmless).
+/// - Memory is reached only through the [`Memory`] passed to each call; the engine keeps no
+///   reference to it.
+#[derive(Debug)]
+pub struct Endpoint {
+    config: EndpointConfig,
+    qps: BTreeMap<u32, Qp>,
+    srqs: BTreeMap<u32, Srq>,
+    next_qpn: u32,
+    next_srq: u32,
+    completions: VecDeque<Completion>,
+    events: VecDeque<Event>,
+    counters: Counters,
+    /// Round-robin position of `poll_transmit`.
+    cursor: u32,
+}
+
+macro_rules! ctx {
+    ($self:ident) => {
+        Ctx {
+            config: &$self.config,
+            srqs: &mut $self.srqs,
+            completions: &mut $self.completions,
+            events: &mut $self.events,
+            counters: &mut $self.counters,
+        }
+    };
+}
+
+impl Endpoint {
+    /// A new endpoint with no QPs.
+    pub fn new(config: EndpointConfig) -> Self {
+        Endpoint {
+            config,
+            qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            next_qpn: config.first_qpn.max(2),
+            next_srq: 1,
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: Counters::default(),
+            cursor: 0,
+        }
+    }
+
+    /// The limits this endpoint enforces.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.config
+    }
+
+    /// Largest packet `poll_transmit` writes (BTH + extension headers + MTU + pad + ICRC).
+    pub fn max_packet_len(&self) -> usize {
+        12 + 28 + 16 + self.config.port_mtu.bytes() as usize + 4
+    }
+
+    /// `ibv_create_qp`: a new QP in RESET; returns its number.
+    pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
+        let c = &init.caps;
+        if c.max_send_wr > self.config.max_qp_wr || c.max_recv_wr > self.config.max_qp_wr {
+            return Err(VerbsError::InvalidArgument("queue depth above max_qp_wr"));
+        }
+        if c.max_send_sge > self.config.max_sge || c.max_recv_sge > self.config.max_sge {
+            return Err(VerbsError::InvalidArgument("sge count above max_sge"));
+        }
+        if c.max_inline_data > self.config.max_inline_data {
+            return Err(VerbsError::InvalidArgument(
+                "max_inline_data above the device limit",
+            ));
+        }
+        if let Some(id) = init.srq {
+            self.srqs
+                .get_mut(&id.0)
+                .ok_or(VerbsError::NoSuchObject("srq"))?
+                .users += 1;
+        }
+        let mut qpn = self.next_qpn;
+        while !(2..0xFF_FFFF).contains(&qpn) || self.qps.contains_key(&qpn) {
+            qpn = if qpn >= 0xFF_FFFE { 2 } else { qpn + 1 };
+        }
+        self.next_qpn = qpn + 1;
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`: forgets the QP (no completions are generated).
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .remove(&qpn)
+            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        if let Some(id) = qp.init.srq {
+            if let Some(srq) = self.srqs.get_mut(&id.0) {
+                srq.users -= 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`: checks the transition and attribute mask against
+    /// `ibv_modify_qp(3)` and applies all of it or nothing.
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        qp.modify(attr, mask, &mut ctx!(self))
+    }
+
+    /// `ibv_query_qp`: current attributes (with `qp_state`) and creation parameters.
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInit), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NoSuchObject("qp"))?;
+        Ok((qp.query(), qp.init))
+    }
+
+    /// Current state of a QP.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.qps.get(&qpn).map(|q| q.state)
+    }
+
+    /// `ibv_post_send` (one work request; a list is a loop that stops at the first error).
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        qp.post_send(wr, &mut ctx!(self))
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn)
+            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        qp.post_recv(wr, &mut ctx!(self))
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&mut self, init: SrqInit) -> Result<SrqId, VerbsError> {
+        if init.max_wr == 0 || init.max_wr > self.config.max_qp_wr {
+            return Err(VerbsError::InvalidArgument("srq max_wr out of range"));
+        }
+        if init.max_sge > self.config.max_sge {
+            return Err(VerbsError::InvalidArgument("srq max_sge above max_sge"));
+        }
+        if init.srq_limit > init.max_wr {
+            return Err(VerbsError::InvalidArgument("srq_limit above max_wr"));
+        }
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(id, Srq::new(init));
+        Ok(SrqId(id))
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event (0 disarms).
+    pub fn arm_srq_limit(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        let s = self
+            .srqs
+            .get_mut(&srq.0)
+            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        if limit > s.max_wr {
+            return Err(VerbsError::InvalidArgument("srq_limit above max_wr"));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// `ibv_query_srq`: `(max_wr, max_sge, armed limit)`.
+    pub fn query_srq(&self, srq: SrqId) -> Result<(u32, u32, u32), VerbsError> {
+        let s = self
+            .srqs
+            .get(&srq.0)
+            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        Ok((s.max_wr, s.max_sge, s.limit))
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
+        let s = self
+            .srqs
+            .get_mut(&srq.0)
+            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(VerbsError::InvalidArgument(
+                "num_sge above the SRQ's max_sge",
+            ));
+        }
+        if s.wqes.len() >= s.max_wr as usize {
+            return Err(VerbsError::NoRoom("srq full"));
+        }
+        s.wqes.push_back(wr);
+        Ok(())
+    }
+
+    /// `ibv_destroy_srq`: refused while QPs use it.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
+        let s = self
+            .srqs
+            .get(&srq.0)
+            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        if s.users > 0 {
+            return Err(VerbsError::Busy("srq still attached to QPs"));
+        }
+        self.srqs.remove(&srq.0);
+        Ok(())
+    }
+
+    /// One received transport packet (BTH through ICRC). Malformed or unexpected packets
+    /// are dropped and counted ([`Counters::drops`]); nothing here panics.
+    pub fn handle_packet(
+        &mut self,
+        now: u64,
+        bytes: &[u8],
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+    ) {
+        self.counters.packets_received += 1;
+        let pkt = match codec::parse(bytes) {
+            Ok(p) => p,
+            Err(ParseError::UnknownOpcode) => {
+                self.counters.drop_packet(DropReason::UnknownOpcode);
+                return;
+            }
+            Err(_) => {
+                self.counters.drop_packet(DropReason::Malformed);
+                return;
+            }
+        };
+        // Default partition only (reference §1.2).
+        if pkt.hdr.bth.pkey & 0x7FFF != 0x7FFF {
+            self.counters.drop_packet(DropReason::BadPkey);
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
+            self.counters.drop_packet(DropReason::UnknownQp);
+            return;
+        };
+        let mut ctx = ctx!(self);
+        if pkt.info.is_response() {
+            qp.on_response(now, &pkt, mem, &mut ctx);
+        } else {
+            qp.on_request(&pkt, grh, mem, &mut ctx);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (round robin over QPs; responses before
+    /// requests within a QP). `mem` is read for payloads (gather, read responses).
+    pub fn poll_transmit(
+        &mut self,
+        now: u64,
+        buf: &mut [u8],
+        mem: &impl Memory,
+    ) -> Option<Transmit> {
+        let start = self.cursor;
+        let mut ctx = ctx!(self);
+        let after = self
+            .qps
+            .range_mut((Bound::Excluded(start), Bound::Unbounded));
+        for (&qpn, qp) in after {
+            if let Some(t) = qp.poll_transmit(now, buf, mem, &mut ctx) {
+                self.cursor = qpn;
+                return Some(t);
+            }
+        }
+        for (&qpn, qp) in self.qps.range_mut(..=start) {
+            if let Some(t) = qp.poll_transmit(now, buf, mem, &mut ctx) {
+                self.cursor = qpn;
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The next completion, in the order the engine produced them.
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Earliest timer deadline over all QPs.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.qps.values().filter_map(Qp::poll_timeout).min()
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let mut ctx = ctx!(self);
+        for qp in self.qps.values_mut() {
+            if qp.poll_timeout().is_some_and(|t| t <= now) {
+                qp.handle_timeout(now, &mut ctx);
+            }
+        }
+    }
+
+    /// Counters over all QPs.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Scenario tests of one or two endpoints wired by hand: the exact packets out for a
+    //! given input (segmentation, PSNs, AckReq, the unacknowledged window) and the
+    //! modify contract.
+
+    use super::*;
+    use crate::codec;
+    use crate::memory::{AtomicOp, MemError, MemKey};
+    use crate::types::{AccessFlags, AddressVector, Mtu, QpType};
+    use crate::wr::{SendOp, Sge};
+
+    /// Flat memory: one region, key 1, every access allowed.
+    struct Flat(Vec<u8>);
+
+    impl Flat {
+        fn range(&self, addr: u64, len: usize) -> Result<std::ops::Range<usize>, MemError> {
+            let start = usize::try_from(addr).map_err(|_| MemError::OutOfBounds)?;
+            let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
+            if end > self.0.len() {
+                return Err(MemError::OutOfBounds);
+            }
+            Ok(start..end)
+        }
+    }
+
+    impl Memory for Flat {
+        fn check_local(
+            &self,
+            lkey: u32,
+            addr: u64,
+            len: u64,
+            _: AccessFlags,
+        ) -> Result<(), MemError> {
+            if lkey != 1 {
+                return Err(MemError::InvalidKey);
+            }
+            self.range(addr, len as usize).map(|_| ())
+        }
+        fn check_remote(
+            &self,
+            rkey: u32,
+            va: u64,
+            len: u64,
+            need: AccessFlags,
+        ) -> Result<(), MemError> {
+            self.check_local(rkey, va, len, need)
+        }
+        fn read(&self, _: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+            let r = self.range(addr, buf.len())?;
+            buf.copy_from_slice(&self.0[r]);
+            Ok(())
+        }
+        fn write(&mut self, _: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
+            let r = self.range(addr, data.len())?;
+            self.0[r].copy_from_slice(data);
+            Ok(())
+        }
+        fn atomic(&mut self, _: u32, va: u64, _: AtomicOp) -> Result<u64, MemError> {
+            self.range(va, 8).map(|_| 0)
+        }
+        fn invalidate(&mut self, _: u32) -> Result<(), MemError> {
+            Ok(())
+        }
+    }
+
+    fn rts(ep: &mut Endpoint, qp_type: QpType, mtu: Mtu, psn: u32) -> u32 {
+        let qpn = ep.create_qp(QpInit::new(qp_type)).unwrap();
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..QpAttr::default()
+        };
+        let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
+        ep.modify_qp(qpn, &attr, m | AttrMask::ACCESS_FLAGS)
+            .unwrap();
+        attr.qp_state = QpState::Rtr;
+        attr.path_mtu = mtu;
+        attr.dest_qp_num = 0x99;
+        attr.rq_psn = 0;
+        attr.ah_attr = AddressVector {
+            port_num: 1,
+            ..AddressVector::default()
+        };
+        let mut rtr = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN;
+        if qp_type == QpType::Rc {
+            rtr |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        }
+        ep.modify_qp(qpn, &attr, rtr).unwrap();
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = psn;
+        attr.timeout = 14;
+        attr.max_rd_atomic = 4;
+        let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
+        if qp_type == QpType::Rc {
+            mask |= AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        ep.modify_qp(qpn, &attr, mask).unwrap();
+        qpn
+    }
+
+    fn drain(ep: &mut Endpoint, mem: &Flat) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; ep.max_packet_len()];
+        let mut out = Vec::new();
+        while let Some(t) = ep.poll_transmit(0, &mut buf, mem) {
+            out.push(buf[..t.len].to_vec());
+        }
+        out
+    }
+
+    /// Reference §1.6: FIRST and MIDDLE carry exactly PMTU, LAST the rest; one PSN per
+    /// packet across the 2^24 wrap; AckReq on the last packet only (§1.9); the RETH on
+    /// FIRST carries the whole length.
+    #[test]
+    fn segmentation_by_path_mtu_with_psns_across_the_wrap() {
+        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mem = Flat(vec![5; 8192]);
+        let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0xFF_FFFF);
+        let op = SendOp::RdmaWrite {
+            remote_addr: 0x1000,
+            rkey: 1,
+        };
+        ep.post_send(
+            qpn,
+            SendWr::new(
+                1,
+                op,
+                vec![Sge {
+                    addr: 0,
+                    length: 2500,
+                    lkey: 1,
+                }],
+            ),
+        )
+        .unwrap();
+        let pkts = drain(&mut ep, &mem);
+        let parsed: Vec<_> = pkts.iter().map(|p| codec::parse(p).unwrap()).collect();
+        let ops: Vec<u8> = parsed.iter().map(|p| p.hdr.bth.opcode).collect();
+        assert_eq!(
+            ops,
+            [
+                codec::op::WRITE_FIRST,
+                codec::op::WRITE_MIDDLE,
+                codec::op::WRITE_LAST
+            ]
+        );
+        let psns: Vec<u32> = parsed.iter().map(|p| p.hdr.bth.psn).collect();
+        assert_eq!(psns, [0xFF_FFFF, 0, 1]);
+        let lens: Vec<usize> = parsed.iter().map(|p| p.payload.len()).collect();
+        assert_eq!(lens, [1024, 1024, 452]);
+        let acks: Vec<bool> = parsed.iter().map(|p| p.hdr.bth.ack_req).collect();
+        assert_eq!(acks, [false, false, true]);
+        assert_eq!(parsed[0].hdr.reth.unwrap().dma_len, 2500);
+        assert_eq!(parsed[0].hdr.bth.dest_qp, 0x99);
+    }
+
+    /// A zero-length SEND is one ONLY packet with no payload; a READ consumes one PSN per
+    /// expected response packet (§1.6).
+    #[test]
+    fn zero_length_send_and_read_psn_consumption() {
+        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mem = Flat(vec![0; 8192]);
+        let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu256, 10);
+        ep.post_send(qpn, SendWr::new(1, SendOp::Send, vec![]))
+            .unwrap();
+        let read = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        ep.post_send(
+            qpn,
+            SendWr::new(
+                2,
+                read,
+                vec![Sge {
+                    addr: 0,
+                    length: 1000,
+                    lkey: 1,
+                }],
+            ),
+        )
+        .unwrap();
+        ep.post_send(qpn, SendWr::new(3, SendOp::Send, vec![]))
+            .unwrap();
+        let pkts = drain(&mut ep, &mem);
+        let parsed: Vec<_> = pkts.iter().map(|p| codec::parse(p).unwrap()).collect();
+        assert_eq!(parsed[0].hdr.bth.opcode, codec::op::SEND_ONLY);
+        assert!(parsed[0].payload.is_empty());
+        assert_eq!(parsed[1].hdr.bth.opcode, codec::op::READ_REQUEST);
+        assert_eq!(parsed[1].hdr.bth.psn, 11);
+        assert_eq!(
+            parsed[2].hdr.bth.psn, 15,
+            "1000 B at MTU 256 = 4 response PSNs"
+        );
+    }
+
+    /// The requester stops at `max_unacked_psns` unacknowledged PSNs (reference §2.2).
+    #[test]
+    fn requester_window_stops_at_max_unacked_psns() {
+        let config = EndpointConfig {
+            max_unacked_psns: 16,
+            ..EndpointConfig::default()
+        };
+        let mut ep = Endpoint::new(config);
+        let mem = Flat(vec![0; 8192]);
+        let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0);
+        for i in 0..40 {
+            ep.post_send(qpn, SendWr::new(i, SendOp::Send, vec![]))
+                .unwrap();
+        }
+        assert_eq!(drain(&mut ep, &mem).len(), 16);
+        // An ACK for PSN 7 opens 8 more.
+        let ack = codec::Headers {
+            bth: codec::Bth {
+                opcode: codec::op::ACKNOWLEDGE,
+                pkey: 0xFFFF,
+                dest_qp: qpn,
+                psn: 7,
+                ..Default::default()
+            },
+            aeth: Some(codec::Aeth {
+                syndrome: codec::SYNDROME_ACK,
+                msn: 8,
+            }),
+            ..Default::default()
+        };
+        let mut buf = [0u8; 64];
+        let n = codec::emit(&ack, &[], &mut buf).unwrap();
+        let mut mem = mem;
+        ep.handle_packet(1, &buf[..n], None, &mut mem);
+        assert_eq!(drain(&mut ep, &mem).len(), 8);
+        let done: Vec<u64> = std::iter::from_fn(|| ep.poll_completion())
+            .map(|c| c.wc.wr_id())
+            .collect();
+        assert!(
+            done.is_empty(),
+            "sq_sig_all off and unsignaled: no completions"
+        );
+    }
+
+    /// ibv_modify_qp(3): "If any of the modify attributes or the modify mask are invalid,
+    /// none of the attributes will be modified (including the QP state)"; missing and
+    /// extra attributes are EINVAL, never a panic.
+    #[test]
+    fn modify_is_all_or_nothing_and_checks_masks() {
+        let mut ep = Endpoint::new(EndpointConfig::default());
+        let qpn = ep.create_qp(QpInit::new(QpType::Rc)).unwrap();
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: 5,
+            ..QpAttr::default()
+        };
+        // Missing ACCESS_FLAGS.
+        let e = ep.modify_qp(
+            qpn,
+            &attr,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT,
+        );
+        assert_eq!(e.unwrap_err().errno(), 22);
+        // Extra QKEY (UD only).
+        let all = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        assert!(ep.modify_qp(qpn, &attr, all | AttrMask::QKEY).is_err());
+        // Bad value: port 2.
+        assert!(ep
+            .modify_qp(
+                qpn,
+                &QpAttr {
+                    port_num: 2,
+                    ..attr
+                },
+                all
+            )
+            .is_err());
+        assert_eq!(ep.qp_state(qpn), Some(QpState::Reset));
+        ep.modify_qp(qpn, &attr, all).unwrap();
+        assert_eq!(ep.qp_state(qpn), Some(QpState::Init));
+        // Skipping RTR is illegal.
+        let to_rts = QpAttr {
+            qp_state: QpState::Rts,
+            ..attr
+        };
+        assert!(ep
+            .modify_qp(qpn, &to_rts, AttrMask::STATE | AttrMask::SQ_PSN)
+            .is_err());
+        // post_send before RTS is EINVAL.
+        assert!(ep
+            .post_send(qpn, SendWr::new(1, SendOp::Send, vec![]))
+            .is_err());
+        // UC refuses RDMA READ at post time (ibv_post_send(3) opcode table).
+        let mut ep2 = Endpoint::new(EndpointConfig::default());
+        let uc = rts(&mut ep2, QpType::Uc, Mtu::Mtu1024, 0);
+        let read = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        assert!(ep2.post_send(uc, SendWr::new(1, read, vec![])).is_err());
+    }
+}

@@ -1,0 +1,85 @@
+//! The softverbs queue-pair engine, sans I/O.
+//!
+//! [`Endpoint`] holds the RC, UC and UD queue pairs and shared receive queues of one device
+//! port and runs the RoCEv2 transport for them (reference `rocev2.md` §1.5–§4.2): the
+//! `ibv_modify_qp(3)` state machine, the requester (segmentation, PSNs, read/atomic budget,
+//! fences), the responder (receive queues, RDMA write / read / atomics with key and access
+//! checks, RNR NAK, duplicate replay, invalidate), the completer (cumulative ACKs,
+//! go-back-N, `retry_cnt` / `rnr_retry`, error statuses) and the error/flush path, and it
+//! produces `ibv_wc`-layout completions ([`softverbs_cq::WorkCompletion`]).
+//!
+//! There is no clock, socket, thread or global RNG: inputs are
+//! [`Endpoint::handle_packet`] / [`Endpoint::handle_timeout`] with an explicit `now`, and
+//! the verbs; outputs are [`Endpoint::poll_transmit`], [`Endpoint::poll_completion`],
+//! [`Endpoint::poll_event`] and [`Endpoint::poll_timeout`]. Memory is reached only through
+//! the [`Memory`] trait the device implements. The calling contract is on [`Endpoint`].
+//!
+//! | module | holds |
+//! |---|---|
+//! | `endpoint` | [`Endpoint`]: QP / SRQ tables, demultiplexing, the `poll_*` outputs |
+//! | `qp` | the state machine (`ibv_modify_qp(3)` masks), posting, error and flush |
+//! | `requester` | segmentation, PSNs, read/atomic budget, fences, AckReq; responder packets out |
+//! | `completer` | ACK / NAK / response handling, go-back-N, timers, error statuses |
+//! | `responder` | request checks and execution, duplicates, RNR, UC and UD receive |
+//! | `codec` | the only user of `softverbs-wire`: packets to and from bytes |
+//! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
+//!
+//! # Decisions and deviations
+//!
+//! - `poll_transmit` takes the [`Memory`] too (`poll_transmit(now, buf, mem)`): payload is
+//!   gathered from registered memory straight into the packet when it is sent, as a NIC
+//!   does, instead of being copied at post time. Inline sends carry their bytes in the WR
+//!   ([`Gather::Inline`]).
+//! - `retry_cnt` counts local ACK timeouts only; a retry triggered by a response (NAK
+//!   sequence error, implied NAK, out-of-order read response) happens at most once per
+//!   oldest unacknowledged PSN until the next timeout or progress, and does not use up
+//!   the counter (the counter exists to detect a dead path; a NAK proves the peer alive).
+//!   `retry_cnt = 7` means seven retries (IBTA), not infinite as in rxe; `rnr_retry = 7`
+//!   is infinite.
+//! - Out-of-order read responses trigger an immediate re-read from the first missing
+//!   response (rxe waits for the timeout, reference §5.8 item 8).
+//! - Retransmitted request packets carry AckReq, so recovery hears of progress per packet.
+//! - A UC responder drops packets whose PSN is before the expected one (duplicates and
+//!   late reordered packets) instead of resynchronising on them, so UC never delivers
+//!   twice or out of order.
+//! - Requester completions of SEND/WRITE with immediate do not set `IBV_WC_WITH_IMM`
+//!   (rxe does; the man page makes `imm_data` meaningful only on the receive side).
+//!   `byte_len` on the requester is the WR's total length (8 for atomics), as rxe.
+//! - Status choices where the reference offers two: a responder whose receive buffer is
+//!   too small reports `LOC_LEN_ERR` (requester `REM_INV_REQ_ERR`); a bad receive SGE
+//!   reports `LOC_PROT_ERR` (requester `REM_OP_ERR`); an RDMA WRITE WITH IMMEDIATE with a
+//!   bad R_Key fails the consumed receive WQE with `LOC_ACCESS_ERR` (IBTA); a read or
+//!   atomic WR on an RC QP with `max_rd_atomic = 0` fails with `LOC_QP_OP_ERR`; a UD send
+//!   longer than the port MTU fails with `LOC_LEN_ERR` (rxe "succeeds" without sending);
+//!   a UD receive too small for GRH + payload completes that WQE with `LOC_LEN_ERR` and
+//!   the QP stays usable. Error completions carry the WR's opcode as a courtesy;
+//!   `vendor_err` carries the NAK syndrome for remote errors.
+//! - UC and UD send-side errors move the QP to SQE (RC: ERR).
+//! - `ALT_PATH` / `PATH_MIG_STATE` are accepted where the table allows them and ignored
+//!   (no APM); `CAP` and `RATE_LIMIT` are refused. Only P_Key index 0 and port 1 exist.
+//! - Responder resources are a ring of `max_dest_rd_atomic` entries recycled oldest
+//!   first, as rxe (without rounding up to a power of two).
+#![forbid(unsafe_code)]
+
+mod codec;
+mod completer;
+mod endpoint;
+mod memory;
+mod output;
+mod psn;
+mod qp;
+mod requester;
+mod responder;
+mod srq;
+mod types;
+mod wr;
+
+pub use endpoint::Endpoint;
+pub use memory::{AtomicOp, MemError, MemKey, Memory};
+pub use output::{Completion, Counters, CqTarget, DropReason, Event, Transmit};
+pub use srq::SrqInit;
+pub use types::{
+    AccessFlags, AddressVector, AttrMask, EndpointConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
+    QpType, SrqId, VerbsError,
+};
+pub use wr::{Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};

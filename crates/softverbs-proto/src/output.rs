@@ -1,0 +1,194 @@
+//! What the engine hands back: completions, asynchronous events, transmits and counters.
+
+use softverbs_cq::WorkCompletion;
+
+use crate::types::{AddressVector, SrqId};
+
+/// Which completion queue of its QP a completion belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CqTarget {
+    /// The QP's send CQ.
+    Send,
+    /// The QP's receive CQ.
+    Recv,
+}
+
+/// A work completion and the CQ it goes to (the QP is `wc.qp_num()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// Send or receive CQ.
+    pub cq: CqTarget,
+    /// The completion, built per reference §3.
+    pub wc: WorkCompletion,
+}
+
+/// Asynchronous events (`enum ibv_event_type`, the ones the engine raises).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// `IBV_EVENT_QP_FATAL`: the QP failed in a way no completion reports.
+    QpFatal {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_REQ_ERR`: the responder received an invalid request and the QP went
+    /// to the error state.
+    QpRequestError {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_ACCESS_ERR`: the responder saw an access violation and the QP went to
+    /// the error state.
+    QpAccessError {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_COMM_EST`: the first packet arrived while the QP was in RTR.
+    CommEst {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`: in SQD, every started send work request has completed.
+    SqDrained {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: an SRQ-attached QP entered the error state and
+    /// will consume no more SRQ entries.
+    LastWqeReached {
+        /// The QP.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its armed limit (now disarmed).
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqId,
+    },
+}
+
+/// One packet written by [`Endpoint::poll_transmit`](crate::Endpoint::poll_transmit):
+/// `len` bytes of BTH, extension headers, payload, pad and a zero ICRC placeholder, to be
+/// sent to `av`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written at the start of the caller's buffer.
+    pub len: usize,
+    /// The local QP that sent it.
+    pub src_qpn: u32,
+    /// BTH DestQP.
+    pub dest_qpn: u32,
+    /// Where to send it (the QP's path for RC / UC, the work request's AH for UD).
+    pub av: AddressVector,
+}
+
+/// Why an incoming packet was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Too short, bad header version, bad pad, or headers that do not match the opcode.
+    Malformed,
+    /// Opcode this engine does not implement (CNP, RD, XRC, FLUSH, ...).
+    UnknownOpcode,
+    /// P_Key outside the default partition.
+    BadPkey,
+    /// No QP with this number.
+    UnknownQp,
+    /// The QP's state does not accept this packet.
+    WrongState,
+    /// Opcode transport does not match the QP type.
+    WrongTransport,
+    /// RC request after a gap (one NAK is sent per gap).
+    OutOfSequence,
+    /// Response for a PSN already acknowledged.
+    StaleResponse,
+    /// Response for a PSN never sent.
+    GhostResponse,
+    /// Read or atomic response ahead of the one expected.
+    OutOfOrderResponse,
+    /// Response while nothing is waiting for one.
+    UnexpectedResponse,
+    /// UD Q_Key differs from the QP's.
+    QkeyMismatch,
+    /// UC / UD message with no receive WQE posted.
+    NoReceive,
+    /// UC message broken by loss, bad sequence or a failed check.
+    UcMessageDropped,
+    /// UD payload larger than the port MTU.
+    UdTooLong,
+    /// Duplicate read or atomic whose responder resource was recycled.
+    DuplicateNotFound,
+    /// Reserved AETH syndrome.
+    BadSyndrome,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 17] = [
+        DropReason::Malformed,
+        DropReason::UnknownOpcode,
+        DropReason::BadPkey,
+        DropReason::UnknownQp,
+        DropReason::WrongState,
+        DropReason::WrongTransport,
+        DropReason::OutOfSequence,
+        DropReason::StaleResponse,
+        DropReason::GhostResponse,
+        DropReason::OutOfOrderResponse,
+        DropReason::UnexpectedResponse,
+        DropReason::QkeyMismatch,
+        DropReason::NoReceive,
+        DropReason::UcMessageDropped,
+        DropReason::UdTooLong,
+        DropReason::DuplicateNotFound,
+        DropReason::BadSyndrome,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Counters kept by the engine, over all its QPs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets written by `poll_transmit`.
+    pub packets_sent: u64,
+    /// Payload bytes sent.
+    pub bytes_sent: u64,
+    /// Packets given to `handle_packet`.
+    pub packets_received: u64,
+    /// Request packets sent again after go-back-N.
+    pub retransmitted_packets: u64,
+    /// Go-back-N restarts (timeout, NAK sequence error, implied NAK).
+    pub retries: u64,
+    /// Local ACK timeouts that fired with work outstanding.
+    pub timeouts: u64,
+    /// ACKs (and atomic ACKs) sent.
+    pub acks_sent: u64,
+    /// NAKs sent (sequence, invalid request, access, operational).
+    pub naks_sent: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// NAKs received.
+    pub naks_received: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Duplicate requests received (re-ACKed or replayed).
+    pub duplicates_received: u64,
+    drops: [u64; DropReason::ALL.len()],
+}
+
+impl Counters {
+    /// Packets dropped for `reason`.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops[reason.index()]
+    }
+
+    /// All dropped packets.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    pub(crate) fn drop_packet(&mut self, reason: DropReason) {
+        tracing::trace!(?reason, "packet dropped");
+        self.drops[reason.index()] += 1;
+    }
+}

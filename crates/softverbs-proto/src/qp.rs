@@ -1,0 +1,836 @@
+//! One queue pair: its state machine (`ibv_modify_qp(3)` transitions and attribute
+//! masks), its queues, posting, and the error / flush path (reference §2.7).
+//!
+//! The requester, completer and responder are further `impl Qp` blocks in their own
+//! modules. Everything here is reached through [`Endpoint`](crate::Endpoint).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use softverbs_cq::{WcOpcode, WcStatus, WorkCompletion};
+
+use crate::output::{Completion, Counters, CqTarget, Event};
+use crate::psn::{self, PSN_MASK};
+use crate::srq::Srq;
+use crate::types::{
+    AccessFlags, AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType, VerbsError,
+};
+use crate::wr::{Gather, RecvWr, SendOp, SendWr};
+
+/// The parts of the endpoint a QP writes to while it runs.
+pub(crate) struct Ctx<'a> {
+    pub config: &'a EndpointConfig,
+    pub srqs: &'a mut BTreeMap<u32, Srq>,
+    pub completions: &'a mut VecDeque<Completion>,
+    pub events: &'a mut VecDeque<Event>,
+    pub counters: &'a mut Counters,
+}
+
+/// A send work request inside the send queue.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    /// Total payload length (8 for atomics).
+    pub len: u64,
+    /// Produces a completion on success.
+    pub signaled: bool,
+    /// PSN of the first packet (valid once `started`).
+    pub first_psn: u32,
+    /// PSNs this message consumes.
+    pub npkts: u32,
+    /// The first packet has been sent at least once.
+    pub started: bool,
+    /// Counted in the `max_rd_atomic` budget.
+    pub holds_rd_atomic: bool,
+    /// A local error found when building it; completes with this status when it reaches
+    /// the head of the send queue.
+    pub error: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub fn last_psn(&self) -> u32 {
+        psn::add(self.first_psn, self.npkts - 1)
+    }
+
+    pub fn wc_opcode(&self) -> WcOpcode {
+        send_wc_opcode(&self.wr.op)
+    }
+}
+
+pub(crate) fn send_wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+        SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+/// The message the responder is in the middle of.
+#[derive(Debug, Default)]
+pub(crate) enum CurMsg {
+    /// Between messages: the next packet must be FIRST or ONLY.
+    #[default]
+    Idle,
+    /// A SEND whose receive WQE is consumed; `offset` bytes placed so far.
+    Send { wqe: RecvWr, offset: u64 },
+    /// An RDMA WRITE: next address, bytes still expected, total length.
+    Write {
+        va: u64,
+        rkey: u32,
+        remaining: u64,
+        total: u32,
+    },
+    /// UC: the rest of a broken message is being dropped.
+    Dropping,
+}
+
+/// A responder resource (reference §2.3): what a duplicate read or atomic replays.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Resource {
+    Read {
+        first_psn: u32,
+        last_psn: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+/// Packets the responder still has to send.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RespOut {
+    /// ACK, NAK or RNR NAK.
+    Ack { psn: u32, syndrome: u8, msn: u32 },
+    /// Atomic acknowledge with the original value.
+    AtomicAck { psn: u32, orig: u64, msn: u32 },
+    /// Read response packets still to send.
+    Read {
+        psn: u32,
+        va: u64,
+        rkey: u32,
+        remaining: u64,
+        first: bool,
+        msn: u32,
+    },
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub init: QpInit,
+    pub state: QpState,
+    pub attr: QpAttr,
+
+    pub sq: VecDeque<SendWqe>,
+    pub rq: VecDeque<RecvWr>,
+
+    // Requester.
+    /// Index in `sq` of the work request being transmitted.
+    pub req_index: usize,
+    /// Packet (PSN offset) within it.
+    pub req_pkt: u32,
+    /// Next PSN to transmit.
+    pub req_psn: u32,
+    /// One past the highest PSN ever transmitted.
+    pub sent_high: u32,
+    /// Reads and atomics issued and not yet completed.
+    pub rd_atomic_outstanding: u32,
+
+    // Completer.
+    /// Oldest unacknowledged PSN.
+    pub comp_psn: u32,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    pub retrans_deadline: Option<u64>,
+    pub rnr_deadline: Option<u64>,
+    /// A NAK-triggered retry already restarted from this PSN.
+    pub nak_retry_from: Option<u32>,
+
+    // Responder.
+    pub epsn: u32,
+    pub msn: u32,
+    pub nak_sent: bool,
+    pub cur: CurMsg,
+    pub resources: VecDeque<Resource>,
+    pub resp_out: VecDeque<RespOut>,
+    pub comm_est_raised: bool,
+    pub sq_drained_raised: bool,
+}
+
+/// Required and optional attributes of a transition, from the table of `ibv_modify_qp(3)`
+/// (required) and the IBTA / kernel `qp_state_table` (optional). `None`: illegal.
+pub(crate) fn transition_masks(
+    qp_type: QpType,
+    cur: QpState,
+    next: QpState,
+) -> Option<(AttrMask, AttrMask)> {
+    use QpState::*;
+    use QpType::*;
+    type M = AttrMask;
+    let none = M::empty();
+    let pair = |req: M, opt: M| Some((req, opt));
+    match (cur, next) {
+        (_, Reset) | (_, Err) => pair(none, none),
+        (Reset, Init) => match qp_type {
+            Ud => pair(M::PKEY_INDEX | M::PORT | M::QKEY, none),
+            Uc | Rc => pair(M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+        },
+        (Init, Init) => match qp_type {
+            Ud => pair(none, M::PKEY_INDEX | M::PORT | M::QKEY),
+            Uc | Rc => pair(none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        },
+        (Init, Rtr) => match qp_type {
+            Ud => pair(none, M::PKEY_INDEX | M::QKEY),
+            Uc => pair(
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+            Rc => pair(
+                M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+        },
+        (Rtr, Rts) => match qp_type {
+            Ud => pair(M::SQ_PSN, M::CUR_STATE | M::QKEY),
+            Uc => pair(
+                M::SQ_PSN,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+            ),
+            Rc => pair(
+                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+            ),
+        },
+        (Rts, Rts) | (Sqd, Rts) => match qp_type {
+            Ud => pair(none, M::CUR_STATE | M::QKEY),
+            Uc => pair(
+                none,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+            ),
+            Rc => pair(
+                none,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+            ),
+        },
+        (Rts, Sqd) => pair(none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => match qp_type {
+            Ud => pair(none, M::PKEY_INDEX | M::QKEY),
+            Uc => pair(
+                none,
+                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+            ),
+            Rc => pair(
+                none,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE,
+            ),
+        },
+        (Sqe, Rts) => match qp_type {
+            Ud => pair(none, M::CUR_STATE | M::QKEY),
+            Uc => pair(none, M::CUR_STATE | M::ACCESS_FLAGS),
+            Rc => None,
+        },
+        _ => None,
+    }
+}
+
+/// Local ACK timeout in nanoseconds: 4.096 µs · 2^timeout; `None` for 0 (infinite).
+pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
+    (timeout != 0).then(|| 4096u64 << timeout.min(31))
+}
+
+/// RNR NAK timer code → minimum wait in nanoseconds (reference §1.4).
+pub(crate) fn rnr_delay_ns(code: u8) -> u64 {
+    const US: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    US[usize::from(code & 0x1F)] * 1000
+}
+
+impl Qp {
+    pub fn new(qpn: u32, init: QpInit) -> Self {
+        Qp {
+            qpn,
+            init,
+            state: QpState::Reset,
+            attr: QpAttr {
+                port_num: 1,
+                ..QpAttr::default()
+            },
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req_index: 0,
+            req_pkt: 0,
+            req_psn: 0,
+            sent_high: 0,
+            rd_atomic_outstanding: 0,
+            comp_psn: 0,
+            retry_left: 0,
+            rnr_left: 0,
+            retrans_deadline: None,
+            rnr_deadline: None,
+            nak_retry_from: None,
+            epsn: 0,
+            msn: 0,
+            nak_sent: false,
+            cur: CurMsg::Idle,
+            resources: VecDeque::new(),
+            resp_out: VecDeque::new(),
+            comm_est_raised: false,
+            sq_drained_raised: false,
+        }
+    }
+
+    /// Payload bytes per packet for this QP.
+    pub fn mtu(&self, config: &EndpointConfig) -> u32 {
+        match self.init.qp_type {
+            QpType::Ud => config.port_mtu.bytes(),
+            _ => self.attr.path_mtu.bytes(),
+        }
+    }
+
+    /// `ibv_modify_qp`: validate everything first, then apply (atomic modify).
+    pub fn modify(
+        &mut self,
+        attr: &QpAttr,
+        mask: AttrMask,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), VerbsError> {
+        let cur = self.state;
+        let next = if mask.contains(AttrMask::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
+        let (required, optional) = transition_masks(self.init.qp_type, cur, next)
+            .ok_or(VerbsError::InvalidArgument("illegal state transition"))?;
+        let given = mask - AttrMask::STATE;
+        if !given.contains(required) {
+            return Err(VerbsError::InvalidArgument(
+                "required attribute missing from mask",
+            ));
+        }
+        if !(given - required - optional).is_empty() {
+            return Err(VerbsError::InvalidArgument(
+                "attribute not allowed in this transition",
+            ));
+        }
+        self.validate_values(attr, mask, ctx.config)?;
+
+        // Apply.
+        let m = |f: AttrMask| mask.contains(f);
+        if m(AttrMask::ACCESS_FLAGS) {
+            self.attr.qp_access_flags = attr.qp_access_flags;
+        }
+        if m(AttrMask::PKEY_INDEX) {
+            self.attr.pkey_index = attr.pkey_index;
+        }
+        if m(AttrMask::PORT) {
+            self.attr.port_num = attr.port_num;
+        }
+        if m(AttrMask::QKEY) {
+            self.attr.qkey = attr.qkey;
+        }
+        if m(AttrMask::AV) {
+            self.attr.ah_attr = attr.ah_attr;
+        }
+        if m(AttrMask::PATH_MTU) {
+            self.attr.path_mtu = attr.path_mtu;
+        }
+        if m(AttrMask::TIMEOUT) {
+            self.attr.timeout = attr.timeout;
+        }
+        if m(AttrMask::RETRY_CNT) {
+            self.attr.retry_cnt = attr.retry_cnt;
+            self.retry_left = attr.retry_cnt;
+        }
+        if m(AttrMask::RNR_RETRY) {
+            self.attr.rnr_retry = attr.rnr_retry;
+            self.rnr_left = attr.rnr_retry;
+        }
+        if m(AttrMask::RQ_PSN) {
+            self.attr.rq_psn = attr.rq_psn;
+            self.epsn = attr.rq_psn;
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) {
+            self.attr.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if m(AttrMask::MIN_RNR_TIMER) {
+            self.attr.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if m(AttrMask::SQ_PSN) {
+            self.attr.sq_psn = attr.sq_psn;
+            self.req_psn = attr.sq_psn;
+            self.comp_psn = attr.sq_psn;
+            self.sent_high = attr.sq_psn;
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) {
+            self.attr.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if m(AttrMask::DEST_QPN) {
+            self.attr.dest_qp_num = attr.dest_qp_num;
+        }
+        if m(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            self.attr.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+
+        match next {
+            QpState::Reset => self.reset(),
+            QpState::Err if cur != QpState::Err => {
+                self.state = QpState::Err;
+                self.flush(ctx);
+            }
+            QpState::Sqd if cur != QpState::Sqd => {
+                self.state = QpState::Sqd;
+                self.sq_drained_raised = !self.attr.en_sqd_async_notify;
+                self.check_sq_drained(ctx);
+            }
+            QpState::Rts if cur == QpState::Sqe => {
+                self.state = QpState::Rts;
+            }
+            other => self.state = other,
+        }
+        Ok(())
+    }
+
+    fn validate_values(
+        &self,
+        attr: &QpAttr,
+        mask: AttrMask,
+        config: &EndpointConfig,
+    ) -> Result<(), VerbsError> {
+        let m = |f: AttrMask| mask.contains(f);
+        let bad = VerbsError::InvalidArgument;
+        if m(AttrMask::CUR_STATE) && attr.cur_qp_state != self.state {
+            return Err(bad("cur_qp_state does not match the QP state"));
+        }
+        if m(AttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
+            return Err(bad("pkey_index out of range (one default partition)"));
+        }
+        if m(AttrMask::PORT) && attr.port_num != 1 {
+            return Err(bad("port_num out of range"));
+        }
+        if m(AttrMask::ACCESS_FLAGS)
+            && !(attr.qp_access_flags
+                - (AccessFlags::LOCAL_WRITE
+                    | AccessFlags::REMOTE_WRITE
+                    | AccessFlags::REMOTE_READ
+                    | AccessFlags::REMOTE_ATOMIC))
+                .is_empty()
+        {
+            return Err(bad("unknown qp_access_flags"));
+        }
+        if m(AttrMask::PATH_MTU) && attr.path_mtu > config.port_mtu {
+            return Err(bad("path_mtu larger than the port's active MTU"));
+        }
+        if m(AttrMask::AV) && attr.ah_attr.port_num > 1 {
+            return Err(bad("ah_attr.port_num out of range"));
+        }
+        if m(AttrMask::TIMEOUT) && attr.timeout > 31 {
+            return Err(bad("timeout > 31"));
+        }
+        if m(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return Err(bad("retry_cnt > 7"));
+        }
+        if m(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return Err(bad("rnr_retry > 7"));
+        }
+        if m(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return Err(bad("min_rnr_timer > 31"));
+        }
+        if m(AttrMask::RQ_PSN) && attr.rq_psn > PSN_MASK {
+            return Err(bad("rq_psn wider than 24 bits"));
+        }
+        if m(AttrMask::SQ_PSN) && attr.sq_psn > PSN_MASK {
+            return Err(bad("sq_psn wider than 24 bits"));
+        }
+        if m(AttrMask::DEST_QPN) && attr.dest_qp_num > PSN_MASK {
+            return Err(bad("dest_qp_num wider than 24 bits"));
+        }
+        if m(AttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > config.max_qp_init_rd_atom {
+            return Err(bad("max_rd_atomic above the device limit"));
+        }
+        if m(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > config.max_qp_rd_atom {
+            return Err(bad("max_dest_rd_atomic above the device limit"));
+        }
+        Ok(())
+    }
+
+    /// Modify to RESET: forget everything, no completions.
+    fn reset(&mut self) {
+        let (qpn, init) = (self.qpn, self.init);
+        *self = Qp::new(qpn, init);
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, wr: SendWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
+        let bad = VerbsError::InvalidArgument;
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(bad("post_send before RTS"));
+            }
+            _ => {}
+        }
+        let qp_type = self.init.qp_type;
+        let allowed = match wr.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => true,
+            SendOp::SendWithInv { .. }
+            | SendOp::RdmaWrite { .. }
+            | SendOp::RdmaWriteWithImm { .. } => qp_type != QpType::Ud,
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                qp_type == QpType::Rc
+            }
+        };
+        if !allowed {
+            return Err(bad(
+                "opcode not supported by this QP type (ibv_post_send(3) table)",
+            ));
+        }
+        match &wr.gather {
+            Gather::Sges(sges) => {
+                if sges.len() > self.init.caps.max_send_sge as usize {
+                    return Err(bad("num_sge above max_send_sge"));
+                }
+            }
+            Gather::Inline(data) => {
+                if data.len() > self.init.caps.max_inline_data as usize {
+                    return Err(bad("inline data above max_inline_data"));
+                }
+                if wr.op.is_read_or_atomic() {
+                    return Err(bad("IBV_SEND_INLINE is valid only for send and RDMA write"));
+                }
+            }
+        }
+        let len = wr.gather.len();
+        if len > 1 << 31 {
+            return Err(bad("message longer than 2^31 bytes"));
+        }
+        if wr.op.is_atomic() && len != 8 {
+            return Err(bad("atomic needs exactly 8 bytes of local buffer"));
+        }
+        if qp_type == QpType::Ud && wr.ud.is_none() {
+            return Err(bad("UD send without address handle"));
+        }
+        if self.sq.len() >= self.init.caps.max_send_wr as usize {
+            return Err(VerbsError::NoRoom("send queue full"));
+        }
+        let signaled = self.init.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
+        let wqe = SendWqe {
+            len,
+            signaled,
+            first_psn: 0,
+            npkts: 1,
+            started: false,
+            holds_rd_atomic: false,
+            error: None,
+            wr,
+        };
+        if matches!(self.state, QpState::Err | QpState::Sqe) {
+            // Accepted and flushed at once (reference §2.7).
+            ctx.completions.push_back(Completion {
+                cq: CqTarget::Send,
+                wc: WorkCompletion::failure(wqe.wr.wr_id, WcStatus::WrFlushErr, self.qpn, 0)
+                    .with_opcode(wqe.wc_opcode()),
+            });
+            return Ok(());
+        }
+        self.sq.push_back(wqe);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, wr: RecvWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
+        if self.init.srq.is_some() {
+            return Err(VerbsError::InvalidArgument(
+                "QP uses an SRQ: post to the SRQ",
+            ));
+        }
+        if self.state == QpState::Reset {
+            return Err(VerbsError::InvalidArgument("post_recv in RESET"));
+        }
+        if wr.sg_list.len() > self.init.caps.max_recv_sge as usize {
+            return Err(VerbsError::InvalidArgument("num_sge above max_recv_sge"));
+        }
+        if self.rq.len() >= self.init.caps.max_recv_wr as usize {
+            return Err(VerbsError::NoRoom("receive queue full"));
+        }
+        if self.state == QpState::Err {
+            ctx.completions.push_back(recv_flush(self.qpn, wr.wr_id));
+            return Ok(());
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Takes the next receive WQE (own RQ or SRQ), raising the SRQ limit event.
+    pub fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWr> {
+        match self.init.srq {
+            None => self.rq.pop_front(),
+            Some(id) => {
+                let srq = ctx.srqs.get_mut(&id.0)?;
+                let wqe = srq.wqes.pop_front()?;
+                if srq.limit != 0 && (srq.wqes.len() as u32) < srq.limit {
+                    srq.limit = 0;
+                    ctx.events.push_back(Event::SrqLimitReached { srq: id });
+                }
+                Some(wqe)
+            }
+        }
+    }
+
+    /// Puts an unused receive WQE back at the head (UC message broken by loss).
+    pub fn untake_recv(&mut self, wqe: RecvWr, ctx: &mut Ctx<'_>) {
+        match self.init.srq {
+            None => self.rq.push_front(wqe),
+            Some(id) => {
+                if let Some(srq) = ctx.srqs.get_mut(&id.0) {
+                    srq.wqes.push_front(wqe);
+                }
+            }
+        }
+    }
+
+    /// A receive WQE is available.
+    pub fn has_recv(&self, ctx: &Ctx<'_>) -> bool {
+        match self.init.srq {
+            None => !self.rq.is_empty(),
+            Some(id) => ctx.srqs.get(&id.0).is_some_and(|s| !s.wqes.is_empty()),
+        }
+    }
+
+    /// Completes the head send WQE: success (if signaled) or its error (always). An error
+    /// moves the QP to ERR (RC) or SQE (UC / UD) and flushes.
+    pub fn complete_head(&mut self, status: WcStatus, vendor_err: u32, ctx: &mut Ctx<'_>) {
+        let Some(wqe) = self.sq.pop_front() else {
+            return;
+        };
+        if self.req_index == 0 {
+            // The request being (re)transmitted is gone: start the next one afresh; the
+            // completer resynchronises the PSN.
+            self.req_pkt = 0;
+        }
+        self.req_index = self.req_index.saturating_sub(1);
+        if wqe.holds_rd_atomic {
+            self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
+        }
+        if status == WcStatus::Success {
+            if wqe.signaled {
+                let byte_len = match wqe.wr.op {
+                    SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+                    _ => wqe.len as u32,
+                };
+                ctx.completions.push_back(Completion {
+                    cq: CqTarget::Send,
+                    wc: WorkCompletion::success(wqe.wr.wr_id, wqe.wc_opcode(), self.qpn)
+                        .with_byte_len(byte_len),
+                });
+            }
+            self.check_sq_drained(ctx);
+        } else {
+            tracing::debug!(
+                qpn = self.qpn,
+                wr_id = wqe.wr.wr_id,
+                ?status,
+                vendor_err,
+                "send WR failed"
+            );
+            ctx.completions.push_back(Completion {
+                cq: CqTarget::Send,
+                wc: WorkCompletion::failure(wqe.wr.wr_id, status, self.qpn, vendor_err)
+                    .with_opcode(wqe.wc_opcode()),
+            });
+            match self.init.qp_type {
+                QpType::Rc => {
+                    self.state = QpState::Err;
+                    self.flush(ctx);
+                }
+                QpType::Uc | QpType::Ud => {
+                    self.state = QpState::Sqe;
+                    self.flush_send_queue(ctx);
+                }
+            }
+        }
+    }
+
+    /// Completes a receive WQE with `status` (an error on the receive side).
+    pub fn fail_recv(&self, wqe: &RecvWr, status: WcStatus, opcode: WcOpcode, ctx: &mut Ctx<'_>) {
+        ctx.completions.push_back(Completion {
+            cq: CqTarget::Recv,
+            wc: WorkCompletion::failure(wqe.wr_id, status, self.qpn, 0).with_opcode(opcode),
+        });
+    }
+
+    /// Responder error (class A / C): the QP goes to ERR and flushes; the NAK already
+    /// queued still goes out.
+    pub fn responder_error(&mut self, event: Event, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        tracing::debug!(qpn = self.qpn, ?event, "responder error: QP to ERR");
+        ctx.events.push_back(event);
+        self.state = QpState::Err;
+        self.flush(ctx);
+    }
+
+    fn flush_send_queue(&mut self, ctx: &mut Ctx<'_>) {
+        for wqe in self.sq.drain(..) {
+            ctx.completions.push_back(Completion {
+                cq: CqTarget::Send,
+                wc: WorkCompletion::failure(wqe.wr.wr_id, WcStatus::WrFlushErr, self.qpn, 0)
+                    .with_opcode(wqe.wc_opcode()),
+            });
+        }
+        self.req_index = 0;
+        self.req_pkt = 0;
+        self.rd_atomic_outstanding = 0;
+        self.retrans_deadline = None;
+        self.rnr_deadline = None;
+    }
+
+    /// Enter-ERR flush (reference §2.7): every outstanding send WQE, then the receive WQE
+    /// in progress and every posted one, complete with `WR_FLUSH_ERR` in order.
+    pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        self.flush_send_queue(ctx);
+        if let CurMsg::Send { wqe, .. } = std::mem::take(&mut self.cur) {
+            ctx.completions.push_back(recv_flush(self.qpn, wqe.wr_id));
+        }
+        for wqe in self.rq.drain(..) {
+            ctx.completions.push_back(recv_flush(self.qpn, wqe.wr_id));
+        }
+        self.resources.clear();
+        self.resp_out.retain(|r| matches!(r, RespOut::Ack { .. }));
+        if self.init.srq.is_some() {
+            ctx.events
+                .push_back(Event::LastWqeReached { qpn: self.qpn });
+        }
+    }
+
+    /// In SQD with notification asked for: raise `SqDrained` once nothing is in flight.
+    pub fn check_sq_drained(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Sqd
+            && !self.sq_drained_raised
+            && !self.sq.front().is_some_and(|w| w.started)
+        {
+            self.sq_drained_raised = true;
+            ctx.events.push_back(Event::SqDrained { qpn: self.qpn });
+        }
+    }
+
+    /// Earliest deadline of this QP.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        match (self.retrans_deadline, self.rnr_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The attributes as `ibv_query_qp` reports them.
+    pub fn query(&self) -> QpAttr {
+        QpAttr {
+            qp_state: self.state,
+            cur_qp_state: self.state,
+            ..self.attr
+        }
+    }
+}
+
+pub(crate) fn recv_flush(qpn: u32, wr_id: u64) -> Completion {
+    Completion {
+        cq: CqTarget::Recv,
+        wc: WorkCompletion::failure(wr_id, WcStatus::WrFlushErr, qpn, 0)
+            .with_opcode(WcOpcode::Recv),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QpState::*;
+
+    #[test]
+    fn modify_table_matches_the_man_page_required_attributes() {
+        // ibv_modify_qp(3), "required attributes" tables.
+        let rc_rtr = transition_masks(QpType::Rc, Init, Rtr).unwrap().0;
+        assert_eq!(
+            rc_rtr,
+            AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN
+                | AttrMask::MAX_DEST_RD_ATOMIC
+                | AttrMask::MIN_RNR_TIMER
+        );
+        let rc_rts = transition_masks(QpType::Rc, Rtr, Rts).unwrap().0;
+        assert_eq!(
+            rc_rts,
+            AttrMask::SQ_PSN
+                | AttrMask::MAX_QP_RD_ATOMIC
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::TIMEOUT
+        );
+        assert_eq!(
+            transition_masks(QpType::Ud, Init, Rtr).unwrap().0,
+            AttrMask::empty()
+        );
+        assert_eq!(
+            transition_masks(QpType::Ud, Rtr, Rts).unwrap().0,
+            AttrMask::SQ_PSN
+        );
+        assert_eq!(
+            transition_masks(QpType::Ud, Reset, Init).unwrap().0,
+            AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY
+        );
+        assert_eq!(
+            transition_masks(QpType::Uc, Init, Rtr).unwrap().0,
+            AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN
+        );
+    }
+
+    #[test]
+    fn illegal_transitions_are_refused() {
+        for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+            assert!(transition_masks(t, Reset, Rtr).is_none());
+            assert!(transition_masks(t, Reset, Rts).is_none());
+            assert!(transition_masks(t, Init, Rts).is_none());
+            assert!(transition_masks(t, Rtr, Rtr).is_none());
+            assert!(transition_masks(t, Err, Rts).is_none());
+            assert!(transition_masks(t, Err, Init).is_none());
+            assert!(transition_masks(t, Rts, Err).is_some());
+            assert!(transition_masks(t, Err, Reset).is_some());
+        }
+        assert!(transition_masks(QpType::Rc, Sqe, Rts).is_none());
+    }
+
+    #[test]
+    fn timers_follow_the_reference_tables() {
+        assert_eq!(ack_timeout_ns(0), None);
+        assert_eq!(ack_timeout_ns(14), Some(67_108_864)); // 67.1 ms, reference §2.5
+        assert_eq!(rnr_delay_ns(12), 640_000);
+        assert_eq!(rnr_delay_ns(0), 655_360_000);
+        assert_eq!(rnr_delay_ns(25), 61_440_000); // not rxe's 61410 µs typo
+    }
+}

@@ -1,0 +1,697 @@
+//! The responder (reference §2.3, §2.8, §3): checks and executes incoming requests —
+//! PSN (with one NAK per gap), opcode sequence, QP access flags, resources (RNR NAK when
+//! no receive WQE), lengths, R_Keys — places SEND data into receive WQEs (RQ or SRQ),
+//! executes RDMA writes, reads and atomics through [`Memory`], replays duplicates (re-ACK,
+//! read sub-range replay, atomic replay cache), and produces receive completions. UC drops
+//! broken messages; UD checks the Q_Key and writes the 40-byte GRH area.
+
+use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::codec::{self, Kind, Packet, SYNDROME_ACK, SYNDROME_RNR};
+use crate::memory::{AtomicOp, MemKey, Memory};
+use crate::output::{Completion, CqTarget, DropReason, Event};
+use crate::psn;
+use crate::qp::{Ctx, CurMsg, Qp, Resource, RespOut};
+use crate::requester::scatter;
+use crate::types::{AccessFlags, QpState, QpType};
+use crate::wr::RecvWr;
+
+/// Largest RDMA message (reference §1.6).
+const MAX_MSG: u64 = 1 << 31;
+
+/// A class-C (or A) responder error: NAK syndrome, and what the receive WQE in progress
+/// (if any) completes with.
+struct Fault {
+    syndrome: u8,
+    recv_status: WcStatus,
+    event: fn(u32) -> Event,
+}
+
+const INVALID: Fault = Fault {
+    syndrome: codec::NAK_INVALID_REQUEST,
+    recv_status: WcStatus::RemInvReqErr,
+    event: |qpn| Event::QpRequestError { qpn },
+};
+
+impl Qp {
+    /// A request packet for this QP.
+    pub(crate) fn on_request(
+        &mut self,
+        pkt: &Packet<'_>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+        ctx: &mut Ctx<'_>,
+    ) {
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            ctx.counters.drop_packet(DropReason::WrongState);
+            return;
+        }
+        let transport_ok = matches!(
+            (self.init.qp_type, pkt.info.transport),
+            (QpType::Rc, codec::Transport::Rc)
+                | (QpType::Uc, codec::Transport::Uc)
+                | (QpType::Ud, codec::Transport::Ud)
+        );
+        if !transport_ok {
+            ctx.counters.drop_packet(DropReason::WrongTransport);
+            return;
+        }
+        if self.state == QpState::Rtr && !self.comm_est_raised {
+            self.comm_est_raised = true;
+            ctx.events.push_back(Event::CommEst { qpn: self.qpn });
+        }
+        match self.init.qp_type {
+            QpType::Rc => self.rc_request(pkt, mem, ctx),
+            QpType::Uc => self.uc_request(pkt, mem, ctx),
+            QpType::Ud => self.ud_request(pkt, grh, mem, ctx),
+        }
+    }
+
+    fn queue_ack(&mut self, psn: u32, syndrome: u8) {
+        let item = RespOut::Ack {
+            psn,
+            syndrome,
+            msn: self.msn,
+        };
+        // Coalesce: a newer plain ACK replaces an unsent one.
+        if syndrome == SYNDROME_ACK {
+            if let Some(RespOut::Ack {
+                syndrome: SYNDROME_ACK,
+                ..
+            }) = self.resp_out.back()
+            {
+                self.resp_out.pop_back();
+            }
+        }
+        self.resp_out.push_back(item);
+    }
+
+    /// NAK the request, complete the receive WQE in progress with the fault's status,
+    /// move to ERR (classes A and C).
+    fn rc_fault(&mut self, psn: u32, fault: Fault, wqe: Option<RecvWr>, ctx: &mut Ctx<'_>) {
+        self.queue_ack(psn, fault.syndrome);
+        let wqe = wqe.or_else(|| match std::mem::take(&mut self.cur) {
+            CurMsg::Send { wqe, .. } => Some(wqe),
+            _ => None,
+        });
+        if let Some(wqe) = wqe {
+            self.fail_recv(&wqe, fault.recv_status, WcOpcode::Recv, ctx);
+        }
+        self.responder_error((fault.event)(self.qpn), ctx);
+    }
+
+    fn rc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
+        let psn = pkt.hdr.bth.psn;
+        let d = psn::diff(psn, self.epsn);
+        if d > 0 {
+            ctx.counters.drop_packet(DropReason::OutOfSequence);
+            if !self.nak_sent {
+                self.nak_sent = true;
+                self.queue_ack(self.epsn, codec::NAK_PSN_SEQ);
+            }
+            return;
+        }
+        if d < 0 {
+            self.rc_duplicate(pkt, ctx);
+            return;
+        }
+        self.nak_sent = false;
+        let info = pkt.info;
+        let mtu = u64::from(self.mtu(ctx.config));
+
+        // Opcode sequence.
+        let seq_ok = match (&self.cur, info.kind) {
+            (CurMsg::Send { .. }, Kind::Send) => !info.first,
+            (CurMsg::Write { .. }, Kind::Write) => !info.first,
+            (CurMsg::Idle, _) => info.first,
+            _ => false,
+        };
+        if !seq_ok {
+            self.rc_fault(psn, INVALID, None, ctx);
+            return;
+        }
+        // Operation allowed by qp_access_flags, resources.
+        let access = self.attr.qp_access_flags;
+        let allowed = match info.kind {
+            Kind::Write => access.contains(AccessFlags::REMOTE_WRITE),
+            Kind::ReadRequest => access.contains(AccessFlags::REMOTE_READ),
+            Kind::CompareSwap | Kind::FetchAdd => access.contains(AccessFlags::REMOTE_ATOMIC),
+            _ => true,
+        };
+        let needs_resource = matches!(
+            info.kind,
+            Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
+        );
+        if !allowed || (needs_resource && self.attr.max_dest_rd_atomic == 0) {
+            self.rc_fault(psn, INVALID, None, ctx);
+            return;
+        }
+        let needs_wqe =
+            (info.kind == Kind::Send && info.first) || (info.kind == Kind::Write && info.imm);
+        if needs_wqe && !self.has_recv(ctx) {
+            self.queue_ack(psn, SYNDROME_RNR | (self.attr.min_rnr_timer & 0x1F));
+            return;
+        }
+        // Packet length (reference §1.6).
+        let len = pkt.payload.len() as u64;
+        let len_ok = match (info.first, info.last) {
+            _ if !info.payload => true,
+            (true, true) => len <= mtu,
+            (false, true) => len >= 1 && len <= mtu,
+            _ => len == mtu,
+        };
+        if !len_ok {
+            self.rc_fault(psn, INVALID, None, ctx);
+            return;
+        }
+
+        match info.kind {
+            Kind::Send => {
+                if info.first {
+                    match self.take_recv(ctx) {
+                        Some(wqe) => self.cur = CurMsg::Send { wqe, offset: 0 },
+                        None => return,
+                    }
+                }
+                let CurMsg::Send { wqe, offset } = &mut self.cur else {
+                    return;
+                };
+                if *offset + len > wqe.capacity() {
+                    let fault = Fault {
+                        syndrome: codec::NAK_INVALID_REQUEST,
+                        recv_status: WcStatus::LocLenErr,
+                        event: |qpn| Event::QpRequestError { qpn },
+                    };
+                    self.rc_fault(psn, fault, None, ctx);
+                    return;
+                }
+                if scatter(mem, &wqe.sg_list, *offset, pkt.payload).is_err() {
+                    let fault = Fault {
+                        syndrome: codec::NAK_REMOTE_OPERATIONAL,
+                        recv_status: WcStatus::LocProtErr,
+                        event: |qpn| Event::QpFatal { qpn },
+                    };
+                    self.rc_fault(psn, fault, None, ctx);
+                    return;
+                }
+                *offset += len;
+                if info.last {
+                    let CurMsg::Send { wqe, offset } = std::mem::take(&mut self.cur) else {
+                        return;
+                    };
+                    let mut wc = WorkCompletion::success(wqe.wr_id, WcOpcode::Recv, self.qpn)
+                        .with_byte_len(offset as u32);
+                    if let Some(imm) = pkt.hdr.imm {
+                        wc = wc.with_imm(imm);
+                    }
+                    if let Some(rkey) = pkt.hdr.ieth {
+                        if mem.invalidate(rkey).is_err() {
+                            self.rc_fault(psn, INVALID, Some(wqe), ctx);
+                            return;
+                        }
+                        wc = wc.with_invalidated_rkey(rkey);
+                    }
+                    self.msn = psn::add(self.msn, 1);
+                    ctx.completions.push_back(Completion {
+                        cq: CqTarget::Recv,
+                        wc,
+                    });
+                }
+            }
+            Kind::Write => {
+                if info.first {
+                    let Some(reth) = pkt.hdr.reth else { return };
+                    let total = u64::from(reth.dma_len);
+                    if total > MAX_MSG {
+                        self.rc_fault(psn, INVALID, None, ctx);
+                        return;
+                    }
+                    if total > 0
+                        && mem
+                            .check_remote(reth.rkey, reth.va, total, AccessFlags::REMOTE_WRITE)
+                            .is_err()
+                    {
+                        // A write with immediate consumes (and fails) its receive WQE:
+                        // IBTA's "local access error" on the responder.
+                        let wqe = if info.imm { self.take_recv(ctx) } else { None };
+                        let fault = Fault {
+                            syndrome: codec::NAK_REMOTE_ACCESS,
+                            recv_status: WcStatus::LocAccessErr,
+                            event: |qpn| Event::QpAccessError { qpn },
+                        };
+                        self.rc_fault(psn, fault, wqe, ctx);
+                        return;
+                    }
+                    self.cur = CurMsg::Write {
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        remaining: total,
+                        total: reth.dma_len,
+                    };
+                }
+                let CurMsg::Write {
+                    va,
+                    rkey,
+                    remaining,
+                    total,
+                } = &mut self.cur
+                else {
+                    return;
+                };
+                if len > *remaining || (info.last && len != *remaining) {
+                    self.rc_fault(psn, INVALID, None, ctx);
+                    return;
+                }
+                if len > 0 && mem.write(MemKey::Remote(*rkey), *va, pkt.payload).is_err() {
+                    let fault = Fault {
+                        syndrome: codec::NAK_REMOTE_ACCESS,
+                        recv_status: WcStatus::LocAccessErr,
+                        event: |qpn| Event::QpAccessError { qpn },
+                    };
+                    self.rc_fault(psn, fault, None, ctx);
+                    return;
+                }
+                *va += len;
+                *remaining -= len;
+                let total = *total;
+                if info.last {
+                    self.cur = CurMsg::Idle;
+                    self.msn = psn::add(self.msn, 1);
+                    if let Some(imm) = pkt.hdr.imm {
+                        let Some(wqe) = self.take_recv(ctx) else {
+                            return;
+                        };
+                        let wc =
+                            WorkCompletion::success(wqe.wr_id, WcOpcode::RecvRdmaWithImm, self.qpn)
+                                .with_byte_len(total)
+                                .with_imm(imm);
+                        ctx.completions.push_back(Completion {
+                            cq: CqTarget::Recv,
+                            wc,
+                        });
+                    }
+                }
+            }
+            Kind::ReadRequest => {
+                let Some(reth) = pkt.hdr.reth else { return };
+                let total = u64::from(reth.dma_len);
+                if total > MAX_MSG {
+                    self.rc_fault(psn, INVALID, None, ctx);
+                    return;
+                }
+                if total > 0
+                    && mem
+                        .check_remote(reth.rkey, reth.va, total, AccessFlags::REMOTE_READ)
+                        .is_err()
+                {
+                    let fault = Fault {
+                        syndrome: codec::NAK_REMOTE_ACCESS,
+                        recv_status: WcStatus::LocAccessErr,
+                        event: |qpn| Event::QpAccessError { qpn },
+                    };
+                    self.rc_fault(psn, fault, None, ctx);
+                    return;
+                }
+                let npkts = total.div_ceil(mtu).max(1) as u32;
+                self.msn = psn::add(self.msn, 1);
+                self.push_resource(Resource::Read {
+                    first_psn: psn,
+                    last_psn: psn::add(psn, npkts - 1),
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    len: reth.dma_len,
+                });
+                self.resp_out.push_back(RespOut::Read {
+                    psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    remaining: total,
+                    first: true,
+                    msn: self.msn,
+                });
+                self.epsn = psn::add(psn, npkts);
+                return;
+            }
+            Kind::CompareSwap | Kind::FetchAdd => {
+                let Some(a) = pkt.hdr.atomic_eth else { return };
+                if a.va % 8 != 0 {
+                    self.rc_fault(psn, INVALID, None, ctx);
+                    return;
+                }
+                if mem
+                    .check_remote(a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+                    .is_err()
+                {
+                    let fault = Fault {
+                        syndrome: codec::NAK_REMOTE_ACCESS,
+                        recv_status: WcStatus::LocAccessErr,
+                        event: |qpn| Event::QpAccessError { qpn },
+                    };
+                    self.rc_fault(psn, fault, None, ctx);
+                    return;
+                }
+                let op = if info.kind == Kind::CompareSwap {
+                    AtomicOp::CompareSwap {
+                        compare: a.compare,
+                        swap: a.swap_add,
+                    }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add }
+                };
+                let orig = match mem.atomic(a.rkey, a.va, op) {
+                    Ok(v) => v,
+                    Err(_) => {
+                        let fault = Fault {
+                            syndrome: codec::NAK_REMOTE_ACCESS,
+                            recv_status: WcStatus::LocAccessErr,
+                            event: |qpn| Event::QpAccessError { qpn },
+                        };
+                        self.rc_fault(psn, fault, None, ctx);
+                        return;
+                    }
+                };
+                self.msn = psn::add(self.msn, 1);
+                self.push_resource(Resource::Atomic { psn, orig });
+                self.resp_out.push_back(RespOut::AtomicAck {
+                    psn,
+                    orig,
+                    msn: self.msn,
+                });
+                self.epsn = psn::add(psn, 1);
+                return;
+            }
+            _ => return,
+        }
+        self.epsn = psn::add(psn, 1);
+        if pkt.hdr.bth.ack_req {
+            self.queue_ack(psn, SYNDROME_ACK);
+        }
+    }
+
+    fn push_resource(&mut self, r: Resource) {
+        let cap = usize::from(self.attr.max_dest_rd_atomic.max(1));
+        while self.resources.len() >= cap {
+            self.resources.pop_front();
+        }
+        self.resources.push_back(r);
+    }
+
+    /// Duplicate request (C9-105 family).
+    fn rc_duplicate(&mut self, pkt: &Packet<'_>, ctx: &mut Ctx<'_>) {
+        ctx.counters.duplicates_received += 1;
+        let psn = pkt.hdr.bth.psn;
+        let mtu = u64::from(self.mtu(ctx.config));
+        match pkt.info.kind {
+            Kind::Send | Kind::Write => {
+                self.queue_ack(psn::add(self.epsn, psn::PSN_MASK), SYNDROME_ACK);
+            }
+            Kind::ReadRequest => {
+                let Some(reth) = pkt.hdr.reth else { return };
+                let found = self.resources.iter().find_map(|r| match *r {
+                    Resource::Read {
+                        first_psn,
+                        last_psn,
+                        va,
+                        rkey,
+                        len,
+                    } if psn::diff(psn, first_psn) >= 0 && psn::diff(psn, last_psn) <= 0 => {
+                        Some((first_psn, va, rkey, len))
+                    }
+                    _ => None,
+                });
+                let Some((first_psn, va, rkey, len)) = found else {
+                    ctx.counters.drop_packet(DropReason::DuplicateNotFound);
+                    return;
+                };
+                let skip = psn::diff(psn, first_psn) as u64 * mtu;
+                let end = va + u64::from(len);
+                let sub_range = reth.rkey == rkey
+                    && reth.va == va + skip
+                    && reth.va + u64::from(reth.dma_len) <= end;
+                if !sub_range {
+                    ctx.counters.drop_packet(DropReason::DuplicateNotFound);
+                    return;
+                }
+                // Replace a replay of the same read still queued.
+                self.resp_out.retain(|r| {
+                    !matches!(r, RespOut::Read { psn: p, .. }
+                        if psn::diff(*p, first_psn) >= 0 && psn::diff(*p, psn::add(first_psn, len.div_ceil(mtu as u32).max(1))) < 0)
+                });
+                self.resp_out.push_back(RespOut::Read {
+                    psn,
+                    va: reth.va,
+                    rkey,
+                    remaining: u64::from(reth.dma_len),
+                    first: true,
+                    msn: self.msn,
+                });
+            }
+            Kind::CompareSwap | Kind::FetchAdd => {
+                let found = self.resources.iter().find_map(|r| match *r {
+                    Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
+                    _ => None,
+                });
+                match found {
+                    Some(orig) => self.resp_out.push_back(RespOut::AtomicAck {
+                        psn,
+                        orig,
+                        msn: self.msn,
+                    }),
+                    None => ctx.counters.drop_packet(DropReason::DuplicateNotFound),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// UC: drop the rest of the current message (its receive WQE is reused).
+    fn uc_abort(&mut self, ctx: &mut Ctx<'_>) {
+        match std::mem::take(&mut self.cur) {
+            CurMsg::Send { wqe, .. } => self.untake_recv(wqe, ctx),
+            CurMsg::Idle => return,
+            _ => {}
+        }
+        ctx.counters.drop_packet(DropReason::UcMessageDropped);
+    }
+
+    fn uc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
+        let psn = pkt.hdr.bth.psn;
+        let info = pkt.info;
+        if psn::diff(psn, self.epsn) < 0 {
+            // Duplicate or late (reordered) packet of an earlier message: accepting it
+            // would deliver out of order or twice.
+            ctx.counters.duplicates_received += 1;
+            ctx.counters.drop_packet(DropReason::UcMessageDropped);
+            return;
+        }
+        if psn != self.epsn {
+            // A gap: whatever message was in progress is lost (resynchronise on FIRST/ONLY).
+            self.uc_abort(ctx);
+        }
+        self.epsn = psn::add(psn, 1);
+        if matches!(self.cur, CurMsg::Dropping) {
+            if info.first {
+                self.cur = CurMsg::Idle;
+            } else {
+                ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                return;
+            }
+        }
+        let seq_ok = match (&self.cur, info.kind) {
+            (CurMsg::Send { .. }, Kind::Send) | (CurMsg::Write { .. }, Kind::Write) => !info.first,
+            (CurMsg::Idle, _) => info.first,
+            _ => false,
+        };
+        if !seq_ok {
+            self.uc_abort(ctx);
+            if !info.first {
+                self.cur = CurMsg::Dropping;
+                ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                return;
+            }
+        }
+        let mtu = u64::from(self.mtu(ctx.config));
+        let len = pkt.payload.len() as u64;
+        let len_ok = match (info.first, info.last) {
+            (true, true) => len <= mtu,
+            (false, true) => len >= 1 && len <= mtu,
+            _ => len == mtu,
+        };
+        let drop_msg = |qp: &mut Qp, ctx: &mut Ctx<'_>| {
+            qp.uc_abort(ctx);
+            qp.cur = if info.last {
+                CurMsg::Idle
+            } else {
+                CurMsg::Dropping
+            };
+            ctx.counters.drop_packet(DropReason::UcMessageDropped);
+        };
+        if !len_ok {
+            drop_msg(self, ctx);
+            return;
+        }
+        match info.kind {
+            Kind::Send => {
+                if info.first {
+                    match self.take_recv(ctx) {
+                        Some(wqe) => self.cur = CurMsg::Send { wqe, offset: 0 },
+                        None => {
+                            ctx.counters.drop_packet(DropReason::NoReceive);
+                            self.cur = if info.last {
+                                CurMsg::Idle
+                            } else {
+                                CurMsg::Dropping
+                            };
+                            return;
+                        }
+                    }
+                }
+                let CurMsg::Send { wqe, offset } = &mut self.cur else {
+                    return;
+                };
+                if *offset + len > wqe.capacity()
+                    || scatter(mem, &wqe.sg_list, *offset, pkt.payload).is_err()
+                {
+                    drop_msg(self, ctx);
+                    return;
+                }
+                *offset += len;
+                if info.last {
+                    let CurMsg::Send { wqe, offset } = std::mem::take(&mut self.cur) else {
+                        return;
+                    };
+                    let mut wc = WorkCompletion::success(wqe.wr_id, WcOpcode::Recv, self.qpn)
+                        .with_byte_len(offset as u32);
+                    if let Some(imm) = pkt.hdr.imm {
+                        wc = wc.with_imm(imm);
+                    }
+                    if let Some(rkey) = pkt.hdr.ieth {
+                        if mem.invalidate(rkey).is_err() {
+                            self.untake_recv(wqe, ctx);
+                            ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                            return;
+                        }
+                        wc = wc.with_invalidated_rkey(rkey);
+                    }
+                    ctx.completions.push_back(Completion {
+                        cq: CqTarget::Recv,
+                        wc,
+                    });
+                }
+            }
+            Kind::Write => {
+                if info.first {
+                    let Some(reth) = pkt.hdr.reth else { return };
+                    let total = u64::from(reth.dma_len);
+                    let ok = self
+                        .attr
+                        .qp_access_flags
+                        .contains(AccessFlags::REMOTE_WRITE)
+                        && (total == 0
+                            || mem
+                                .check_remote(reth.rkey, reth.va, total, AccessFlags::REMOTE_WRITE)
+                                .is_ok());
+                    if !ok {
+                        drop_msg(self, ctx);
+                        return;
+                    }
+                    self.cur = CurMsg::Write {
+                        va: reth.va,
+                        rkey: reth.rkey,
+                        remaining: total,
+                        total: reth.dma_len,
+                    };
+                }
+                let CurMsg::Write {
+                    va,
+                    rkey,
+                    remaining,
+                    total,
+                } = &mut self.cur
+                else {
+                    return;
+                };
+                if len > *remaining
+                    || (info.last && len != *remaining)
+                    || (len > 0 && mem.write(MemKey::Remote(*rkey), *va, pkt.payload).is_err())
+                {
+                    drop_msg(self, ctx);
+                    return;
+                }
+                *va += len;
+                *remaining -= len;
+                let total = *total;
+                if info.last {
+                    self.cur = CurMsg::Idle;
+                    if let Some(imm) = pkt.hdr.imm {
+                        let Some(wqe) = self.take_recv(ctx) else {
+                            ctx.counters.drop_packet(DropReason::NoReceive);
+                            return;
+                        };
+                        let wc =
+                            WorkCompletion::success(wqe.wr_id, WcOpcode::RecvRdmaWithImm, self.qpn)
+                                .with_byte_len(total)
+                                .with_imm(imm);
+                        ctx.completions.push_back(Completion {
+                            cq: CqTarget::Recv,
+                            wc,
+                        });
+                    }
+                }
+            }
+            _ => drop_msg(self, ctx),
+        }
+    }
+
+    fn ud_request(
+        &mut self,
+        pkt: &Packet<'_>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let Some(deth) = pkt.hdr.deth else {
+            ctx.counters.drop_packet(DropReason::Malformed);
+            return;
+        };
+        if deth.qkey != self.attr.qkey {
+            ctx.counters.drop_packet(DropReason::QkeyMismatch);
+            return;
+        }
+        if pkt.payload.len() as u64 > u64::from(ctx.config.port_mtu.bytes()) {
+            ctx.counters.drop_packet(DropReason::UdTooLong);
+            return;
+        }
+        let Some(wqe) = self.take_recv(ctx) else {
+            ctx.counters.drop_packet(DropReason::NoReceive);
+            return;
+        };
+        let len = pkt.payload.len() as u64;
+        if 40 + len > wqe.capacity() {
+            self.fail_recv(&wqe, WcStatus::LocLenErr, WcOpcode::Recv, ctx);
+            return;
+        }
+        let zero = [0u8; 40];
+        let grh = grh.unwrap_or(&zero);
+        if scatter(mem, &wqe.sg_list, 0, grh).is_err()
+            || scatter(mem, &wqe.sg_list, 40, pkt.payload).is_err()
+        {
+            self.fail_recv(&wqe, WcStatus::LocProtErr, WcOpcode::Recv, ctx);
+            return;
+        }
+        let mut wc = WorkCompletion::success(wqe.wr_id, WcOpcode::Recv, self.qpn)
+            .with_byte_len(40 + len as u32)
+            .with_src_qp(deth.src_qp)
+            .with_flags(WcFlags::GRH);
+        if let Some(imm) = pkt.hdr.imm {
+            wc = wc.with_imm(imm);
+        }
+        ctx.completions.push_back(Completion {
+            cq: CqTarget::Recv,
+            wc,
+        });
+    }
+}

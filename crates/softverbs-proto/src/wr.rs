@@ -1,0 +1,209 @@
+//! Work requests as the engine receives them (`struct ibv_send_wr`, `struct ibv_recv_wr`,
+//! `struct ibv_sge`), in owned Rust form.
+
+use bitflags::bitflags;
+
+use crate::types::AddressVector;
+
+/// One scatter/gather entry (`struct ibv_sge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Sge {
+    /// Start address in the region.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// L_Key of the region.
+    pub lkey: u32,
+}
+
+bitflags! {
+    /// Send flags (`enum ibv_send_flags`, same values).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// `IBV_SEND_FENCE`: wait for earlier reads and atomics (RC only).
+        const FENCE = 1 << 0;
+        /// `IBV_SEND_SIGNALED`: produce a completion (when `sq_sig_all` is off).
+        const SIGNALED = 1 << 1;
+        /// `IBV_SEND_SOLICITED`: set SE on the last packet (send, write with immediate).
+        const SOLICITED = 1 << 2;
+        /// `IBV_SEND_INLINE`: the payload was copied at post time (see [`Gather::Inline`]).
+        const INLINE = 1 << 3;
+    }
+}
+
+/// The operation of a send work request (`enum ibv_wr_opcode` plus its operands).
+///
+/// Immediate data is given as a host-order `u32`; it travels as its big-endian bytes and
+/// arrives in the peer's completion through `WorkCompletion::with_imm`, so a value posted
+/// as `x` is read back as `x` by [`Completed::imm_data`](softverbs_cq::Completed::imm_data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SendOp {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendWithImm {
+        /// Immediate data.
+        imm: u32,
+    },
+    /// `IBV_WR_SEND_WITH_INV`.
+    SendWithInv {
+        /// R_Key the responder invalidates.
+        invalidate_rkey: u32,
+    },
+    /// `IBV_WR_RDMA_WRITE`.
+    RdmaWrite {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    RdmaWriteWithImm {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// `IBV_WR_RDMA_READ`.
+    RdmaRead {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    CompareSwap {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compare operand.
+        compare: u64,
+        /// Swap operand.
+        swap: u64,
+    },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// RDMA read or atomic: takes one unit of the `max_rd_atomic` budget.
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// Compare-and-swap or fetch-and-add.
+    pub const fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+/// Where the payload of a send work request comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Gather {
+    /// Gathered from registered memory at transmit time (local access checked by L_Key).
+    Sges(Vec<Sge>),
+    /// Copied by the caller at post time (`IBV_SEND_INLINE`; no L_Key check).
+    Inline(Vec<u8>),
+}
+
+impl Gather {
+    /// Total payload length.
+    pub fn len(&self) -> u64 {
+        match self {
+            Gather::Sges(sges) => sges.iter().map(|s| u64::from(s.length)).sum(),
+            Gather::Inline(bytes) => bytes.len() as u64,
+        }
+    }
+
+    /// No payload.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// UD destination of a send work request (`wr.ud`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// Address handle contents.
+    pub av: AddressVector,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Q_Key; a value with the top bit set means "use this QP's own Q_Key" (IBTA C10-15).
+    pub remote_qkey: u32,
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SendWr {
+    /// Caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// Operation and operands.
+    pub op: SendOp,
+    /// Local buffers (source, or destination for reads and atomics).
+    pub gather: Gather,
+    /// Flags.
+    pub flags: SendFlags,
+    /// UD destination (required on UD QPs, ignored otherwise).
+    pub ud: Option<UdDest>,
+}
+
+impl SendWr {
+    /// A work request of `op` over `sges`, no flags, no UD destination.
+    pub fn new(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            gather: Gather::Sges(sges),
+            flags: SendFlags::empty(),
+            ud: None,
+        }
+    }
+
+    /// The same request with `flags` added.
+    pub fn with_flags(mut self, flags: SendFlags) -> Self {
+        self.flags |= flags;
+        self
+    }
+
+    /// The same request with an inline payload (sets `IBV_SEND_INLINE`).
+    pub fn with_inline(mut self, data: Vec<u8>) -> Self {
+        self.gather = Gather::Inline(data);
+        self.flags |= SendFlags::INLINE;
+        self
+    }
+
+    /// The same request addressed to a UD destination.
+    pub fn with_ud(mut self, ud: UdDest) -> Self {
+        self.ud = Some(ud);
+        self
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecvWr {
+    /// Caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// Buffers the message is scattered into.
+    pub sg_list: Vec<Sge>,
+}
+
+impl RecvWr {
+    /// Total capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.sg_list.iter().map(|s| u64::from(s.length)).sum()
+    }
+}
