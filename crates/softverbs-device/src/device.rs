@@ -20,9 +20,9 @@ use crate::events::{AsyncEvent, AsyncEventQueue};
 use crate::memory::{MemoryTable, Region, RegisterError};
 use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid, Transport};
 use crate::udp::{UdpConfig, UdpTransport};
-use softverbs_cq::{CqProducer, DeviceClock, PushError, WorkCompletion, MAX_CQE};
+use softverbs_cq::{CqProducer, DeviceClock, PushError, MAX_CQE};
 use softverbs_proto::{
-    AccessFlags, AttrMask, CqTarget, Endpoint as Engine, EndpointConfig, Event, Mtu, QpAttr,
+    AccessFlags, AttrMask, Completion, CqTarget, Endpoint as Engine, EndpointConfig, Event, Mtu, QpAttr,
     QpInit, QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
 use std::cell::RefCell;
@@ -191,7 +191,7 @@ struct State {
     memory: MemoryTable,
     routes: HashMap<u32, Route>,
     /// Completions a back-pressure CQ refused, retried in order on every run.
-    held: VecDeque<(u32, CqTarget, WorkCompletion)>,
+    held: VecDeque<Completion>,
     next_pd: u32,
     scratch: Vec<u8>,
 }
@@ -592,18 +592,17 @@ impl DeviceInner {
         }
         // Completions: retry what a back-pressure CQ refused first, to keep order.
         let mut failed_cqs: Vec<u32> = Vec::new();
-        while let Some((qpn, target, wc)) = st.held.pop_front() {
-            if !push_completion(&st.routes, qpn, target, wc, &mut failed_cqs, &mut st.held) {
+        while let Some(c) = st.held.pop_front() {
+            if !push_completion(&st.routes, c, &mut failed_cqs, &mut st.held) {
                 break;
             }
         }
         while let Some(c) = st.engine.poll_completion() {
-            let qpn = c.wc.qp_num();
             if !st.held.is_empty() {
-                st.held.push_back((qpn, c.cq, c.wc));
+                st.held.push_back(c);
                 continue;
             }
-            push_completion(&st.routes, qpn, c.cq, c.wc, &mut failed_cqs, &mut st.held);
+            push_completion(&st.routes, c, &mut failed_cqs, &mut st.held);
         }
         while let Some(event) = st.engine.poll_event() {
             self.events.push(match event {
@@ -762,24 +761,22 @@ impl DeviceInner {
 /// Pushes one completion to its CQ. Returns false when it was held back (back-pressure).
 fn push_completion(
     routes: &HashMap<u32, Route>,
-    qpn: u32,
-    target: CqTarget,
-    wc: WorkCompletion,
+    c: Completion,
     failed_cqs: &mut Vec<u32>,
-    held: &mut VecDeque<(u32, CqTarget, WorkCompletion)>,
+    held: &mut VecDeque<Completion>,
 ) -> bool {
+    let qpn = c.wc.qp_num();
     let Some(route) = routes.get(&qpn) else {
         return true;
     };
-    let cq = match target {
+    let cq = match c.cq {
         CqTarget::Send => &route.send,
         CqTarget::Recv => &route.recv,
     };
-    let solicited = false;
-    match cq.push(wc, solicited) {
+    match cq.push(c.wc, c.solicited) {
         Ok(()) => true,
         Err(PushError::Full(wc)) => {
-            held.push_front((qpn, target, wc));
+            held.push_front(Completion { wc, ..c });
             false
         }
         Err(PushError::Overrun) | Err(PushError::InError) => {

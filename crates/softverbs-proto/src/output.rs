@@ -20,6 +20,9 @@ pub struct Completion {
     pub cq: CqTarget,
     /// The completion, built per reference §3.
     pub wc: WorkCompletion,
+    /// Whether the message carried the Solicited Event bit (receive completions only):
+    /// what decides if a solicited-only CQ arm fires (`ibv_req_notify_cq(3)`).
+    pub solicited: bool,
 }
 
 /// Asynchronous events (`enum ibv_event_type`, the ones the engine raises).

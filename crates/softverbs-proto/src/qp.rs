@@ -554,6 +554,7 @@ impl Qp {
                 cq: CqTarget::Send,
                 wc: WorkCompletion::failure(wqe.wr.wr_id, WcStatus::WrFlushErr, self.qpn, 0)
                     .with_opcode(wqe.wc_opcode()),
+                solicited: false,
             });
             return Ok(());
         }
@@ -646,6 +647,7 @@ impl Qp {
                     cq: CqTarget::Send,
                     wc: WorkCompletion::success(wqe.wr.wr_id, wqe.wc_opcode(), self.qpn)
                         .with_byte_len(byte_len),
+                    solicited: false,
                 });
             }
             self.check_sq_drained(ctx);
@@ -661,6 +663,7 @@ impl Qp {
                 cq: CqTarget::Send,
                 wc: WorkCompletion::failure(wqe.wr.wr_id, status, self.qpn, vendor_err)
                     .with_opcode(wqe.wc_opcode()),
+                solicited: false,
             });
             match self.init.qp_type {
                 QpType::Rc => {
@@ -680,6 +683,7 @@ impl Qp {
         ctx.completions.push_back(Completion {
             cq: CqTarget::Recv,
             wc: WorkCompletion::failure(wqe.wr_id, status, self.qpn, 0).with_opcode(opcode),
+            solicited: false,
         });
     }
 
@@ -701,6 +705,7 @@ impl Qp {
                 cq: CqTarget::Send,
                 wc: WorkCompletion::failure(wqe.wr.wr_id, WcStatus::WrFlushErr, self.qpn, 0)
                     .with_opcode(wqe.wc_opcode()),
+                solicited: false,
             });
         }
         self.req_index = 0;
@@ -762,6 +767,7 @@ pub(crate) fn recv_flush(qpn: u32, wr_id: u64) -> Completion {
         cq: CqTarget::Recv,
         wc: WorkCompletion::failure(wr_id, WcStatus::WrFlushErr, qpn, 0)
             .with_opcode(WcOpcode::Recv),
+        solicited: false,
     }
 }
 

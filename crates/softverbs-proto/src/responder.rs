@@ -218,6 +218,7 @@ impl Qp {
                     ctx.completions.push_back(Completion {
                         cq: CqTarget::Recv,
                         wc,
+                        solicited: pkt.hdr.bth.solicited,
                     });
                 }
             }
@@ -291,6 +292,7 @@ impl Qp {
                         ctx.completions.push_back(Completion {
                             cq: CqTarget::Recv,
                             wc,
+                            solicited: pkt.hdr.bth.solicited,
                         });
                     }
                 }
@@ -579,6 +581,7 @@ impl Qp {
                     ctx.completions.push_back(Completion {
                         cq: CqTarget::Recv,
                         wc,
+                        solicited: pkt.hdr.bth.solicited,
                     });
                 }
             }
@@ -638,6 +641,7 @@ impl Qp {
                         ctx.completions.push_back(Completion {
                             cq: CqTarget::Recv,
                             wc,
+                            solicited: pkt.hdr.bth.solicited,
                         });
                     }
                 }
@@ -692,6 +696,7 @@ impl Qp {
         ctx.completions.push_back(Completion {
             cq: CqTarget::Recv,
             wc,
+            solicited: pkt.hdr.bth.solicited,
         });
     }
 }

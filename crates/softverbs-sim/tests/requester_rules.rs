@@ -115,7 +115,8 @@ fn max_rd_atomic_limits_outstanding_reads_and_atomics() {
 }
 
 /// `IBV_SEND_INLINE`: the payload was copied at post time (the L_Key is not checked);
-/// `IBV_SEND_SOLICITED` sets SE on the last packet only.
+/// `IBV_SEND_SOLICITED` sets SE on the last packet only, and the receive completion says
+/// the message was solicited (what a solicited-only CQ arm fires on, `ibv_req_notify_cq(3)`).
 #[test]
 fn inline_payload_and_solicited_bit_on_last_packet() {
     run_seeds(
@@ -149,6 +150,12 @@ fn inline_payload_and_solicited_bit_on_last_packet() {
                 requests,
                 vec![(0x04, false), (0x00, false), (0x01, false), (0x02, true)]
             );
+            let solicited: Vec<(u64, bool)> = sim
+                .completions(1)
+                .iter()
+                .map(|c| (c.wc.wr_id(), c.solicited))
+                .collect();
+            assert_eq!(solicited, vec![(1, false), (2, true)]);
             Ok(())
         },
     );
