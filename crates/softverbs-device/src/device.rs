@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -215,6 +215,9 @@ pub(crate) struct DeviceInner {
     shutdown: AtomicBool,
     /// Whether packets for devices of this process skip the transport.
     shortcut: AtomicBool,
+    /// Device-clock time until which an in-process progress thread sleeps (`u64::MAX`
+    /// while it is awake); written and read under the state lock.
+    sleeping_until: AtomicU64,
     port_mtu: Mtu,
 }
 
@@ -300,6 +303,7 @@ impl Device {
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             shortcut: AtomicBool::new(true),
+            sleeping_until: AtomicU64::new(0),
             port_mtu: engine_config.port_mtu,
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));
@@ -624,7 +628,14 @@ impl DeviceInner {
             };
             let _ = st.engine.modify_qp(qpn, &attr, AttrMask::STATE);
         }
-        self.wake.notify_all();
+        // Wake an in-process progress thread only if a deadline now comes before the time
+        // it sleeps until (a futex wake is a system call: not on every verb).
+        if self.transport.is_none() {
+            let sleeping_until = self.sleeping_until.load(Ordering::Relaxed);
+            if st.engine.poll_timeout().is_some_and(|d| d < sleeping_until) {
+                self.wake.notify_all();
+            }
+        }
     }
 
     fn port(&self) -> u16 {
@@ -742,7 +753,14 @@ impl DeviceInner {
                 if !timeout.is_zero() {
                     let st = lock(&self.state);
                     if !self.shutdown.load(Ordering::Acquire) {
-                        let _ = self.wake.wait_timeout(st, timeout);
+                        self.sleeping_until
+                            .store(now.saturating_add(timeout.as_nanos() as u64), Ordering::Relaxed);
+                        let (st, _) = self
+                            .wake
+                            .wait_timeout(st, timeout)
+                            .unwrap_or_else(|e| e.into_inner());
+                        self.sleeping_until.store(0, Ordering::Relaxed);
+                        drop(st);
                     }
                 }
             }
