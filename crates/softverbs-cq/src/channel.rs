@@ -6,6 +6,13 @@
 //! `poll`/`epoll`, exactly as the fd of a libibverbs channel. Events sit in a queue beside
 //! it; the queue's lock is also what orders event delivery against CQ destruction.
 //!
+//! The protocol that keeps the two consistent: a deliverer queues the event (under the
+//! lock), then adds its count to the fd. Whoever removes an event from the queue (a getter,
+//! or a destroy withdrawing it) then removes exactly one count, waiting the moment it may
+//! take for the deliverer's write to land. Getters wait with `poll(POLLIN)`, never by
+//! reading the fd, so two getters racing for one event cannot leave one of them blocked in
+//! `read` with nothing to come.
+//!
 //! In Rust a [`CqEvent`] acknowledges itself when dropped; the counted form
 //! ([`CqEvent::into_unacknowledged`] then `ack_events(n)` on the CQ) is there for the C side.
 //!
@@ -73,19 +80,53 @@ impl ChannelInner {
         }
     }
 
-    /// Records events withdrawn from the queue; called with the queue lock held. Their fd
-    /// counts stay behind, and a getter that consumes one finds no event and waits again.
+    /// Records events withdrawn from the queue (called with the queue lock held) and
+    /// removes their counts from the fd.
     pub(crate) fn note_purged(&self, n: usize) {
         self.queued.fetch_sub(n, Ordering::Release);
+        for _ in 0..n {
+            self.consume_count();
+        }
     }
 
+    /// Removes one event's count from the fd. The count was written, or is about to be, by
+    /// the deliverer of an event the caller just removed from the queue, so this waits at
+    /// most for that write.
+    fn consume_count(&self) {
+        #[cfg(not(loom))]
+        {
+            let mut buf = [0u8; 8];
+            loop {
+                match rustix::io::read(&self.fd, &mut buf) {
+                    Ok(_) => return,
+                    Err(rustix::io::Errno::INTR) => {}
+                    // Non-blocking fd and the write has not landed yet: it is imminent.
+                    Err(rustix::io::Errno::AGAIN) => std::thread::yield_now(),
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+
+    /// Takes the next event and its fd count.
     fn pop(&self) -> Option<QueuedEvent> {
         let mut queue = self.lock_queue();
         let ev = queue.pop_front();
         if ev.is_some() {
             self.queued.fetch_sub(1, Ordering::Release);
         }
+        drop(queue);
+        if ev.is_some() {
+            self.consume_count();
+        }
         ev
+    }
+
+    fn take(&self) -> Option<CqEvent> {
+        self.pop().map(|e| CqEvent {
+            cq: e.cq,
+            acknowledged: false,
+        })
     }
 }
 
@@ -164,12 +205,9 @@ impl CompletionChannel {
         self.inner.queued.load(Ordering::Relaxed)
     }
 
-    /// Takes one event without waiting: `Ok(None)` if none is queued.
+    /// Takes one event without waiting: `None` if none is queued.
     pub fn try_get_event(&self) -> io::Result<Option<CqEvent>> {
-        if self.inner.queued.load(Ordering::Acquire) == 0 {
-            return Ok(None);
-        }
-        self.take_one(false)
+        Ok(self.inner.take())
     }
 }
 
@@ -179,17 +217,18 @@ impl CompletionChannel {
     /// non-blocking, in which case an empty channel gives `EAGAIN`
     /// (`io::ErrorKind::WouldBlock`).
     pub fn get_event(&self) -> io::Result<CqEvent> {
-        let nonblocking = self.is_nonblocking()?;
-        if !nonblocking {
-            self.spin_for_event();
+        if let Some(event) = self.inner.take() {
+            return Ok(event);
         }
+        if self.is_nonblocking()? {
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
+        self.spin_for_event();
         loop {
-            if let Some(event) = self.take_one(true)? {
+            if let Some(event) = self.inner.take() {
                 return Ok(event);
             }
-            if nonblocking {
-                return Err(io::Error::from(io::ErrorKind::WouldBlock));
-            }
+            self.wait_readable(None)?;
         }
     }
 
@@ -197,26 +236,30 @@ impl CompletionChannel {
     pub fn get_event_timeout(&self, timeout: Duration) -> io::Result<Option<CqEvent>> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if let Some(event) = self.try_get_event()? {
+            if let Some(event) = self.inner.take() {
                 return Ok(Some(event));
             }
             let now = std::time::Instant::now();
             if now >= deadline {
                 return Ok(None);
             }
-            let left = deadline - now;
-            let ts = rustix::time::Timespec {
-                tv_sec: left.as_secs() as i64,
-                tv_nsec: i64::from(left.subsec_nanos()),
-            };
-            let mut fds = [rustix::event::PollFd::new(
-                &self.inner.fd,
-                rustix::event::PollFlags::IN,
-            )];
-            match rustix::event::poll(&mut fds, Some(&ts)) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
+            self.wait_readable(Some(deadline - now))?;
+        }
+    }
+
+    /// Waits until the fd is readable (an event's count is there) or `timeout` passes.
+    fn wait_readable(&self, timeout: Option<Duration>) -> io::Result<()> {
+        let ts = timeout.map(|left| rustix::time::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        });
+        let mut fds = [rustix::event::PollFd::new(
+            &self.inner.fd,
+            rustix::event::PollFlags::IN,
+        )];
+        match rustix::event::poll(&mut fds, ts.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -249,39 +292,6 @@ impl CompletionChannel {
                 return;
             }
         }
-    }
-
-    /// Consumes one fd count (blocking per the fd's mode if `wait`), then one queued event.
-    fn take_one(&self, wait: bool) -> io::Result<Option<CqEvent>> {
-        if !wait && self.inner.queued.load(Ordering::Acquire) == 0 {
-            return Ok(None);
-        }
-        let mut buf = [0u8; 8];
-        loop {
-            match rustix::io::read(&self.inner.fd, &mut buf) {
-                Ok(_) => break,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(rustix::io::Errno::AGAIN) if wait => {
-                    return Err(io::Error::from(io::ErrorKind::WouldBlock))
-                }
-                Err(rustix::io::Errno::AGAIN) => return Ok(None),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(self.inner.pop().map(|e| CqEvent {
-            cq: e.cq,
-            acknowledged: false,
-        }))
-    }
-}
-
-#[cfg(loom)]
-impl CompletionChannel {
-    fn take_one(&self, _wait: bool) -> io::Result<Option<CqEvent>> {
-        Ok(self.inner.pop().map(|e| CqEvent {
-            cq: e.cq,
-            acknowledged: false,
-        }))
     }
 }
 

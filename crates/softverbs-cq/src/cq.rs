@@ -391,34 +391,34 @@ impl CqShared {
     /// async CQ error must be raised (after unlocking).
     #[inline(always)]
     fn push_locked(
-        self: &Arc<Self>,
+        this: &Arc<Self>,
         wc: &WorkCompletion,
         solicited: bool,
         extra: Option<&WcExtra>,
     ) -> Result<(), PushError> {
-        match self.state.load(Ordering::Relaxed) {
+        match this.state.load(Ordering::Relaxed) {
             STATE_OK => {}
             STATE_ERROR => return Err(PushError::InError),
             _ => return Err(PushError::Destroyed),
         }
-        let ring = self.ring();
-        let p = &self.producer;
+        let ring = this.ring();
+        let p = &this.producer;
         let pos = p.tail.load(Ordering::Relaxed);
         let capacity = ring.capacity();
         let mut head = p.cached_head.load(Ordering::Relaxed);
         if pos - head >= capacity {
             // Acquire: the consumer released these slots after copying them out.
-            head = self.consumer.head.load(Ordering::Acquire);
+            head = this.consumer.head.load(Ordering::Acquire);
             p.cached_head.store(head, Ordering::Relaxed);
             if pos - head >= capacity {
-                match self.policy {
+                match this.policy {
                     OverrunPolicy::Error => {
-                        self.state.store(STATE_ERROR, Ordering::Release);
-                        self.overruns.fetch_add(1, Ordering::Relaxed);
+                        this.state.store(STATE_ERROR, Ordering::Release);
+                        this.overruns.fetch_add(1, Ordering::Relaxed);
                         return Err(PushError::Overrun);
                     }
                     OverrunPolicy::Backpressure => {
-                        self.refused.fetch_add(1, Ordering::Relaxed);
+                        this.refused.fetch_add(1, Ordering::Relaxed);
                         return Err(PushError::Full(*wc));
                     }
                     OverrunPolicy::Overwrite => {}
@@ -429,16 +429,16 @@ impl CqShared {
         // high-water mark is the real head read (and cached), so the mark stays exact while
         // the producer rarely touches the consumer's cache line. Only the lock holder writes
         // the mark, so a plain store suffices.
-        let high_water = self.high_water.load(Ordering::Relaxed);
+        let high_water = this.high_water.load(Ordering::Relaxed);
         if (pos + 1 - head).min(capacity) > high_water {
-            let fresh = self.consumer.head.load(Ordering::Acquire);
+            let fresh = this.consumer.head.load(Ordering::Acquire);
             p.cached_head.store(fresh, Ordering::Relaxed);
             let depth = (pos + 1 - fresh).min(capacity);
             if depth > high_water {
-                self.high_water.store(depth, Ordering::Relaxed);
+                this.high_water.store(depth, Ordering::Relaxed);
             }
         }
-        let timestamp = if self.timestamps {
+        let timestamp = if this.timestamps {
             DeviceClock::now()
         } else {
             0
@@ -448,15 +448,15 @@ impl CqShared {
             wc,
             timestamp,
             extra,
-            self.policy == OverrunPolicy::Overwrite,
+            this.policy == OverrunPolicy::Overwrite,
         );
         // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the entries.
         p.tail.store(pos + 1, Ordering::Release);
         // Order the publication above before the read of the arm flag, against the heavy
         // barrier in `arm` (see sync.rs): either we see the arm, or the armer sees the entry.
         light_barrier();
-        if self.notify.load(Ordering::Relaxed) != ARM_NONE {
-            self.completion_added_while_armed(wc.status(), solicited, timestamp);
+        if this.notify.load(Ordering::Relaxed) != ARM_NONE {
+            Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
         }
         Ok(())
     }
@@ -473,16 +473,16 @@ impl CqShared {
     /// The slow path of a push to an armed CQ: decide whether this completion fires the
     /// one-shot event (`ibv_req_notify_cq(3)`), honouring moderation.
     #[cold]
-    fn completion_added_while_armed(self: &Arc<Self>, status: WcStatus, solicited: bool, at: u64) {
+    fn completion_added_while_armed(this: &Arc<Self>, status: WcStatus, solicited: bool, at: u64) {
         let qualifies = |arm: u8| {
             arm == ARM_NEXT || (arm == ARM_SOLICITED && (solicited || !status.is_success()))
         };
-        let arm = self.notify.load(Ordering::Acquire);
+        let arm = this.notify.load(Ordering::Acquire);
         if !qualifies(arm) {
             return;
         }
-        if self.moderation_active.load(Ordering::Relaxed) {
-            let mut m = lock(&self.moderation);
+        if this.moderation_active.load(Ordering::Relaxed) {
+            let mut m = lock(&this.moderation);
             if m.config.is_active() {
                 m.pending += 1;
                 if m.pending == 1 {
@@ -494,17 +494,17 @@ impl CqShared {
                 m.pending = 0;
             }
         }
-        self.fire(qualifies);
+        Self::fire(this, qualifies);
     }
 
     /// Disarms (if still armed in a way `qualifies` accepts) and delivers one event.
-    fn fire(self: &Arc<Self>, qualifies: impl Fn(u8) -> bool) {
-        let mut arm = self.notify.load(Ordering::Acquire);
+    fn fire(this: &Arc<Self>, qualifies: impl Fn(u8) -> bool) {
+        let mut arm = this.notify.load(Ordering::Acquire);
         loop {
             if arm == ARM_NONE || !qualifies(arm) {
                 return;
             }
-            match self
+            match this
                 .notify
                 .compare_exchange(arm, ARM_NONE, Ordering::AcqRel, Ordering::Acquire)
             {
@@ -512,8 +512,8 @@ impl CqShared {
                 Err(now) => arm = now,
             }
         }
-        if let Some(channel) = &self.channel {
-            channel.deliver(self);
+        if let Some(channel) = &this.channel {
+            channel.deliver(this);
         }
     }
 
@@ -622,9 +622,9 @@ impl CqShared {
             .then(|| m.first_pending_at + u64::from(m.config.period_us) * 1000)
     }
 
-    fn moderation_timer(self: &Arc<Self>, now: u64) -> bool {
+    fn moderation_timer(this: &Arc<Self>, now: u64) -> bool {
         {
-            let mut m = lock(&self.moderation);
+            let mut m = lock(&this.moderation);
             if m.pending == 0
                 || m.config.period_us == 0
                 || now < m.first_pending_at + u64::from(m.config.period_us) * 1000
@@ -633,9 +633,9 @@ impl CqShared {
             }
             m.pending = 0;
         }
-        let before = self.events_raised();
-        self.fire(|arm| arm != ARM_NONE);
-        self.events_raised() != before
+        let before = this.events_raised();
+        Self::fire(this, |arm| arm != ARM_NONE);
+        this.events_raised() != before
     }
 
     fn events_raised(&self) -> u64 {
@@ -713,18 +713,18 @@ impl CqShared {
 
     /// Destroys if nothing holds the CQ; with `wait`, waits up to that long for delivered
     /// events to be acknowledged.
-    fn destroy_check(self: &Arc<Self>, wait: Option<Duration>) -> Result<(), DestroyError> {
+    fn destroy_check(this: &Arc<Self>, wait: Option<Duration>) -> Result<(), DestroyError> {
         let deadline = wait.map(|w| std::time::Instant::now() + w);
         loop {
-            match self.destroy_now() {
+            match Self::destroy_now(this) {
                 Err(DestroyError::UnacknowledgedEvents(n)) => {
                     let now = std::time::Instant::now();
                     match deadline {
                         Some(deadline) if now < deadline => {
                             // Wait for an ack with no other lock held, then look again.
-                            let ev = lock(&self.events);
+                            let ev = lock(&this.events);
                             let step = (deadline - now).min(Duration::from_millis(10));
-                            drop(wait_timeout(&self.events_acked_cv, ev, step));
+                            drop(wait_timeout(&this.events_acked_cv, ev, step));
                         }
                         _ => return Err(DestroyError::UnacknowledgedEvents(n)),
                     }
@@ -734,30 +734,30 @@ impl CqShared {
         }
     }
 
-    fn destroy_now(self: &Arc<Self>) -> Result<(), DestroyError> {
-        let qps = self.attached_qps.load(Ordering::Acquire);
+    fn destroy_now(this: &Arc<Self>) -> Result<(), DestroyError> {
+        let qps = this.attached_qps.load(Ordering::Acquire);
         if qps > 0 {
             return Err(DestroyError::QueuePairsAttached(qps));
         }
         // The channel's queue lock orders destroy against delivery: an event is either
         // queued before (and purged here) or sees the destroyed state and is dropped.
-        let queue_guard = self.channel.as_ref().map(|ch| ch.lock_queue());
+        let queue_guard = this.channel.as_ref().map(|ch| ch.lock_queue());
         let queued = queue_guard
             .as_ref()
-            .map_or(0, |q| q.iter().filter(|e| e.id() == self.id).count() as u64);
-        let mut ev = lock(&self.events);
+            .map_or(0, |q| q.iter().filter(|e| e.id() == this.id).count() as u64);
+        let mut ev = lock(&this.events);
         let outstanding = ev.raised - queued - ev.acked;
         if outstanding > 0 {
             return Err(DestroyError::UnacknowledgedEvents(outstanding));
         }
-        self.state.store(STATE_DESTROYED, Ordering::Release);
-        self.notify.store(ARM_NONE, Ordering::Release);
+        this.state.store(STATE_DESTROYED, Ordering::Release);
+        this.notify.store(ARM_NONE, Ordering::Release);
         if let Some(mut q) = queue_guard {
             let before = q.len();
-            q.retain(|e| e.id() != self.id);
+            q.retain(|e| e.id() != this.id);
             let purged = before - q.len();
             ev.raised -= purged as u64;
-            if let Some(ch) = &self.channel {
+            if let Some(ch) = &this.channel {
                 ch.note_purged(purged);
             }
         }
@@ -880,7 +880,7 @@ impl CqProducer {
     /// Fires a moderated event whose period has elapsed at `now` (device clock). Returns
     /// whether an event was delivered.
     pub fn moderation_timer(&self, now: u64) -> bool {
-        self.shared.moderation_timer(now)
+        CqShared::moderation_timer(&self.shared, now)
     }
 
     /// Whether the CQ is in the error state (overrun).
@@ -899,7 +899,7 @@ impl ProducerBurst<'_> {
     /// Adds one completion (see [`CqProducer::push`]).
     #[inline]
     pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> Result<(), PushError> {
-        let result = self.shared.push_locked(&wc, solicited, None);
+        let result = CqShared::push_locked(self.shared, &wc, solicited, None);
         if result == Err(PushError::Overrun) {
             self.raise_error = true;
         }
@@ -913,7 +913,7 @@ impl ProducerBurst<'_> {
         solicited: bool,
         extra: WcExtra,
     ) -> Result<(), PushError> {
-        let result = self.shared.push_locked(&wc, solicited, Some(&extra));
+        let result = CqShared::push_locked(self.shared, &wc, solicited, Some(&extra));
         if result == Err(PushError::Overrun) {
             self.raise_error = true;
         }
@@ -1036,14 +1036,14 @@ macro_rules! common_cq_methods {
 
         /// Fires a moderated event whose period has elapsed at `now` (device clock).
         pub fn moderation_timer(&self, now: u64) -> bool {
-            self.shared.moderation_timer(now)
+            CqShared::moderation_timer(&self.shared, now)
         }
 
         /// Destroys the CQ (`ibv_destroy_cq(3)`), refusing with the CQ handed back while a
         /// QP uses it or an event it delivered is unacknowledged. Events still queued
         /// unread on the channel are withdrawn.
         pub fn destroy(self) -> Result<(), (Self, DestroyError)> {
-            match self.shared.destroy_check(None) {
+            match CqShared::destroy_check(&self.shared, None) {
                 Ok(()) => Ok(()),
                 Err(e) => Err((self, e)),
             }
@@ -1052,7 +1052,7 @@ macro_rules! common_cq_methods {
         /// Destroys the CQ, waiting up to `timeout` for delivered events to be
         /// acknowledged, as libibverbs' `ibv_destroy_cq` waits.
         pub fn destroy_wait(self, timeout: Duration) -> Result<(), (Self, DestroyError)> {
-            match self.shared.destroy_check(Some(timeout)) {
+            match CqShared::destroy_check(&self.shared, Some(timeout)) {
                 Ok(()) => Ok(()),
                 Err(e) => Err((self, e)),
             }

@@ -93,7 +93,7 @@ const STATUS_TABLE: [(WcStatus, &str); 24] = [
     (WcStatus::RnrRetryExcErr, "RNR retry counter exceeded"),
     (WcStatus::LocRddViolErr, "local RDD violation error"),
     (WcStatus::RemInvRdReqErr, "remote invalid RD request"),
-    (WcStatus::RemAbortErr, "operation aborted"),
+    (WcStatus::RemAbortErr, "aborted error"),
     (WcStatus::InvEecnErr, "invalid EE context number"),
     (WcStatus::InvEecStateErr, "invalid EE context state"),
     (WcStatus::FatalErr, "fatal error"),

@@ -1,3 +1,4 @@
+#![cfg(not(loom))]
 //! One test per CQ rule of the libibverbs man pages, each citing the sentence it checks.
 
 use softverbs_cq::{
