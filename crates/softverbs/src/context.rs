@@ -1,0 +1,204 @@
+//! The device list and [`Context`], an open device (`ibv_get_device_list(3)`,
+//! `ibv_open_device(3)`, `ibv_query_device(3)`, `ibv_query_port(3)`, `ibv_query_gid(3)`,
+//! `ibv_get_async_event(3)`).
+//!
+//! A [`Context`] is a cheap handle (an `Arc`): every object created from it holds one, so
+//! the device stays open until the last PD, MR, CQ, QP, SRQ and AH is gone.
+
+use crate::error::{EventError, OpenError, QueryPortError};
+use crate::pd::Pd;
+use softverbs_device::{AsyncEvent, Device, DeviceAttr, DeviceConfig, Gid, PortAttr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The environment variable choosing the network of [`Context::open`]: `inprocess` or
+/// `udp` (the default).
+pub const NETWORK_ENV: &str = "SOFTVERBS_NETWORK";
+
+/// Which network a device listed by [`devices`] would use.
+///
+/// ```
+/// use softverbs::{Context, DeviceConfig, NetworkKind};
+/// let ctx = Context::open_with(DeviceConfig::in_process())?;
+/// assert_eq!(ctx.network(), NetworkKind::InProcess);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkKind {
+    /// Devices of this process only.
+    InProcess,
+    /// RoCEv2 over UDP.
+    Udp,
+}
+
+/// One entry of the device list (`struct ibv_device`).
+///
+/// ```
+/// let list = softverbs::devices();
+/// assert_eq!(list.len(), 1);
+/// assert_eq!(list[0].name(), "softverbs0");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    name: String,
+    network: Result<NetworkKind, String>,
+}
+
+impl DeviceInfo {
+    /// The device name (`ibv_get_device_name(3)`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The network the device would use, from `SOFTVERBS_NETWORK`; `None` if that variable
+    /// holds something else (opening then fails).
+    pub fn network(&self) -> Option<NetworkKind> {
+        self.network.clone().ok()
+    }
+
+    /// Opens the device, as [`Context::open`].
+    pub fn open(&self) -> Result<Context, OpenError> {
+        Context::open()
+    }
+}
+
+fn network_from_env() -> Result<NetworkKind, String> {
+    match std::env::var(NETWORK_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(NetworkKind::Udp),
+        Ok(v) if v.eq_ignore_ascii_case("udp") => Ok(NetworkKind::Udp),
+        Ok(v) if v.eq_ignore_ascii_case("inprocess") || v.eq_ignore_ascii_case("in-process") => {
+            Ok(NetworkKind::InProcess)
+        }
+        Ok(v) => Err(v),
+        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// The devices of this machine (`ibv_get_device_list(3)`): always the one soft device.
+pub fn devices() -> Vec<DeviceInfo> {
+    vec![DeviceInfo {
+        name: "softverbs0".into(),
+        network: network_from_env(),
+    }]
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) device: Device,
+}
+
+/// An open device (`struct ibv_context`).
+///
+/// Cloning gives another handle to the same device.
+///
+/// ```
+/// use softverbs::{Context, DeviceConfig};
+/// let ctx = Context::open_with(DeviceConfig::in_process())?;
+/// assert!(ctx.query_device().max_qp_wr >= 16384);
+/// assert!(ctx.query_port(1)?.active);
+/// assert!(ctx.gid(0).is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Context").field(&self.inner.device).finish()
+    }
+}
+
+impl Context {
+    /// Opens the device as the environment says: `SOFTVERBS_NETWORK=inprocess|udp`
+    /// (default `udp`), and for UDP `SOFTVERBS_ADDR` (`IP`, `IP:PORT` or `[IPv6]:PORT`;
+    /// unset, the first free 127.0.0.x:4791).
+    pub fn open() -> Result<Context, OpenError> {
+        let config = match network_from_env().map_err(OpenError::BadNetwork)? {
+            NetworkKind::InProcess => DeviceConfig::in_process(),
+            NetworkKind::Udp => DeviceConfig::udp_from_env()?,
+        };
+        Context::open_with(config)
+    }
+
+    /// Opens a device with an explicit configuration.
+    pub fn open_with(config: DeviceConfig) -> Result<Context, OpenError> {
+        let device = Device::open(config)?;
+        Ok(Context {
+            inner: Arc::new(ContextInner { device }),
+        })
+    }
+
+    /// The device underneath, for what this API does not wrap (counters, the in-process
+    /// shortcut switch, …).
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        self.inner.device.name()
+    }
+
+    /// Whether the device talks over UDP (as opposed to in-process only).
+    pub fn network(&self) -> NetworkKind {
+        if self.inner.device.transport_counters().is_some() {
+            NetworkKind::Udp
+        } else {
+            NetworkKind::InProcess
+        }
+    }
+
+    /// The device's limits (`ibv_query_device(3)`).
+    pub fn query_device(&self) -> DeviceAttr {
+        self.inner.device.query_device()
+    }
+
+    /// A port's attributes (`ibv_query_port(3)`); only port 1 exists.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, QueryPortError> {
+        if port != 1 {
+            return Err(QueryPortError::NoSuchPort(port));
+        }
+        Ok(self.inner.device.query_port())
+    }
+
+    /// GID table entry `index` of port 1 (`ibv_query_gid(3)`); only index 0 exists.
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        self.inner.device.gid(index)
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd(3)`).
+    pub fn alloc_pd(&self) -> Pd {
+        Pd::new(self.clone())
+    }
+
+    /// Receives and handles what has arrived, without blocking. [`Cq::poll`](crate::Cq::poll)
+    /// calls it when it finds its CQ empty; a progress thread also runs it.
+    pub fn progress(&self) {
+        self.inner.device.progress();
+    }
+
+    /// Waits for the next asynchronous event (`ibv_get_async_event(3)`). The event needs no
+    /// acknowledgement: it is a value.
+    pub fn async_event(&self) -> Result<AsyncEvent, EventError> {
+        loop {
+            if let Some(event) = self.inner.device.async_events().next(None)? {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// Takes the next asynchronous event if one is queued.
+    pub fn try_async_event(&self) -> Option<AsyncEvent> {
+        self.inner.device.async_events().try_next()
+    }
+
+    /// Waits up to `timeout` for the next asynchronous event.
+    pub fn async_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent>, EventError> {
+        Ok(self.inner.device.async_events().next(Some(timeout))?)
+    }
+
+    pub(crate) fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
