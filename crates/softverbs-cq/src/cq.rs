@@ -1019,6 +1019,12 @@ macro_rules! common_cq_methods {
             self.shared.ack(u64::from(n));
         }
 
+        /// How many queue pairs complete into this CQ (each counted once, whether it uses
+        /// the CQ for its send queue, its receive queue or both).
+        pub fn attached_qps(&self) -> usize {
+            self.shared.attached_qps.load(Ordering::Acquire)
+        }
+
         /// Counters and levels.
         pub fn stats(&self) -> CqStats {
             self.shared.stats()

@@ -22,8 +22,8 @@ use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid, Trans
 use crate::udp::{UdpConfig, UdpTransport};
 use softverbs_cq::{CqProducer, DeviceClock, PushError, MAX_CQE};
 use softverbs_proto::{
-    AccessFlags, AttrMask, Completion, CqTarget, Endpoint as Engine, EndpointConfig, Event, Mtu, QpAttr,
-    QpInit, QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
+    AccessFlags, AttrMask, Completion, CqTarget, Endpoint as Engine, EndpointConfig, Event, Mtu,
+    QpAttr, QpInit, QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -218,6 +218,10 @@ pub(crate) struct DeviceInner {
     /// Device-clock time until which an in-process progress thread sleeps (`u64::MAX`
     /// while it is awake); written and read under the state lock.
     sleeping_until: AtomicU64,
+    /// The earliest engine or CQ-moderation deadline (device clock; `u64::MAX`: none),
+    /// refreshed at the end of every run, so an idle poll learns that nothing is due
+    /// without taking the state lock.
+    next_deadline: AtomicU64,
     port_mtu: Mtu,
 }
 
@@ -304,6 +308,7 @@ impl Device {
             shutdown: AtomicBool::new(false),
             shortcut: AtomicBool::new(true),
             sleeping_until: AtomicU64::new(0),
+            next_deadline: AtomicU64::new(u64::MAX),
             port_mtu: engine_config.port_mtu,
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));
@@ -440,7 +445,9 @@ impl Device {
         let mut st = lock(&self.inner.state);
         let qpn = st.engine.create_qp(init)?;
         send_cq.attach_qp();
-        recv_cq.attach_qp();
+        if recv_cq.cq_id() != send_cq.cq_id() {
+            recv_cq.attach_qp();
+        }
         st.routes.insert(
             qpn,
             Route {
@@ -457,7 +464,9 @@ impl Device {
         st.engine.destroy_qp(qpn)?;
         if let Some(route) = st.routes.remove(&qpn) {
             route.send.detach_qp();
-            route.recv.detach_qp();
+            if route.recv.cq_id() != route.send.cq_id() {
+                route.recv.detach_qp();
+            }
         }
         Ok(())
     }
@@ -628,13 +637,12 @@ impl DeviceInner {
             };
             let _ = st.engine.modify_qp(qpn, &attr, AttrMask::STATE);
         }
+        let deadline = next_deadline(st);
+        self.next_deadline.store(deadline, Ordering::Relaxed);
         // Wake an in-process progress thread only if a deadline now comes before the time
         // it sleeps until (a futex wake is a system call: not on every verb).
-        if self.transport.is_none() {
-            let sleeping_until = self.sleeping_until.load(Ordering::Relaxed);
-            if st.engine.poll_timeout().is_some_and(|d| d < sleeping_until) {
-                self.wake.notify_all();
-            }
+        if self.transport.is_none() && deadline < self.sleeping_until.load(Ordering::Relaxed) {
+            self.wake.notify_all();
         }
     }
 
@@ -714,8 +722,9 @@ impl DeviceInner {
     /// when `None`), handle, and run due timers.
     fn progress_once(self: &Arc<Self>, wait: Option<Duration>) {
         let now = DeviceClock::now();
-        let deadline = lock(&self.state).engine.poll_timeout();
-        let until_deadline = deadline.map(|d| Duration::from_nanos(d.saturating_sub(now)));
+        let deadline = self.next_deadline.load(Ordering::Relaxed);
+        let until_deadline =
+            (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(now)));
         let timeout = match (wait, until_deadline) {
             (Some(w), Some(d)) => w.min(d),
             (Some(w), None) => w,
@@ -753,8 +762,10 @@ impl DeviceInner {
                 if !timeout.is_zero() {
                     let st = lock(&self.state);
                     if !self.shutdown.load(Ordering::Acquire) {
-                        self.sleeping_until
-                            .store(now.saturating_add(timeout.as_nanos() as u64), Ordering::Relaxed);
+                        self.sleeping_until.store(
+                            now.saturating_add(timeout.as_nanos() as u64),
+                            Ordering::Relaxed,
+                        );
                         let (st, _) = self
                             .wake
                             .wait_timeout(st, timeout)
@@ -766,14 +777,33 @@ impl DeviceInner {
             }
         }
         let now = DeviceClock::now();
-        let due = lock(&self.state)
-            .engine
-            .poll_timeout()
-            .is_some_and(|d| d <= now);
-        if due {
-            self.run(|st| st.engine.handle_timeout(now));
+        if self.next_deadline.load(Ordering::Relaxed) <= now {
+            self.run(|st| {
+                if st.engine.poll_timeout().is_some_and(|d| d <= now) {
+                    st.engine.handle_timeout(now);
+                }
+                for route in st.routes.values() {
+                    route.send.moderation_timer(now);
+                    if route.recv.cq_id() != route.send.cq_id() {
+                        route.recv.moderation_timer(now);
+                    }
+                }
+            });
         }
     }
+}
+
+/// The earliest deadline of the engine's timers and of the CQs' moderation periods.
+fn next_deadline(st: &State) -> u64 {
+    let mut deadline = st.engine.poll_timeout().unwrap_or(u64::MAX);
+    for route in st.routes.values() {
+        for cq in [&route.send, &route.recv] {
+            if let Some(d) = cq.moderation_deadline() {
+                deadline = deadline.min(d);
+            }
+        }
+    }
+    deadline
 }
 
 /// Pushes one completion to its CQ. Returns false when it was held back (back-pressure).

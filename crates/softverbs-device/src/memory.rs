@@ -14,8 +14,9 @@
 //! Registered memory is shared with the application, which may read or write it while a
 //! remote peer's RDMA write lands in it (that is what RDMA is for). So that such a race is
 //! a race on values and never undefined behaviour, every copy into or out of a region is
-//! made of relaxed atomic loads and stores ([`copy_from_shared`], [`copy_to_shared`]): word
-//! by word where aligned, byte by byte at the edges. On x86-64 these are plain moves.
+//! made of relaxed atomic loads and stores of aligned 64-bit words ([`copy_from_shared`],
+//! [`copy_to_shared`]; a partial word at an edge is merged with compare-and-swap). On x86-64
+//! these are plain moves.
 
 use softverbs_proto::{AccessFlags, AtomicOp, MemError, MemKey, Memory};
 use std::collections::HashMap;
@@ -86,65 +87,61 @@ pub struct MemoryTable {
 }
 
 /// Copies `dst.len()` bytes from shared memory at `src` into `dst` with relaxed atomic
-/// loads, so a concurrent writer makes the values unspecified, never the behaviour.
+/// loads of whole aligned 64-bit words, so a concurrent writer makes the values unspecified,
+/// never the behaviour. Bytes at unaligned edges are taken from the aligned word that holds
+/// them, so every access to shared memory is the same size (the safe API's memory regions
+/// are arrays of such words).
 ///
 /// # Safety
 ///
-/// `src .. src + dst.len()` must be valid for reads for the duration of the call, and every
-/// concurrent access to it must be atomic or by this module's functions.
+/// The aligned 64-bit words covering `src .. src + dst.len()` must be valid for reads for
+/// the duration of the call, and every concurrent access to them must be an atomic 64-bit
+/// access or by this module's functions.
 pub unsafe fn copy_from_shared(src: *const u8, dst: &mut [u8]) {
-    use std::sync::atomic::AtomicU8;
-    let len = dst.len();
-    let mut i = 0;
-    // Each pointer below is inside `src .. src + len`, valid per the contract; the word
-    // loads start at the 8-byte boundary `align_offset` found.
-    let head = src.align_offset(8).min(len);
-    while i < head {
-        // SAFETY: `src + i` is inside the readable range (see above); bytes need no alignment.
-        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
-        i += 1;
-    }
-    while i + 8 <= len {
-        // SAFETY: `src + i .. src + i + 8` is inside the range and 8-byte aligned (`i` starts
-        // at the alignment offset and steps by 8).
-        let word = unsafe { AtomicU64::from_ptr(src.add(i) as *mut u64) }.load(Ordering::Relaxed);
-        dst[i..i + 8].copy_from_slice(&word.to_ne_bytes());
-        i += 8;
-    }
-    while i < len {
-        // SAFETY: `src + i` is inside the readable range (see above); bytes need no alignment.
-        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
-        i += 1;
+    let mut done = 0;
+    while done < dst.len() {
+        let at = src.wrapping_add(done);
+        let skip = at as usize % 8;
+        let word_ptr = at.wrapping_sub(skip) as *mut u64;
+        let take = (8 - skip).min(dst.len() - done);
+        // SAFETY: `word_ptr` is 8-byte aligned and is the word holding `at`, which the
+        // contract makes valid for reads and accessed only atomically.
+        let word = unsafe { AtomicU64::from_ptr(word_ptr) }.load(Ordering::Relaxed);
+        dst[done..done + take].copy_from_slice(&word.to_ne_bytes()[skip..skip + take]);
+        done += take;
     }
 }
 
-/// Copies `src` into shared memory at `dst` with relaxed atomic stores.
+/// Copies `src` into shared memory at `dst` with relaxed atomic 64-bit stores; a partial
+/// word at an edge is merged into its aligned word with compare-and-swap, so bytes outside
+/// the range are never changed.
 ///
 /// # Safety
 ///
-/// `dst .. dst + src.len()` must be valid for writes for the duration of the call, and every
-/// concurrent access to it must be atomic or by this module's functions.
+/// The aligned 64-bit words covering `dst .. dst + src.len()` must be valid for reads and
+/// writes for the duration of the call, and every concurrent access to them must be an
+/// atomic 64-bit access or by this module's functions.
 pub unsafe fn copy_to_shared(src: &[u8], dst: *mut u8) {
-    use std::sync::atomic::AtomicU8;
-    let len = src.len();
-    let mut i = 0;
-    // As in `copy_from_shared`, for writes.
-    let head = dst.align_offset(8).min(len);
-    while i < head {
-        // SAFETY: `dst + i` is inside the writable range; bytes need no alignment.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(src[i], Ordering::Relaxed);
-        i += 1;
-    }
-    while i + 8 <= len {
-        let word = u64::from_ne_bytes(src[i..i + 8].try_into().expect("8 bytes"));
-        // SAFETY: `dst + i .. dst + i + 8` is inside the range and 8-byte aligned.
-        unsafe { AtomicU64::from_ptr(dst.add(i) as *mut u64) }.store(word, Ordering::Relaxed);
-        i += 8;
-    }
-    while i < len {
-        // SAFETY: `dst + i` is inside the writable range; bytes need no alignment.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(src[i], Ordering::Relaxed);
-        i += 1;
+    let mut done = 0;
+    while done < src.len() {
+        let at = dst.wrapping_add(done);
+        let skip = at as usize % 8;
+        let word_ptr = at.wrapping_sub(skip) as *mut u64;
+        let take = (8 - skip).min(src.len() - done);
+        // SAFETY: `word_ptr` is 8-byte aligned and is the word holding `at`, which the
+        // contract makes valid for reads and writes and accessed only atomically.
+        let word = unsafe { AtomicU64::from_ptr(word_ptr) };
+        if take == 8 {
+            let value = u64::from_ne_bytes(src[done..done + 8].try_into().expect("8 bytes"));
+            word.store(value, Ordering::Relaxed);
+        } else {
+            let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                let mut bytes = old.to_ne_bytes();
+                bytes[skip..skip + take].copy_from_slice(&src[done..done + take]);
+                Some(u64::from_ne_bytes(bytes))
+            });
+        }
+        done += take;
     }
 }
 
@@ -500,14 +497,20 @@ mod tests {
     }
 
     #[test]
-    fn shared_copies_move_every_byte_at_any_alignment() {
+    fn shared_copies_move_every_byte_at_any_alignment_and_touch_nothing_else() {
         let src: Vec<u8> = (0..100u8).collect();
         for start in 0..9 {
             for len in [0, 1, 7, 8, 9, 31, 64, 90] {
-                let mut region = vec![0u8; 100];
+                // Word-aligned backing store, as registered memory of the safe API is.
+                let mut words = vec![u64::from_ne_bytes([0xee; 8]); 14];
+                // SAFETY: viewing the vector's words as bytes; it outlives `region`.
+                let region: &mut [u8] =
+                    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, 112) };
                 // SAFETY: both ranges are inside live vectors of this test.
                 unsafe { copy_to_shared(&src[..len], region.as_mut_ptr().add(start)) };
                 assert_eq!(&region[start..start + len], &src[..len]);
+                assert!(region[..start].iter().all(|&b| b == 0xee));
+                assert!(region[start + len..].iter().all(|&b| b == 0xee));
                 let mut out = vec![0u8; len];
                 // SAFETY: as above.
                 unsafe { copy_from_shared(region.as_ptr().add(start), &mut out) };

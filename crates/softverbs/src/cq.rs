@@ -256,7 +256,7 @@ impl Cq {
     }
 
     /// How many QP queues complete into this CQ (a QP using it for both its send and its
-    /// receive completions counts twice, as in the cq crate's `QueuePairsAttached`).
+    /// receive completions counts twice here; `QueuePairsAttached` counts QPs).
     pub fn attachments(&self) -> usize {
         Arc::strong_count(&self.inner) - 1
     }
@@ -266,7 +266,10 @@ impl Cq {
     pub fn destroy(self) -> Result<(), (Cq, DestroyCqError)> {
         match Arc::try_unwrap(self.inner) {
             Err(inner) => {
-                let users = Arc::strong_count(&inner) - 1;
+                let users = match inner.cq.attached_qps() {
+                    0 => Arc::strong_count(&inner) - 1,
+                    qps => qps,
+                };
                 Err((Cq { inner }, DestroyCqError::QueuePairsAttached(users)))
             }
             Ok(CqInner { ctx, cq }) => cq.destroy().map_err(|(cq, e)| {

@@ -194,7 +194,7 @@ impl CreateCqError {
 /// let cq = ctx.create_cq(8)?;
 /// let qp = ctx.alloc_pd().qp_builder(QpType::Rc, &cq, &cq).build()?;
 /// let (cq, err) = cq.destroy().unwrap_err();
-/// assert_eq!(err, DestroyCqError::QueuePairsAttached(2)); // send and receive queue
+/// assert_eq!(err, DestroyCqError::QueuePairsAttached(1)); // one QP, for both its queues
 /// drop(qp);
 /// cq.destroy().map_err(|(_, e)| e)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -130,7 +130,7 @@ fn a_cq_cannot_be_destroyed_while_a_qp_completes_into_it() {
     let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
     let cq = match cq.destroy() {
         Err((cq, e)) => {
-            assert_eq!(e, DestroyCqError::QueuePairsAttached(2));
+            assert_eq!(e, DestroyCqError::QueuePairsAttached(1));
             assert_eq!(e.errno(), 16);
             cq
         }
@@ -198,4 +198,31 @@ fn a_solicited_only_arming_fires_on_a_solicited_send() {
     wait_for(&a.cq, 1);
     let event = channel.get_event_timeout(PATIENCE).unwrap();
     assert!(event.is_some(), "no event for a solicited completion");
+}
+
+/// `ibv_modify_cq(3)`: with moderation, an armed CQ raises its event after `cq_count`
+/// completions or `cq_period` microseconds, whichever first. Here one completion and a
+/// 2 ms period: the device's progress fires the event when the period ends, with no
+/// further completion and no poll.
+#[test]
+fn a_moderated_cq_raises_its_event_when_the_period_ends() {
+    let (a, b, channel) = pair_with_channel(in_process());
+    b.cq.modify(Moderation {
+        count: 10,
+        period_us: 2000,
+    })
+    .unwrap();
+    b.cq.req_notify(false);
+    let start = std::time::Instant::now();
+    send_one(&a, &b, 1);
+    let event = channel
+        .get_event_timeout(PATIENCE)
+        .unwrap()
+        .expect("the moderation period fires the event");
+    assert!(event.is_for(b.cq.id()));
+    assert!(
+        start.elapsed() >= Duration::from_micros(1500),
+        "fired after {:?}, before the period",
+        start.elapsed()
+    );
 }
