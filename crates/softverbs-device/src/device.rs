@@ -17,7 +17,9 @@
 //! Other addresses go over the transport (UDP carrying RoCEv2).
 
 use crate::events::{AsyncEvent, AsyncEventQueue};
+use crate::fault::{FaultConfig, FaultTransport};
 use crate::memory::{MemoryTable, Region, RegisterError};
+use crate::pcap::{Capture, PcapTransport};
 use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid, Transport};
 use crate::udp::{UdpConfig, UdpTransport};
 use softverbs_cq::{CqProducer, DeviceClock, PushError, MAX_CQE};
@@ -62,6 +64,83 @@ pub struct DeviceConfig {
     pub engine: EndpointConfig,
     /// Whether to start the progress thread (tests of the sans-IO paths may not want it).
     pub progress_thread: bool,
+    /// Fault injection on the transport path (drop, duplicate, delay, reorder, corrupt),
+    /// switchable at run time through the shared [`FaultConfig`].
+    pub faults: Option<FaultSetup>,
+    /// Capture of every packet the transport sends and receives.
+    pub capture: Option<Arc<Capture>>,
+}
+
+/// Fault injection for a device: the rules (shared, changeable while running) and the
+/// seed of the device's random draws.
+#[derive(Clone, Debug)]
+pub struct FaultSetup {
+    /// The rules.
+    pub config: Arc<FaultConfig>,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// Environment variable naming a pcap file to capture the device's traffic into.
+pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
+/// Environment variable with fault-injection rules, e.g.
+/// `drop=0.05,duplicate=0.01,corrupt=0.001,delay=0.01:2ms,reorder=0.01:1ms,seed=7`.
+pub const FAULTS_ENV: &str = "SOFTVERBS_FAULTS";
+
+/// Parses fault rules in the [`FAULTS_ENV`] syntax.
+pub fn parse_faults(spec: &str) -> Result<FaultSetup, String> {
+    let config = FaultConfig::new();
+    let mut seed = 1;
+    let duration = |v: &str| -> Result<Duration, String> {
+        let v = v.trim();
+        let (num, scale) = if let Some(n) = v.strip_suffix("us") {
+            (n, 1_000)
+        } else if let Some(n) = v.strip_suffix("ms") {
+            (n, 1_000_000)
+        } else if let Some(n) = v.strip_suffix('s') {
+            (n, 1_000_000_000)
+        } else {
+            return Err(format!("duration {v:?} needs a unit (us, ms, s)"));
+        };
+        let n: u64 = num.parse().map_err(|_| format!("bad duration {v:?}"))?;
+        Ok(Duration::from_nanos(n * scale))
+    };
+    let probability = |v: &str| -> Result<f64, String> {
+        let p: f64 = v.parse().map_err(|_| format!("bad probability {v:?}"))?;
+        if (0.0..=1.0).contains(&p) {
+            Ok(p)
+        } else {
+            Err(format!("probability {p} outside 0..=1"))
+        }
+    };
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not key=value"))?;
+        match key.trim() {
+            "drop" => config.set_drop(probability(value)?),
+            "duplicate" => config.set_duplicate(probability(value)?),
+            "corrupt" => config.set_corrupt(probability(value)?),
+            "delay" | "reorder" => {
+                let (p, d) = value
+                    .split_once(':')
+                    .ok_or_else(|| format!("{key} wants probability:duration"))?;
+                if key == "delay" {
+                    config.set_delay(probability(p)?, duration(d)?);
+                } else {
+                    config.set_reorder(probability(p)?, duration(d)?);
+                }
+            }
+            "seed" => {
+                seed = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("bad seed {value:?}"))?
+            }
+            other => return Err(format!("unknown fault rule {other:?}")),
+        }
+    }
+    Ok(FaultSetup { config, seed })
 }
 
 impl DeviceConfig {
@@ -72,18 +151,38 @@ impl DeviceConfig {
             network: Network::InProcess,
             engine: EndpointConfig::default(),
             progress_thread: true,
+            faults: None,
+            capture: None,
         }
+    }
+
+    /// A UDP device with this configuration and default limits.
+    pub fn udp(udp: UdpConfig) -> Self {
+        DeviceConfig {
+            network: Network::Udp(udp),
+            ..DeviceConfig::in_process()
+        }
+    }
+
+    /// Adds what the environment asks for: a capture file ([`PCAP_ENV`]) and fault rules
+    /// ([`FAULTS_ENV`]).
+    pub fn with_env(mut self) -> io::Result<Self> {
+        if let Some(path) = std::env::var_os(PCAP_ENV) {
+            self.capture = Some(Capture::create(path)?);
+        }
+        if let Some(spec) = std::env::var_os(FAULTS_ENV) {
+            let spec = spec.to_string_lossy();
+            self.faults = Some(
+                parse_faults(&spec).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            );
+        }
+        Ok(self)
     }
 
     /// A UDP device configured from the environment (`SOFTVERBS_ADDR`, else the first free
     /// 127.0.0.x:4791).
     pub fn udp_from_env() -> io::Result<Self> {
-        Ok(DeviceConfig {
-            name: "softverbs0".into(),
-            network: Network::Udp(UdpConfig::from_env()?),
-            engine: EndpointConfig::default(),
-            progress_thread: true,
-        })
+        DeviceConfig::udp(UdpConfig::from_env()?).with_env()
     }
 }
 
@@ -279,9 +378,19 @@ impl Device {
         let (transport, address): (Option<Box<dyn Transport>>, IpAddr) = match &config.network {
             Network::InProcess => (None, next_in_process_address()),
             Network::Udp(udp) => {
-                let t = UdpTransport::bind(udp.clone())?;
-                let addr = t.local().addr();
-                (Some(Box::new(t)), addr)
+                // The stack: faults decide what is sent, the capture records what really
+                // went to (and came from) the socket.
+                let udp = UdpTransport::bind(udp.clone())?;
+                let addr = udp.local().addr();
+                let captured: Box<dyn Transport> = match &config.capture {
+                    Some(capture) => Box::new(PcapTransport::new(udp, capture.clone())),
+                    None => Box::new(udp),
+                };
+                let stack: Box<dyn Transport> = match &config.faults {
+                    Some(f) => Box::new(FaultTransport::new(captured, f.config.clone(), f.seed)),
+                    None => captured,
+                };
+                (Some(stack), addr)
             }
         };
         let mut engine_config = config.engine;

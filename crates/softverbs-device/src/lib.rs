@@ -56,7 +56,10 @@ pub mod pcap;
 pub mod transport;
 pub mod udp;
 
-pub use device::{Device, DeviceAttr, DeviceConfig, DeviceError, Network, PortAttr};
+pub use device::{
+    parse_faults, Device, DeviceAttr, DeviceConfig, DeviceError, FaultSetup, Network, PortAttr,
+    FAULTS_ENV, PCAP_ENV,
+};
 pub use events::{AsyncEvent, AsyncEventQueue};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};

@@ -33,6 +33,8 @@ pub fn udp(last: u8) -> Context {
         }),
         engine: Default::default(),
         progress_thread: true,
+        faults: None,
+        capture: None,
     };
     let ctx = Context::open_with(config).expect("open a UDP device");
     ctx.device().set_in_process_shortcut(false);
