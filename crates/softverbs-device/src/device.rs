@@ -308,6 +308,8 @@ pub(crate) struct DeviceInner {
     gid: Gid,
     state: Mutex<State>,
     transport: Option<Box<dyn Transport>>,
+    /// The fault-injection layer of the transport, for its counters.
+    fault_layer: Option<Arc<FaultTransport<Box<dyn Transport>>>>,
     events: AsyncEventQueue,
     /// Wakes an in-process device's progress thread when its deadlines change.
     wake: Condvar,
@@ -375,6 +377,7 @@ fn next_in_process_address() -> IpAddr {
 impl Device {
     /// Opens a device.
     pub fn open(config: DeviceConfig) -> Result<Device, DeviceError> {
+        let mut fault_layer = None;
         let (transport, address): (Option<Box<dyn Transport>>, IpAddr) = match &config.network {
             Network::InProcess => (None, next_in_process_address()),
             Network::Udp(udp) => {
@@ -387,7 +390,12 @@ impl Device {
                     None => Box::new(udp),
                 };
                 let stack: Box<dyn Transport> = match &config.faults {
-                    Some(f) => Box::new(FaultTransport::new(captured, f.config.clone(), f.seed)),
+                    Some(f) => {
+                        let layer =
+                            Arc::new(FaultTransport::new(captured, f.config.clone(), f.seed));
+                        fault_layer = Some(layer.clone());
+                        Box::new(layer)
+                    }
                     None => captured,
                 };
                 (Some(stack), addr)
@@ -412,6 +420,7 @@ impl Device {
                 scratch: vec![0u8; 16 * 1024],
             }),
             transport,
+            fault_layer,
             events: AsyncEventQueue::new()?,
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -645,6 +654,11 @@ impl Device {
     /// The engine's counters.
     pub fn counters(&self) -> softverbs_proto::Counters {
         lock(&self.inner.state).engine.counters().clone()
+    }
+
+    /// What fault injection did (`None` without fault injection).
+    pub fn fault_counters(&self) -> Option<crate::fault::FaultCounters> {
+        self.inner.fault_layer.as_ref().map(|f| f.fault_counters())
     }
 
     /// The transport's counters (`None` for an in-process device).
