@@ -259,6 +259,24 @@ fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Res
             }
         }
     }
+    if receive {
+        // A requester keeps up to `max_unacked_psns` packets (128 of up to 4 KiB) in flight
+        // per QP: the default 208 KiB receive buffer overflows under one such burst and
+        // every overflow costs a go-back-N retransmission. Ask for 8 MiB; the kernel caps
+        // it at `net.core.rmem_max` (as root, SO_RCVBUFFORCE passes the cap).
+        const RECEIVE_BUFFER: usize = 8 << 20;
+        if set_int_option(
+            &socket,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            RECEIVE_BUFFER as libc::c_int,
+        )
+        .is_err()
+        {
+            let _ = socket.set_recv_buffer_size(RECEIVE_BUFFER);
+        }
+    }
+    let _ = socket.set_send_buffer_size(4 << 20);
     socket.bind(&SockAddr::from(addr))?;
     Ok(socket)
 }
