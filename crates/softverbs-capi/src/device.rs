@@ -1,0 +1,799 @@
+//! Devices and contexts: the device list, open/close, and every query of the device, the
+//! port, the GID and P_Key tables, plus the extended-context ops the `verbs.h` inlines
+//! reach (`query_port`, `query_device_ex`, `query_rt_values`).
+//!
+//! There is one device per process, `softverbs0`, opened on the first
+//! `ibv_get_device_list` with its address from the environment (`SOFTVERBS_ADDR`, else the
+//! first free 127.0.0.x). It reports: node type CA, transport IB, link layer Ethernet
+//! (RoCEv2; GID 0 is the device's IP address as an IPv4-mapped IPv6 address), port 1
+//! ACTIVE / LinkUp, MTU per the device, vendor id 0xffffff, part 0 (outside perftest's
+//! vendor tables), a 1 GHz device clock with a full 64-bit completion timestamp mask.
+//!
+//! | function | version | status |
+//! |---|---|---|
+//! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_name`, `ibv_get_device_guid` | 1.1 | real |
+//! | `ibv_get_device_index` | 1.9 | real (0) |
+//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`) |
+//! | `ibv_query_device`, `ibv_query_port` (48-byte legacy write), `ibv_query_gid`, `ibv_query_pkey` | 1.1 | real |
+//! | `ibv_get_pkey_index` | 1.5 | real (the one P_Key, 0xffff, is index 0) |
+//! | `_ibv_query_gid_ex`, `_ibv_query_gid_table` | 1.11 | real |
+//! | `ibv_query_gid_type` | PRIVATE_34 | real (RoCE v2) |
+//! | `verbs_context.query_port` / `.query_device_ex` / `.query_rt_values` | (ops) | real |
+
+use crate::abi::*;
+use crate::boundary::{errno_code, infallible, minus_one, pointer, Errno};
+use crate::handles::{device_entry, device_from_ptr, ContextBlock, DeviceEntry, DeviceList};
+use softverbs_cq::DeviceClock;
+use std::ffi::{c_char, c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd};
+
+/// The firmware version string reported: the crate version.
+const FW_VER: &str = env!("CARGO_PKG_VERSION");
+
+/// The one port.
+const PORT: u32 = 1;
+
+/// The default (full-membership) P_Key, the only entry of the P_Key table.
+const DEFAULT_PKEY: u16 = 0xffff;
+
+fn device_attr(entry: &DeviceEntry) -> ibv_device_attr {
+    let d = entry.device.query_device();
+    let clamp = |v: u32| v.min(i32::MAX as u32) as c_int;
+    let mut fw_ver = [0 as c_char; 64];
+    for (dst, src) in fw_ver.iter_mut().zip(FW_VER.bytes()) {
+        *dst = src as c_char;
+    }
+    ibv_device_attr {
+        fw_ver,
+        node_guid: d.node_guid.to_be(),
+        sys_image_guid: d.node_guid.to_be(),
+        max_mr_size: d.max_mr_size,
+        page_size_cap: d.page_size_cap,
+        vendor_id: d.vendor_id,
+        vendor_part_id: d.vendor_part_id,
+        hw_ver: 0,
+        max_qp: clamp(d.max_qp),
+        max_qp_wr: clamp(d.max_qp_wr),
+        device_cap_flags: IBV_DEVICE_PORT_ACTIVE_EVENT
+            | IBV_DEVICE_SYS_IMAGE_GUID
+            | IBV_DEVICE_RC_RNR_NAK_GEN,
+        max_sge: clamp(d.max_sge),
+        max_sge_rd: clamp(d.max_sge),
+        max_cq: clamp(d.max_cq),
+        max_cqe: clamp(d.max_cqe),
+        max_mr: clamp(d.max_mr),
+        max_pd: clamp(d.max_pd),
+        max_qp_rd_atom: c_int::from(d.max_qp_rd_atom),
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: clamp(d.max_qp.saturating_mul(u32::from(d.max_qp_rd_atom))),
+        max_qp_init_rd_atom: c_int::from(d.max_qp_init_rd_atom),
+        max_ee_init_rd_atom: 0,
+        atomic_cap: if d.atomic_cap_hca {
+            IBV_ATOMIC_HCA
+        } else {
+            IBV_ATOMIC_NONE
+        },
+        max_ee: 0,
+        max_rdd: 0,
+        max_mw: 0,
+        max_raw_ipv6_qp: 0,
+        max_raw_ethy_qp: 0,
+        max_mcast_grp: 0,
+        max_mcast_qp_attach: 0,
+        max_total_mcast_qp_attach: 0,
+        max_ah: clamp(d.max_qp),
+        max_fmr: 0,
+        max_map_per_fmr: 0,
+        max_srq: clamp(d.max_srq),
+        max_srq_wr: clamp(d.max_srq_wr),
+        max_srq_sge: clamp(d.max_srq_sge),
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: d.phys_port_cnt,
+    }
+}
+
+fn device_attr_ex(entry: &DeviceEntry) -> ibv_device_attr_ex {
+    let d = entry.device.query_device();
+    ibv_device_attr_ex {
+        orig_attr: device_attr(entry),
+        comp_mask: 0,
+        odp_caps: ibv_odp_caps::default(),
+        completion_timestamp_mask: d.completion_timestamp_mask,
+        hca_core_clock: d.hca_core_clock_khz,
+        device_cap_flags_ex: u64::from(device_attr(entry).device_cap_flags),
+        tso_caps: ibv_tso_caps::default(),
+        rss_caps: ibv_rss_caps::default(),
+        max_wq_type_rq: 0,
+        packet_pacing_caps: ibv_packet_pacing_caps::default(),
+        raw_packet_caps: 0,
+        tm_caps: ibv_tm_caps::default(),
+        cq_mod_caps: ibv_cq_moderation_caps::default(),
+        max_dm_size: 0,
+        pci_atomic_caps: ibv_pci_atomic_caps::default(),
+        xrc_odp_caps: 0,
+        phys_port_cnt_ex: u32::from(d.phys_port_cnt),
+    }
+}
+
+fn port_attr(entry: &DeviceEntry) -> ibv_port_attr {
+    let p = entry.device.query_port();
+    ibv_port_attr {
+        state: if p.active { IBV_PORT_ACTIVE } else { 1 },
+        max_mtu: p.max_mtu.to_raw(),
+        active_mtu: p.active_mtu.to_raw(),
+        gid_tbl_len: p.gid_tbl_len as c_int,
+        port_cap_flags: IBV_PORT_IP_BASED_GIDS,
+        max_msg_sz: 1 << 31,
+        bad_pkey_cntr: 0,
+        qkey_viol_cntr: 0,
+        pkey_tbl_len: 1,
+        lid: 0,
+        sm_lid: 0,
+        lmc: 0,
+        max_vl_num: 1,
+        sm_sl: 0,
+        subnet_timeout: 0,
+        init_type_reply: 0,
+        // 4X EDR: what `ibv_devinfo` prints as 100 Gb/s; a soft device has no real rate.
+        active_width: 2,
+        active_speed: 32,
+        phys_state: 5,
+        link_layer: if p.link_layer_ethernet {
+            IBV_LINK_LAYER_ETHERNET
+        } else {
+            1
+        },
+        flags: 0,
+        port_cap_flags2: 0,
+    }
+}
+
+/// Writes `value` into a caller struct of `len` bytes: `min(len, size_of::<T>())` bytes
+/// of `value`, zeros for the rest (newer headers append fields; reference §3.2).
+///
+/// # Safety
+///
+/// `out` is valid for writes of `len` bytes.
+unsafe fn write_sized<T: Copy>(out: *mut T, len: usize, value: &T) {
+    let ours = std::mem::size_of::<T>();
+    let n = len.min(ours);
+    // SAFETY: `value` is readable for `ours >= n` bytes; `out` writable for `len >= n`;
+    // the two cannot overlap (`value` is a local of the caller).
+    unsafe {
+        std::ptr::copy_nonoverlapping(std::ptr::from_ref(value).cast::<u8>(), out.cast::<u8>(), n)
+    };
+    if len > ours {
+        // SAFETY: bytes `ours..len` of `out` are inside the caller's `len` bytes.
+        unsafe { std::ptr::write_bytes(out.cast::<u8>().add(ours), 0, len - ours) };
+    }
+}
+
+fn check_port(port: u32) -> Result<(), Errno> {
+    if port == PORT {
+        Ok(())
+    } else {
+        Err(libc::EINVAL)
+    }
+}
+
+/// `ibv_get_device_list(3)`: the one soft device. Returns `NULL` with `errno` when the
+/// device cannot be opened (bad `SOFTVERBS_ADDR`, no free address).
+///
+/// # Safety
+///
+/// `num_devices` is NULL or writable.
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    pointer(|| {
+        let entry = device_entry()?;
+        if !num_devices.is_null() {
+            // SAFETY: non-NULL and writable per the contract.
+            unsafe { *num_devices = 1 };
+        }
+        Ok(DeviceList::into_raw(&[entry.as_ptr()]))
+    })
+}
+symver!(ibv_get_device_list, "IBVERBS_1.1");
+
+/// `ibv_free_device_list(3)`. The devices themselves stay valid.
+///
+/// # Safety
+///
+/// `list` is NULL or came from `ibv_get_device_list` and is freed once.
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    infallible((), || {
+        if !list.is_null() {
+            // SAFETY: per the contract.
+            unsafe { DeviceList::free(list) }
+        }
+    })
+}
+symver!(ibv_free_device_list, "IBVERBS_1.1");
+
+/// `ibv_get_device_name(3)`: `NULL` (errno `EINVAL`/`ENODEV`) for a pointer that is not
+/// our device.
+///
+/// # Safety
+///
+/// `device` is NULL or a pointer C got from `ibv_get_device_list`.
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    pointer(|| {
+        let entry = device_from_ptr(device)?;
+        Ok(entry.ibv_device.name.as_ptr().cast_mut())
+    })
+}
+symver!(ibv_get_device_name, "IBVERBS_1.1");
+
+/// `ibv_get_device_guid(3)`: the node GUID in network byte order (0 for a foreign
+/// pointer, errno set).
+///
+/// # Safety
+///
+/// As [`ibv_get_device_name`].
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    crate::boundary::guarded(|| Ok(device_from_ptr(device)?.node_guid.to_be())).unwrap_or_else(
+        |e| {
+            crate::boundary::set_errno(e);
+            0
+        },
+    )
+}
+symver!(ibv_get_device_guid, "IBVERBS_1.1");
+
+/// `ibv_get_device_index(3)`: 0 for our device, -1 otherwise.
+///
+/// # Safety
+///
+/// As [`ibv_get_device_name`].
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    minus_one(|| device_from_ptr(device).map(|_| 0))
+}
+symver!(ibv_get_device_index, "IBVERBS_1.9");
+
+/// `ibv_open_device(3)`: an extended context (reference §3.2): `abi_compat =
+/// UINTPTR_MAX`, `sz = 648`, the ops the inlines call, `async_fd` the device's async
+/// event fd.
+///
+/// # Safety
+///
+/// `device` is NULL or a pointer C got from `ibv_get_device_list`.
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    pointer(|| {
+        let entry = device_from_ptr(device)?;
+        let ops = ibv_context_ops {
+            _compat_query_device: Some(ibv_query_device),
+            _compat_query_port: Some(ibv_query_port),
+            alloc_mw: None,
+            bind_mw: Some(crate::mr::bind_mw),
+            dealloc_mw: Some(crate::mr::dealloc_mw),
+            poll_cq: Some(crate::cq::poll_cq),
+            req_notify_cq: Some(crate::cq::req_notify_cq),
+            post_srq_recv: Some(crate::srq::post_srq_recv),
+            post_send: Some(crate::qp::post_send),
+            post_recv: Some(crate::qp::post_recv),
+            ..ibv_context_ops::default()
+        };
+        let context = ibv_context {
+            device,
+            ops,
+            cmd_fd: -1,
+            async_fd: entry.device.async_events().as_fd().as_raw_fd(),
+            num_comp_vectors: 1,
+            mutex: PthreadMutex::default(),
+            abi_compat: usize::MAX as *mut c_void,
+        };
+        let verbs = verbs_context {
+            query_port: Some(query_port_ex),
+            advise_mr: None,
+            alloc_null_mr: None,
+            read_counters: None,
+            attach_counters_point_flow: None,
+            create_counters: None,
+            destroy_counters: None,
+            reg_dm_mr: None,
+            alloc_dm: None,
+            free_dm: None,
+            modify_flow_action_esp: None,
+            destroy_flow_action: None,
+            create_flow_action_esp: None,
+            modify_qp_rate_limit: None,
+            alloc_parent_domain: None,
+            dealloc_td: None,
+            alloc_td: None,
+            modify_cq: None,
+            post_srq_ops: None,
+            destroy_rwq_ind_table: None,
+            create_rwq_ind_table: None,
+            destroy_wq: None,
+            modify_wq: None,
+            create_wq: None,
+            query_rt_values: Some(query_rt_values),
+            create_cq_ex: None,
+            priv_: std::ptr::null_mut(),
+            query_device_ex: Some(query_device_ex),
+            ibv_destroy_flow: None,
+            ABI_placeholder2: None,
+            ibv_create_flow: None,
+            ABI_placeholder1: None,
+            open_qp: None,
+            create_qp_ex: None,
+            get_srq_num: None,
+            create_srq_ex: None,
+            open_xrcd: None,
+            close_xrcd: None,
+            _ABI_placeholder3: 0,
+            sz: std::mem::size_of::<verbs_context>(),
+            context,
+        };
+        Ok(ContextBlock::allocate(entry, verbs))
+    })
+}
+symver!(ibv_open_device, "IBVERBS_1.1");
+
+/// `ibv_close_device(3)`.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context, not used again after this call.
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        unsafe { ContextBlock::from_ptr(context) }?;
+        // SAFETY: checked above; the caller gives it up.
+        unsafe { ContextBlock::free(context) };
+        Ok(())
+    })
+}
+symver!(ibv_close_device, "IBVERBS_1.1");
+
+/// `ibv_query_device(3)`: returns 0 or an errno value.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `attr` is NULL or writable.
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe { attr.write_unaligned(device_attr(block.entry)) };
+        Ok(())
+    })
+}
+symver!(ibv_query_device, "IBVERBS_1.1");
+
+/// The exported `ibv_query_port(3)`: the legacy entry point, which writes only the first
+/// 48 bytes (`port_cap_flags2` did not exist; reference §4.1 trap 6). Programs built with
+/// the v44 header reach [`query_port_ex`] through the extended context instead.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `attr` is NULL or writable for 48 bytes.
+pub unsafe extern "C" fn ibv_query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(u32::from(port_num))?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let value = port_attr(block.entry);
+        // SAFETY: `attr` is writable for the legacy 48 bytes; `value` is a local.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                std::ptr::from_ref(&value).cast::<u8>(),
+                attr.cast::<u8>(),
+                LEGACY_PORT_ATTR_LEN,
+            )
+        };
+        Ok(())
+    })
+}
+symver!(ibv_query_port, "IBVERBS_1.1");
+
+/// `verbs_context.query_port`: `ibv_query_port` as the v44 inline calls it, with the
+/// caller's `sizeof(struct ibv_port_attr)`.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `attr` is NULL or writable for `len` bytes.
+pub unsafe extern "C" fn query_port_ex(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(u32::from(port_num))?;
+        if attr.is_null() || len < LEGACY_PORT_ATTR_LEN {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: writable for `len` bytes per the contract.
+        unsafe { write_sized(attr, len, &port_attr(block.entry)) };
+        Ok(())
+    })
+}
+
+/// `verbs_context.query_device_ex` (`ibv_query_device_ex(3)`): writes `attr_size` bytes
+/// (zeros past what this library knows).
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `input` is NULL or readable; `attr` is NULL or
+/// writable for `attr_size` bytes.
+pub unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        // SAFETY: NULL or readable per the contract.
+        if !input.is_null() && unsafe { input.read_unaligned() }.comp_mask != 0 {
+            return Err(libc::EINVAL);
+        }
+        if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: writable for `attr_size` bytes per the contract.
+        unsafe { write_sized(attr, attr_size, &device_attr_ex(block.entry)) };
+        Ok(())
+    })
+}
+
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex(3)`): with
+/// `IBV_VALUES_MASK_RAW_CLOCK`, the device clock in `raw_clock` as providers report it
+/// (`tv_sec = 0`, `tv_nsec` = ticks; one tick is one nanosecond). `comp_mask` comes back
+/// holding the fields filled.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `values` is NULL or readable and writable.
+pub unsafe extern "C" fn query_rt_values(
+    context: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        unsafe { ContextBlock::from_ptr(context) }?;
+        if values.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: readable and writable per the contract.
+        let values = unsafe { &mut *values };
+        let wanted = values.comp_mask;
+        let mut filled = 0;
+        if wanted & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            values.raw_clock = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: DeviceClock::now() as libc::c_long,
+            };
+            filled |= IBV_VALUES_MASK_RAW_CLOCK;
+        }
+        values.comp_mask = filled;
+        Ok(())
+    })
+}
+
+fn gid_of(entry: &DeviceEntry, index: u32) -> Result<[u8; 16], Errno> {
+    let len = entry.device.query_port().gid_tbl_len;
+    if index >= len {
+        return Err(libc::EINVAL);
+    }
+    // An index inside the table with no GID is an all-zero entry (reference §3.4).
+    Ok(entry.device.gid(index).map_or([0; 16], |g| g.octets()))
+}
+
+/// `ibv_query_gid(3)`: 0, or -1 with errno (`EINVAL` for a bad port or index).
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `gid` is NULL or writable.
+pub unsafe extern "C" fn ibv_query_gid(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    minus_one(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(u32::from(port_num))?;
+        let index = u32::try_from(index).map_err(|_| libc::EINVAL)?;
+        if gid.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let raw = gid_of(block.entry, index)?;
+        // SAFETY: writable per the contract.
+        unsafe { gid.write_unaligned(ibv_gid { raw }) };
+        Ok(0)
+    })
+}
+symver!(ibv_query_gid, "IBVERBS_1.1");
+
+/// `ibv_query_gid_type` (provider-private, used by `ibv_devinfo`): RoCE v2 (`enum
+/// ibv_gid_type_sysfs` value 1) for every GID. 0, or -1 with errno.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `gid_type` is NULL or writable.
+pub unsafe extern "C" fn ibv_query_gid_type(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: u32,
+    gid_type: *mut u32,
+) -> c_int {
+    minus_one(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(u32::from(port_num))?;
+        gid_of(block.entry, index)?;
+        if gid_type.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: writable per the contract.
+        unsafe { gid_type.write_unaligned(IBV_GID_TYPE_SYSFS_ROCE_V2) };
+        Ok(0)
+    })
+}
+symver!(ibv_query_gid_type, "IBVERBS_PRIVATE_34");
+
+fn gid_entry(entry: &DeviceEntry, index: u32) -> Result<ibv_gid_entry, Errno> {
+    let raw = gid_of(entry, index)?;
+    if raw == [0; 16] {
+        return Err(libc::ENODATA);
+    }
+    Ok(ibv_gid_entry {
+        gid: ibv_gid { raw },
+        gid_index: index,
+        port_num: PORT,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: 0,
+    })
+}
+
+/// `ibv_query_gid_ex(3)` (the exported worker of the inline): 0 or an errno value
+/// (`EINVAL` for a bad port, index, flags or size; `ENODATA` for an empty entry).
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `entry` is NULL or writable for `entry_size`
+/// bytes.
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(port_num)?;
+        if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return Err(libc::EINVAL);
+        }
+        let value = gid_entry(block.entry, gid_index)?;
+        // SAFETY: writable for `entry_size` bytes per the contract.
+        unsafe { write_sized(entry, entry_size, &value) };
+        Ok(())
+    })
+}
+symver!(_ibv_query_gid_ex, "IBVERBS_1.11");
+
+/// `ibv_query_gid_table(3)` (the exported worker of the inline): the number of entries
+/// written, or a negative errno value.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `entries` is NULL or writable for `max_entries`
+/// elements of `entry_size` bytes.
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    crate::boundary::guarded(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        if entries.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return Err(libc::EINVAL);
+        }
+        let len = block.entry.device.query_port().gid_tbl_len;
+        let mut written = 0usize;
+        for index in 0..len {
+            let Ok(value) = gid_entry(block.entry, index) else {
+                continue;
+            };
+            if written == max_entries {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: element `written < max_entries` of the caller's array.
+            unsafe { write_sized(entries.byte_add(written * entry_size), entry_size, &value) };
+            written += 1;
+        }
+        Ok(written as isize)
+    })
+    .unwrap_or_else(|e| -(e as isize))
+}
+symver!(_ibv_query_gid_table, "IBVERBS_1.11");
+
+/// `ibv_query_pkey(3)`: index 0 is the default P_Key 0xffff (network order). 0, or -1
+/// with errno.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `pkey` is NULL or writable.
+pub unsafe extern "C" fn ibv_query_pkey(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    minus_one(|| {
+        // SAFETY: per the contract.
+        unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(u32::from(port_num))?;
+        if index != 0 || pkey.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: writable per the contract.
+        unsafe { pkey.write_unaligned(DEFAULT_PKEY.to_be()) };
+        Ok(0)
+    })
+}
+symver!(ibv_query_pkey, "IBVERBS_1.1");
+
+/// `ibv_get_pkey_index(3)`: the index of a P_Key (network order), or -1 with errno
+/// `ENOENT`.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context.
+pub unsafe extern "C" fn ibv_get_pkey_index(
+    context: *mut ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    minus_one(|| {
+        // SAFETY: per the contract.
+        unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(u32::from(port_num))?;
+        if u16::from_be(pkey) == DEFAULT_PKEY {
+            Ok(0)
+        } else {
+            Err(libc::ENOENT)
+        }
+    })
+}
+symver!(ibv_get_pkey_index, "IBVERBS_1.5");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::MaybeUninit;
+
+    /// One context on an in-process-free UDP device (address from the environment or
+    /// 127.0.0.x), closed at the end.
+    fn with_context(f: impl FnOnce(*mut ibv_context)) {
+        // SAFETY: a NULL count pointer is allowed.
+        let list = unsafe { ibv_get_device_list(std::ptr::null_mut()) };
+        assert!(
+            !list.is_null(),
+            "device list: errno {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: the list has one device and a NULL terminator.
+        let device = unsafe { *list };
+        // SAFETY: a device from the list.
+        let ctx = unsafe { ibv_open_device(device) };
+        assert!(!ctx.is_null());
+        // SAFETY: the list from ibv_get_device_list, freed once.
+        unsafe { ibv_free_device_list(list) };
+        f(ctx);
+        // SAFETY: the context from ibv_open_device.
+        assert_eq!(unsafe { ibv_close_device(ctx) }, 0);
+    }
+
+    #[test]
+    fn the_context_is_extended_with_the_full_size_so_every_inline_finds_its_op() {
+        // verbs-abi.md §3.2: abi_compat == UINTPTR_MAX and sz >= 648, else ops are dropped.
+        with_context(|ctx| {
+            // SAFETY: an open context.
+            let block = unsafe { ContextBlock::from_ptr(ctx) }.unwrap();
+            assert_eq!(block.verbs.sz, 648);
+            assert_eq!(block.verbs.context.abi_compat as usize, usize::MAX);
+            assert!(block.verbs.query_port.is_some());
+            assert!(block.verbs.query_device_ex.is_some());
+            assert!(block.verbs.context.ops.poll_cq.is_some());
+            assert!(block.verbs.context.ops.post_send.is_some());
+        });
+    }
+
+    #[test]
+    fn the_exported_query_port_writes_only_the_48_byte_legacy_prefix() {
+        with_context(|ctx| {
+            let mut attr = [0xaau8; 52];
+            // SAFETY: 52 writable bytes.
+            let rc = unsafe { ibv_query_port(ctx, 1, attr.as_mut_ptr().cast()) };
+            assert_eq!(rc, 0);
+            assert_eq!(&attr[48..], &[0xaa; 4]);
+            assert_eq!(attr[0], 4, "PORT_ACTIVE");
+            assert_eq!(attr[46], IBV_LINK_LAYER_ETHERNET);
+            // SAFETY: 52 writable bytes.
+            let rc = unsafe { ibv_query_port(ctx, 2, attr.as_mut_ptr().cast()) };
+            assert_eq!(rc, libc::EINVAL);
+        });
+    }
+
+    #[test]
+    fn query_device_ex_zeroes_what_a_newer_header_appended() {
+        with_context(|ctx| {
+            let mut buf = [0xaau8; 480];
+            // SAFETY: 480 writable bytes, NULL input.
+            let rc =
+                unsafe { query_device_ex(ctx, std::ptr::null(), buf.as_mut_ptr().cast(), 480) };
+            assert_eq!(rc, 0);
+            assert!(buf[400..].iter().all(|&b| b == 0));
+            // SAFETY: the first 400 bytes are an ibv_device_attr_ex.
+            let attr = unsafe { buf.as_ptr().cast::<ibv_device_attr_ex>().read_unaligned() };
+            assert_ne!(attr.completion_timestamp_mask, 0);
+            assert_eq!(attr.hca_core_clock, 1_000_000);
+            assert_eq!(attr.orig_attr.vendor_id, 0xffffff);
+            let input = ibv_query_device_ex_input { comp_mask: 1 };
+            // SAFETY: as above.
+            let rc = unsafe { query_device_ex(ctx, &input, buf.as_mut_ptr().cast(), 480) };
+            assert_eq!(rc, libc::EINVAL);
+        });
+    }
+
+    #[test]
+    fn gid_zero_is_the_device_address_and_out_of_range_indexes_fail() {
+        with_context(|ctx| {
+            let mut gid = MaybeUninit::<ibv_gid>::uninit();
+            // SAFETY: writable.
+            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 0, gid.as_mut_ptr()) }, 0);
+            // SAFETY: written above; any bytes are a valid [u8; 16].
+            let raw = unsafe { gid.assume_init().raw };
+            assert_eq!(&raw[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+            // SAFETY: writable.
+            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 1, gid.as_mut_ptr()) }, -1);
+            let mut entry = MaybeUninit::<ibv_gid_entry>::uninit();
+            // SAFETY: writable for its size.
+            let rc = unsafe { _ibv_query_gid_ex(ctx, 1, 0, entry.as_mut_ptr(), 0, 32) };
+            assert_eq!(rc, 0);
+            // SAFETY: written above.
+            let entry = unsafe { entry.assume_init() };
+            assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+        });
+    }
+
+    #[test]
+    fn null_and_foreign_pointers_are_refused_with_errno() {
+        // SAFETY: NULL is allowed and refused.
+        let rc = unsafe { ibv_query_device(std::ptr::null_mut(), std::ptr::null_mut()) };
+        assert_eq!(rc, libc::EINVAL);
+        // SAFETY: as above.
+        assert!(unsafe { ibv_open_device(std::ptr::null_mut()) }.is_null());
+        let mut not_ours = [0u8; 664];
+        // SAFETY: a readable block that is not our device; only compared by address.
+        assert!(unsafe { ibv_get_device_name(not_ours.as_mut_ptr().cast()) }.is_null());
+    }
+}

@@ -1,0 +1,304 @@
+//! Who owns every pointer that crosses the C boundary, and the one place raw pointers from
+//! C become Rust references.
+//!
+//! | C type | what the pointer points into | allocated by | freed by | notes |
+//! |---|---|---|---|---|
+//! | `struct ibv_device *` | [`DeviceEntry::ibv_device`] of the process's one device | first `ibv_get_device_list` | never (lives for the process, like rdma-core's device objects) | pointers stay valid after `ibv_free_device_list` |
+//! | `struct ibv_device **` (the list) | a `Box<[*mut ibv_device]>` (NULL-terminated) | `ibv_get_device_list` | `ibv_free_device_list` | [`DeviceList`] |
+//! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2) |
+//! | `struct ibv_pd *` | [`PdBlock::pd`] (offset 0) | `ibv_alloc_pd` | `ibv_dealloc_pd` | |
+//! | `struct ibv_comp_channel *` | [`ChannelBlock::channel`] (offset 0) | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
+//! | `const char *` from `*_str`, `ibv_get_device_name`, `ibv_get_sysfs_path` | static data | – | never | |
+//!
+//! Every block carries a magic number checked on entry: a pointer that is not one of ours
+//! (or was already freed and reused for something else) is refused with `EINVAL` where a
+//! check is possible. It is a best-effort guard, not a guarantee: C callers must still pass
+//! pointers the library gave them, as libibverbs requires.
+//!
+//! Objects are reached through `&` only (never `&mut`) once handed to C, because C may call
+//! from several threads at once; mutable state lives behind the device's own locks.
+
+use crate::abi::*;
+use crate::boundary::Errno;
+use softverbs_cq::CompletionChannel;
+use softverbs_device::{Device, DeviceConfig};
+use std::ffi::c_char;
+use std::sync::Mutex;
+
+/// The name of the one device.
+pub const DEVICE_NAME: &str = "softverbs0";
+
+const CONTEXT_MAGIC: u64 = u64::from_be_bytes(*b"svctx\0\0\x01");
+const PD_MAGIC: u64 = u64::from_be_bytes(*b"svpd\0\0\0\x01");
+const CHANNEL_MAGIC: u64 = u64::from_be_bytes(*b"svchan\0\x01");
+
+/// The process's soft device and the `struct ibv_device` that names it.
+#[repr(C)]
+pub struct DeviceEntry {
+    /// What `ibv_get_device_list` hands out.
+    pub ibv_device: ibv_device,
+    /// The device runtime.
+    pub device: Device,
+    /// Node GUID (host order).
+    pub node_guid: u64,
+}
+
+// SAFETY: `ibv_device` holds only byte arrays, integers and `None` function pointers; the
+// device runtime is `Sync`. The entry is never mutated after creation.
+unsafe impl Sync for DeviceEntry {}
+// SAFETY: as above.
+unsafe impl Send for DeviceEntry {}
+
+impl DeviceEntry {
+    /// The pointer C sees.
+    pub fn as_ptr(&'static self) -> *mut ibv_device {
+        std::ptr::from_ref(&self.ibv_device).cast_mut()
+    }
+}
+
+fn copy_c_string(dst: &mut [c_char], src: &str) {
+    let n = src.len().min(dst.len() - 1);
+    for (d, s) in dst.iter_mut().zip(src.bytes().take(n)) {
+        *d = s as c_char;
+    }
+    dst[n] = 0;
+}
+
+static DEVICE: Mutex<Option<&'static DeviceEntry>> = Mutex::new(None);
+
+/// The process's device, opened on first use from the environment (`SOFTVERBS_ADDR`, else
+/// the first free 127.0.0.x, port 4791). A failure is returned (and retried next call).
+pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
+    let mut slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(entry) = *slot {
+        return Ok(entry);
+    }
+    let config =
+        DeviceConfig::udp_from_env().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+    let device = Device::open(config).map_err(|e| e.errno())?;
+    let node_guid = device.query_device().node_guid;
+    let mut ibv = ibv_device {
+        _ops: _ibv_device_ops::default(),
+        node_type: IBV_NODE_CA,
+        transport_type: IBV_TRANSPORT_IB,
+        name: [0; 64],
+        dev_name: [0; 64],
+        dev_path: [0; 256],
+        ibdev_path: [0; 256],
+    };
+    copy_c_string(&mut ibv.name, device.name());
+    copy_c_string(&mut ibv.dev_name, device.name());
+    // No sysfs entry exists for a soft device; these paths name where one would be, and
+    // `ibv_read_sysfs_file` under them fails with ENOENT.
+    copy_c_string(
+        &mut ibv.dev_path,
+        &format!("/sys/class/infiniband_verbs/{}", device.name()),
+    );
+    copy_c_string(
+        &mut ibv.ibdev_path,
+        &format!("/sys/class/infiniband/{}", device.name()),
+    );
+    let entry: &'static DeviceEntry = Box::leak(Box::new(DeviceEntry {
+        ibv_device: ibv,
+        device,
+        node_guid,
+    }));
+    *slot = Some(entry);
+    Ok(entry)
+}
+
+/// The entry for a `struct ibv_device *` C passed in: `ENODEV` unless it is ours.
+pub fn device_from_ptr(device: *mut ibv_device) -> Result<&'static DeviceEntry, Errno> {
+    if device.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    match *slot {
+        Some(entry) if entry.as_ptr() == device => Ok(entry),
+        _ => Err(libc::ENODEV),
+    }
+}
+
+/// A NULL-terminated device list (`ibv_get_device_list`).
+pub struct DeviceList;
+
+impl DeviceList {
+    /// Allocates the list for C: `devices` followed by `NULL`.
+    pub fn into_raw(devices: &[*mut ibv_device]) -> *mut *mut ibv_device {
+        let mut list: Vec<*mut ibv_device> = devices.to_vec();
+        list.push(std::ptr::null_mut());
+        Box::into_raw(list.into_boxed_slice()).cast()
+    }
+
+    /// Frees a list from [`DeviceList::into_raw`].
+    ///
+    /// # Safety
+    ///
+    /// `list` came from [`DeviceList::into_raw`] and is freed once.
+    pub unsafe fn free(list: *mut *mut ibv_device) {
+        let mut len = 0;
+        // SAFETY: the list is NULL-terminated (into_raw put the NULL there) and readable.
+        while !unsafe { *list.add(len) }.is_null() {
+            len += 1;
+        }
+        let slice = std::ptr::slice_from_raw_parts_mut(list, len + 1);
+        // SAFETY: the same allocation `into_raw` leaked, with its length.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+/// An open context: the full `verbs_context` (the application holds a pointer to its
+/// `context` member) followed by private state.
+#[repr(C)]
+pub struct ContextBlock {
+    /// The extended context; `verbs.context` is what C sees.
+    pub verbs: verbs_context,
+    magic: u64,
+    /// The device it was opened on.
+    pub entry: &'static DeviceEntry,
+}
+
+impl ContextBlock {
+    /// Allocates a context block for `entry`; `init` fills the C-visible parts.
+    pub fn allocate(entry: &'static DeviceEntry, verbs: verbs_context) -> *mut ibv_context {
+        let block = Box::into_raw(Box::new(ContextBlock {
+            verbs,
+            magic: CONTEXT_MAGIC,
+            entry,
+        }));
+        // SAFETY: `block` is a live allocation; the field projection stays inside it.
+        unsafe { &raw mut (*block).verbs.context }
+    }
+
+    /// The block of a context pointer from C.
+    ///
+    /// # Safety
+    ///
+    /// `ctx` is NULL or a pointer returned by `ibv_open_device` and not yet closed.
+    pub unsafe fn from_ptr<'a>(ctx: *mut ibv_context) -> Result<&'a ContextBlock, Errno> {
+        if ctx.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let offset = std::mem::offset_of!(verbs_context, context);
+        // SAFETY: per the contract `ctx` is the `verbs.context` member of a live
+        // `ContextBlock`, which begins `offset` bytes earlier.
+        let block = unsafe { &*ctx.byte_sub(offset).cast::<ContextBlock>() };
+        if block.magic != CONTEXT_MAGIC {
+            return Err(libc::EINVAL);
+        }
+        Ok(block)
+    }
+
+    /// Frees a context block.
+    ///
+    /// # Safety
+    ///
+    /// `ctx` passed [`ContextBlock::from_ptr`] and is not used again by anyone.
+    pub unsafe fn free(ctx: *mut ibv_context) {
+        let offset = std::mem::offset_of!(verbs_context, context);
+        // SAFETY: the allocation `allocate` made, recovered from its `context` member.
+        let mut block = unsafe { Box::from_raw(ctx.byte_sub(offset).cast::<ContextBlock>()) };
+        block.magic = 0;
+        drop(block);
+    }
+}
+
+/// A protection domain.
+#[repr(C)]
+pub struct PdBlock {
+    /// What C sees.
+    pub pd: ibv_pd,
+    magic: u64,
+}
+
+impl PdBlock {
+    /// Allocates a PD block.
+    pub fn allocate(pd: ibv_pd) -> *mut ibv_pd {
+        Box::into_raw(Box::new(PdBlock {
+            pd,
+            magic: PD_MAGIC,
+        }))
+        .cast()
+    }
+
+    /// The block of a PD pointer from C.
+    ///
+    /// # Safety
+    ///
+    /// `pd` is NULL or a pointer returned by `ibv_alloc_pd` and not yet deallocated.
+    pub unsafe fn from_ptr<'a>(pd: *mut ibv_pd) -> Result<&'a PdBlock, Errno> {
+        if pd.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: per the contract, `pd` is the first member of a live `PdBlock`.
+        let block = unsafe { &*pd.cast::<PdBlock>() };
+        if block.magic != PD_MAGIC {
+            return Err(libc::EINVAL);
+        }
+        Ok(block)
+    }
+
+    /// Frees a PD block.
+    ///
+    /// # Safety
+    ///
+    /// `pd` passed [`PdBlock::from_ptr`] and is not used again by anyone.
+    pub unsafe fn free(pd: *mut ibv_pd) {
+        // SAFETY: the allocation `allocate` made.
+        let mut block = unsafe { Box::from_raw(pd.cast::<PdBlock>()) };
+        block.magic = 0;
+        drop(block);
+    }
+}
+
+/// A completion channel.
+#[repr(C)]
+pub struct ChannelBlock {
+    /// What C sees; `fd` is `inner`'s eventfd.
+    pub channel: ibv_comp_channel,
+    magic: u64,
+    /// The channel.
+    pub inner: CompletionChannel,
+}
+
+impl ChannelBlock {
+    /// Allocates a channel block.
+    pub fn allocate(channel: ibv_comp_channel, inner: CompletionChannel) -> *mut ibv_comp_channel {
+        Box::into_raw(Box::new(ChannelBlock {
+            channel,
+            magic: CHANNEL_MAGIC,
+            inner,
+        }))
+        .cast()
+    }
+
+    /// The block of a channel pointer from C.
+    ///
+    /// # Safety
+    ///
+    /// `channel` is NULL or a pointer returned by `ibv_create_comp_channel` and not yet
+    /// destroyed.
+    pub unsafe fn from_ptr<'a>(channel: *mut ibv_comp_channel) -> Result<&'a ChannelBlock, Errno> {
+        if channel.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: per the contract, `channel` is the first member of a live block.
+        let block = unsafe { &*channel.cast::<ChannelBlock>() };
+        if block.magic != CHANNEL_MAGIC {
+            return Err(libc::EINVAL);
+        }
+        Ok(block)
+    }
+
+    /// Frees a channel block (closing its fd).
+    ///
+    /// # Safety
+    ///
+    /// `channel` passed [`ChannelBlock::from_ptr`] and is not used again by anyone.
+    pub unsafe fn free(channel: *mut ibv_comp_channel) {
+        // SAFETY: the allocation `allocate` made.
+        let mut block = unsafe { Box::from_raw(channel.cast::<ChannelBlock>()) };
+        block.magic = 0;
+        drop(block);
+    }
+}

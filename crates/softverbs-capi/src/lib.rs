@@ -1,0 +1,157 @@
+//! The softverbs drop-in `libibverbs.so.1`: the verbs C ABI of rdma-core 44 over the soft
+//! device, so that programs built against Debian's `libibverbs-dev` run unchanged with
+//! `LD_LIBRARY_PATH` pointing at a directory where this cdylib is named `libibverbs.so.1`.
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`abi`] | `#[repr(C)]` mirrors of the `verbs.h` structs, checked field by field against the installed header (`tests/abi_layout.rs`) |
+//! | [`boundary`] | the panic boundary and the three failure conventions (`NULL`+errno, errno return, `-1`+errno) |
+//! | [`handles`] | who owns every pointer that crosses the boundary; raw pointer → Rust reference, in one place |
+//! | [`device`] | device list, open/close, query device/port/GID/P_Key, `query_device_ex`, `query_rt_values_ex` |
+//! | [`pd`] | protection domains |
+//! | [`cq`] | completion channels (real); CQs (documented failure for now) |
+//! | [`qp`] | queue pairs (documented failure for now) |
+//! | [`mr`] | memory regions (documented failure for now) |
+//! | [`srq`] | shared receive queues (documented failure for now) |
+//! | [`ah`] | address handles (documented failure for now) |
+//! | [`misc`] | string tables, fork support, sysfs, rate conversions, kernel-struct copies, async events, import/ECE |
+//! | [`private`] | `IBVERBS_PRIVATE_34` provider symbols: inert stubs so libmlx5/libefa/librdmacm load |
+//!
+//! # Symbol versions
+//!
+//! Every export is bound to its rdma-core version node (`IBVERBS_1.0` … `IBVERBS_1.14`,
+//! `IBVERBS_PRIVATE_34`) by [`symver!`] next to the function: a `.symver trampoline,
+//! name@@NODE` directive on a jump to the (mangled, local) Rust function, so the dynamic
+//! symbol table holds exactly `name@@NODE`. `build.rs` defines the nodes and the SONAME.
+//! (rustc's own version script would bind a plain `#[no_mangle]` export to `Base`;
+//! reference `verbs-abi.md` §8.) The directives are left out of `cfg(test)` builds, whose
+//! test executables have no version nodes.
+//!
+//! # Failure conventions
+//!
+//! Functions the soft device does not implement yet are present (every target is linked
+//! `BIND_NOW`) and fail the way libibverbs documents: `NULL` with `errno = EOPNOTSUPP`, or
+//! the errno `EOPNOTSUPP` returned, or `-1` with `errno`. Each area module lists its
+//! functions and their status in a table.
+
+pub mod abi;
+pub mod boundary;
+pub mod handles;
+
+/// Exports the function `$name` as the dynamic symbol `$name@@$node`.
+///
+/// The exported symbol is a one-instruction trampoline (`jmp` to the Rust function)
+/// defined in the same assembly block as its `.symver` directive: the assembler requires a
+/// default-version (`@@`) symbol to be defined in the object that names it, and rustc may
+/// place a function and a `global_asm!` block in different codegen units (it does in
+/// release builds). The trampoline's own name is made local by rustc's version script;
+/// the Rust function keeps its mangled, local name. Function pointers the library stores
+/// in ops tables point at the Rust functions directly, so only calls by symbol pay the
+/// extra jump.
+#[macro_export]
+macro_rules! symver {
+    ($name:ident, $node:literal) => {
+        #[cfg(not(test))]
+        ::std::arch::global_asm!(
+            concat!(".pushsection .text.softverbs_export.", stringify!($name), ",\"ax\",@progbits"),
+            ".p2align 4",
+            concat!(".globl softverbs_export.", stringify!($name)),
+            concat!(".type softverbs_export.", stringify!($name), ",@function"),
+            concat!("softverbs_export.", stringify!($name), ":"),
+            "jmp {item}",
+            concat!(".size softverbs_export.", stringify!($name), ", . - softverbs_export.", stringify!($name)),
+            concat!(".symver softverbs_export.", stringify!($name), ", ", stringify!($name), "@@", $node),
+            ".popsection",
+            item = sym $name,
+        );
+    };
+}
+
+/// Exports a zero-initialised data object of `$size` bytes as `$name@@$node`. The object
+/// lives in the assembly (no Rust item), for symbols only C code reads.
+#[macro_export]
+macro_rules! symver_data {
+    ($name:ident, $size:literal, $node:literal) => {
+        #[cfg(not(test))]
+        ::std::arch::global_asm!(
+            concat!(
+                ".pushsection .bss.softverbs_export.",
+                stringify!($name),
+                ",\"aw\",@nobits"
+            ),
+            concat!(".globl softverbs_export.", stringify!($name)),
+            concat!(".type softverbs_export.", stringify!($name), ",@object"),
+            concat!(".size softverbs_export.", stringify!($name), ", ", $size),
+            concat!("softverbs_export.", stringify!($name), ":"),
+            concat!(".zero ", $size),
+            concat!(
+                ".symver softverbs_export.",
+                stringify!($name),
+                ", ",
+                stringify!($name),
+                "@@",
+                $node
+            ),
+            ".popsection",
+        );
+    };
+}
+
+/// Defines an exported function the soft device does not implement yet, failing the way
+/// libibverbs documents, and binds it to its version node:
+/// - `null`: returns `NULL` with `errno = EOPNOTSUPP`;
+/// - `errno`: returns `EOPNOTSUPP` (and sets `errno`);
+/// - `minus_one`: returns `-1` with `errno = EOPNOTSUPP`;
+/// - `void`: does nothing.
+///
+/// Arguments are never read, so the functions are safe to call with anything.
+#[macro_export]
+macro_rules! unsupported {
+    ($(#[$m:meta])* null $node:literal fn $name:ident($($ty:ty),* $(,)?) -> $ret:ty) => {
+        $(#[$m])*
+        ///
+        /// Not supported yet: returns `NULL` with `errno = EOPNOTSUPP`.
+        pub extern "C" fn $name($(_: $ty),*) -> $ret {
+            $crate::boundary::set_errno(::libc::EOPNOTSUPP);
+            ::std::ptr::null_mut()
+        }
+        $crate::symver!($name, $node);
+    };
+    ($(#[$m:meta])* errno $node:literal fn $name:ident($($ty:ty),* $(,)?)) => {
+        $(#[$m])*
+        ///
+        /// Not supported yet: returns `EOPNOTSUPP`.
+        pub extern "C" fn $name($(_: $ty),*) -> ::std::ffi::c_int {
+            $crate::boundary::set_errno(::libc::EOPNOTSUPP);
+            ::libc::EOPNOTSUPP
+        }
+        $crate::symver!($name, $node);
+    };
+    ($(#[$m:meta])* minus_one $node:literal fn $name:ident($($ty:ty),* $(,)?)) => {
+        $(#[$m])*
+        ///
+        /// Not supported yet: returns `-1` with `errno = EOPNOTSUPP`.
+        pub extern "C" fn $name($(_: $ty),*) -> ::std::ffi::c_int {
+            $crate::boundary::set_errno(::libc::EOPNOTSUPP);
+            -1
+        }
+        $crate::symver!($name, $node);
+    };
+    ($(#[$m:meta])* void $node:literal fn $name:ident($($ty:ty),* $(,)?)) => {
+        $(#[$m])*
+        ///
+        /// Not supported yet: does nothing.
+        pub extern "C" fn $name($(_: $ty),*) {}
+        $crate::symver!($name, $node);
+    };
+}
+
+pub mod ah;
+pub mod cq;
+pub mod device;
+pub mod misc;
+pub mod mr;
+pub mod pd;
+pub mod private;
+pub mod qp;
+pub mod srq;

@@ -1,0 +1,164 @@
+//! Unmodified Debian programs on the drop-in: `LD_LIBRARY_PATH` points at a directory
+//! where the built cdylib is `libibverbs.so.1`, and `LD_BIND_NOW=1` makes the loader bind
+//! every imported symbol before `main` (the binaries are linked `BIND_NOW` anyway;
+//! reference `verbs-abi.md` §0).
+//!
+//! - `ibv_devices` and `ibv_devinfo -v` (package `ibverbs-utils`) run to exit status 0 and
+//!   print the soft device: its name, port state, link layer and GID;
+//! - every `ibverbs-utils` and `perftest` program loads: its symbols and version nodes all
+//!   resolve against our library (and, for perftest, against the real librdmacm, libmlx5,
+//!   libefa, whose constructors call into us), and its `main` runs.
+//!
+//! A missing program is a failure naming the Debian package, never a skip.
+
+mod common;
+
+use std::path::Path;
+
+/// What the dynamic loader prints when a symbol or version node is missing.
+const LOADER_ERRORS: [&str; 4] = [
+    "symbol lookup error",
+    "undefined symbol",
+    "error while loading shared libraries",
+    "no version information available",
+];
+
+fn assert_loaded(program: &str, stdout: &str, stderr: &str) {
+    for error in LOADER_ERRORS {
+        assert!(
+            !stderr.contains(error) && !stdout.contains(error),
+            "{program} did not load against the drop-in ({error}):\n{stderr}"
+        );
+    }
+}
+
+/// Runs a program with `LD_DEBUG=files` and checks the loader took `libibverbs.so.1` from
+/// `lib_dir` (so a test cannot pass on the system library by accident).
+fn assert_uses_drop_in(lib_dir: &Path, program: &str, args: &[&str]) {
+    let out = std::process::Command::new(Path::new("/usr/bin").join(program))
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir)
+        .env("LD_BIND_NOW", "1")
+        .env("LD_DEBUG", "files")
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    let trace = String::from_utf8_lossy(&out.stderr);
+    let ours = lib_dir.join("libibverbs.so.1");
+    assert!(
+        trace.contains(&format!("calling init: {}", ours.display())),
+        "{program} did not load {}:\n{trace}",
+        ours.display()
+    );
+}
+
+#[test]
+fn ibv_devices_lists_softverbs0_with_its_node_guid() {
+    let lib = common::library_dir("ibv-devices");
+    let out = std::process::Command::new("/usr/bin/ibv_devices")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("LD_BIND_NOW", "1")
+        .env("SOFTVERBS_ADDR", "127.0.0.78:0")
+        .output();
+    let out =
+        out.expect("/usr/bin/ibv_devices is missing: install the Debian package ibverbs-utils");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_loaded("ibv_devices", &stdout, &stderr);
+    assert!(out.status.success(), "ibv_devices failed: {stdout}{stderr}");
+    // The node GUID is the device's: 02:53:56:ff + the IPv4 address (127.0.0.78).
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("softverbs0"))
+        .unwrap_or_else(|| panic!("softverbs0 not listed:\n{stdout}"));
+    assert!(line.contains("025356ff7f00004e"), "GUID: {line}");
+}
+
+#[test]
+fn ibv_devinfo_verbose_prints_the_device_port_and_gid() {
+    let lib = common::library_dir("ibv-devinfo");
+    let out = std::process::Command::new("/usr/bin/ibv_devinfo")
+        .arg("-v")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("LD_BIND_NOW", "1")
+        .env("SOFTVERBS_ADDR", "127.0.0.77:0")
+        .output()
+        .expect("/usr/bin/ibv_devinfo is missing: install the Debian package ibverbs-utils");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_loaded("ibv_devinfo", &stdout, &stderr);
+    assert!(
+        out.status.success(),
+        "ibv_devinfo -v failed: {stdout}{stderr}"
+    );
+    for expected in [
+        "hca_id:\tsoftverbs0",
+        "transport:\t\t\tInfiniBand (0)",
+        "node_guid:\t\t\t0253:56ff:7f00:004d",
+        "vendor_id:\t\t\t0xffffff",
+        "vendor_part_id:\t\t\t0",
+        "phys_port_cnt:\t\t\t1",
+        // query_device_ex through the extended context (reference §3.2).
+        "completion timestamp_mask:\t\t\t0xffffffffffffffff",
+        "hca_core_clock:\t\t\t1000000kHZ",
+        "num_comp_vectors:\t\t1",
+        // query_port through the extended context with sz = 648 (reference §9.4).
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "phys_state:\t\tLINK_UP (5)",
+        "GID[  0]:\t\t::ffff:127.0.0.77, RoCE v2",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "ibv_devinfo -v does not print {expected:?}:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn every_ibverbs_utils_program_loads_on_the_drop_in() {
+    let lib = common::library_dir("utils-load");
+    for program in [
+        "ibv_rc_pingpong",
+        "ibv_uc_pingpong",
+        "ibv_ud_pingpong",
+        "ibv_srq_pingpong",
+        "ibv_xsrq_pingpong",
+    ] {
+        // An unknown option: the program prints its usage from main and exits.
+        let (_, stdout, stderr) = common::run_on_drop_in(&lib, program, &["-h"], "ibverbs-utils");
+        assert_loaded(program, &stdout, &stderr);
+        assert!(
+            stdout.contains("Usage:") || stderr.contains("Usage:"),
+            "{program} did not reach main:\n{stdout}{stderr}"
+        );
+    }
+    assert_uses_drop_in(&lib, "ibv_rc_pingpong", &["-h"]);
+}
+
+#[test]
+fn every_perftest_program_loads_and_binds_all_symbols_on_the_drop_in() {
+    let lib = common::library_dir("perftest-load");
+    for program in [
+        "ib_send_lat",
+        "ib_send_bw",
+        "ib_write_lat",
+        "ib_write_bw",
+        "ib_read_lat",
+        "ib_read_bw",
+        "ib_atomic_lat",
+        "ib_atomic_bw",
+        "raw_ethernet_bw",
+        "raw_ethernet_lat",
+        "raw_ethernet_burst_lat",
+        "raw_ethernet_fs_rate",
+    ] {
+        // perftest prints its version from main (and exits 1, its convention for -V).
+        let (_, stdout, stderr) = common::run_on_drop_in(&lib, program, &["--version"], "perftest");
+        assert_loaded(program, &stdout, &stderr);
+        assert!(
+            stdout.contains("Version:"),
+            "{program} did not reach main:\n{stdout}{stderr}"
+        );
+    }
+    assert_uses_drop_in(&lib, "ib_send_lat", &["--version"]);
+}
