@@ -1,0 +1,79 @@
+//! `softverbs`: the command line of the softverbs userspace RDMA device.
+//!
+//! ```text
+//! softverbs devinfo [-v]                      the device, like ibv_devinfo
+//! softverbs pingpong                          RC ping-pong, both sides here over UDP loopback
+//! softverbs pingpong --server | --client HOST like ibv_rc_pingpong, two processes
+//! softverbs perf send|write|read|atomic lat|bw   perftest-like latency and bandwidth
+//! softverbs pcap FILE                         decode a RoCEv2 capture
+//! ```
+
+mod capture;
+mod conn;
+mod devinfo;
+mod perf;
+mod pingpong;
+mod stats;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Errors of any command, printed on stderr.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The softverbs userspace RDMA device (RoCEv2 over UDP, or in-process): device
+/// information, ping-pong, perftest-like benchmarks, capture decoding.
+#[derive(Parser, Debug)]
+#[command(name = "softverbs", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show the device like `ibv_devinfo` (-v: every attribute, like `ibv_devinfo -v`).
+    ///
+    /// The device is opened as any program opens it: SOFTVERBS_NETWORK (udp, the default,
+    /// or inprocess) and SOFTVERBS_ADDR (else the first free 127.0.0.x).
+    Devinfo(devinfo::DevinfoArgs),
+
+    /// RC send/receive ping-pong like `ibv_rc_pingpong`.
+    ///
+    /// With no arguments, both sides run in this process over UDP loopback (two devices on
+    /// two automatically chosen 127.0.0.x addresses, every packet crossing the kernel) and
+    /// the bandwidth, the time per iteration and the round-trip latency distribution are
+    /// printed. --server / --client HOST run one side each in two processes, exchanging
+    /// QP information over TCP (port 18515) in ibv_rc_pingpong's message format and
+    /// order; as with ibv_rc_pingpong, give both sides the same -s and -n.
+    Pingpong(pingpong::PingpongArgs),
+
+    /// perftest-like benchmarks: `perf OP lat|bw` with OP one of send, write, read, atomic.
+    ///
+    /// Latency runs print min / median / p99 / p99.9 / max (HdrHistogram); bandwidth runs
+    /// keep -t work requests outstanding and print Gbit/s and the message rate. By default
+    /// both sides run in this process over UDP loopback; --in-process uses the direct
+    /// in-process path; --server / --client HOST run two processes (the server takes its
+    /// parameters from the client).
+    Perf(perf::PerfArgs),
+
+    /// Decode a pcap capture of RoCEv2 traffic: one line per packet, then a summary.
+    Pcap(capture::PcapArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Devinfo(args) => devinfo::run(args),
+        Command::Pingpong(args) => pingpong::run(args),
+        Command::Perf(args) => perf::run(args),
+        Command::Pcap(args) => capture::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("softverbs: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
