@@ -270,8 +270,12 @@ impl CqBuilder {
     /// Creates a single-threaded CQ (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`): polling takes
     /// `&mut self` and no lock.
     pub fn build_single_threaded(self) -> Result<SingleThreadedCq, CreateError> {
+        let shared = self.shared()?;
+        let (slots, mask) = shared.ring().raw_parts();
         Ok(SingleThreadedCq {
-            shared: self.shared()?,
+            shared,
+            slots,
+            mask,
             _not_sync: PhantomData,
         })
     }
@@ -323,6 +327,8 @@ struct EventCounts {
     /// Events put on the channel (minus those purged unread at destroy).
     raised: u64,
     acked: u64,
+    /// Threads waiting in `destroy_wait` for an ack (an ack wakes them only if any).
+    waiters: u32,
 }
 
 /// The state producers, consumers and events share.
@@ -653,8 +659,12 @@ impl CqShared {
     pub(crate) fn ack(&self, n: u64) {
         let mut ev = lock(&self.events);
         ev.acked += n;
+        let waiters = ev.waiters;
         drop(ev);
-        self.events_acked_cv.notify_all();
+        // A futex wake is a system call: only when a destroy is waiting for this ack.
+        if waiters > 0 {
+            self.events_acked_cv.notify_all();
+        }
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -722,9 +732,11 @@ impl CqShared {
                     match deadline {
                         Some(deadline) if now < deadline => {
                             // Wait for an ack with no other lock held, then look again.
-                            let ev = lock(&this.events);
+                            let mut ev = lock(&this.events);
+                            ev.waiters += 1;
                             let step = (deadline - now).min(Duration::from_millis(10));
-                            drop(wait_timeout(&this.events_acked_cv, ev, step));
+                            let mut ev = wait_timeout(&this.events_acked_cv, ev, step);
+                            ev.waiters -= 1;
                         }
                         _ => return Err(DestroyError::UnacknowledgedEvents(n)),
                     }
@@ -1122,7 +1134,7 @@ impl CompletionQueue {
 
     /// Polls up to `wcs.len()` completions into `wcs` (`ibv_poll_cq(3)`), returning how
     /// many. An empty CQ costs two loads and takes no lock.
-    #[inline]
+    #[inline(always)]
     pub fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
         if self.shared.looks_empty() || wcs.is_empty() {
             if self.shared.state.load(Ordering::Relaxed) == STATE_ERROR {
@@ -1130,6 +1142,11 @@ impl CompletionQueue {
             }
             return Ok(0);
         }
+        self.poll_locked(wcs)
+    }
+
+    #[inline(never)]
+    fn poll_locked(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
         self.shared.consumer.lock.lock();
         let result = self.shared.poll_exclusive(wcs);
         self.shared.consumer.lock.unlock();
@@ -1178,8 +1195,15 @@ impl CompletionQueue {
 /// ```
 pub struct SingleThreadedCq {
     shared: Arc<CqShared>,
+    /// The current ring's slots and mask, cached: only `&mut self` resizes it.
+    slots: *const crate::ring::Slot,
+    mask: u64,
     _not_sync: PhantomData<Cell<()>>,
 }
+
+// SAFETY: `slots` points into the ring owned by `shared` (kept alive by the Arc), which any
+// thread may read; the raw pointer is only a cache of `shared.ring()`.
+unsafe impl Send for SingleThreadedCq {}
 
 impl fmt::Debug for SingleThreadedCq {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1200,8 +1224,22 @@ impl SingleThreadedCq {
     common_cq_methods!();
 
     /// Polls up to `wcs.len()` completions (`ibv_poll_cq(3)`), with no lock.
-    #[inline]
+    #[inline(always)]
     pub fn poll(&mut self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
+        let head = self.shared.consumer.head.load(Ordering::Relaxed);
+        // SAFETY: `slots`/`mask` are refreshed by every resize (`&mut self`), and the ring
+        // lives as long as `shared`.
+        if unsafe { crate::ring::peek_raw(self.slots, self.mask, head) } == Peek::Empty {
+            if self.shared.state.load(Ordering::Relaxed) == STATE_ERROR {
+                return Err(PollError::Overrun);
+            }
+            return Ok(0);
+        }
+        self.poll_nonempty(wcs)
+    }
+
+    #[inline(never)]
+    fn poll_nonempty(&mut self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
         self.shared.poll_exclusive(wcs)
     }
 
@@ -1215,7 +1253,9 @@ impl SingleThreadedCq {
 
     /// Resizes; see [`CompletionQueue::resize`].
     pub fn resize(&mut self, cqe: u32) -> Result<u32, ResizeError> {
-        self.shared.resize_exclusive(cqe)
+        let result = self.shared.resize_exclusive(cqe);
+        (self.slots, self.mask) = self.shared.ring().raw_parts();
+        result
     }
 }
 

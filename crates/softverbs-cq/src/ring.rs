@@ -150,6 +150,11 @@ impl Ring {
         slot.seq.store(pos + 1, Ordering::Release);
     }
 
+    /// The first slot and the index mask, for a consumer that caches them.
+    pub(crate) fn raw_parts(&self) -> (*const Slot, u64) {
+        (self.slots.as_ptr(), self.mask)
+    }
+
     /// Whether the entry for `pos` is there. `Acquire` pairs with the `Release` publication
     /// in [`Ring::write`].
     #[inline(always)]
@@ -201,6 +206,17 @@ impl Ring {
             }
         }
     }
+}
+
+/// [`Ring::peek`] through cached [`Ring::raw_parts`].
+///
+/// # Safety
+/// `slots` and `mask` come from `raw_parts` of a ring that is still allocated.
+#[inline(always)]
+pub(crate) unsafe fn peek_raw(slots: *const Slot, mask: u64, pos: u64) -> Peek {
+    // SAFETY: `pos & mask` is below the ring's capacity and the ring is alive (caller).
+    let slot = unsafe { &*slots.add((pos & mask) as usize) };
+    classify(slot.seq.load(Ordering::Acquire), pos)
 }
 
 /// What sequence word `seq` means for position `pos`.
