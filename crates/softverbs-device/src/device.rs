@@ -315,6 +315,9 @@ pub(crate) struct DeviceInner {
     /// Held from the end of a run (taken under the state lock) until its packets are
     /// handed to the transport or queued for local delivery, so they leave in order.
     tx: Mutex<()>,
+    /// Held from taking a packet off the transport until the engine has handled it, so
+    /// packets are handled in the order they arrived whichever thread receives them.
+    rx: Mutex<()>,
     /// The fault-injection layer of the transport, for its counters.
     fault_layer: Option<Arc<FaultTransport<Box<dyn Transport>>>>,
     events: AsyncEventQueue,
@@ -432,6 +435,7 @@ impl Device {
             }),
             transport,
             tx: Mutex::new(()),
+            rx: Mutex::new(()),
             fault_layer,
             events: AsyncEventQueue::new()?,
             wake: Condvar::new(),
@@ -884,30 +888,40 @@ impl DeviceInner {
                 std::thread::sleep(timeout.min(APP_POLLING_WINDOW));
             }
             Some(transport) => {
-                thread_local! {
-                    static RECV_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; 16 * 1024]);
-                }
-                let mut buf = RECV_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
-                if buf.len() < 16 * 1024 {
-                    buf = vec![0u8; 16 * 1024];
-                }
-                let mut timeout = Some(timeout);
-                // Handle everything already queued, waiting only for the first packet.
-                for _ in 0..64 {
-                    match transport.recv(&mut buf, timeout) {
-                        Ok(Some(rx)) => {
-                            self.receive(&buf[..rx.len], rx.from.addr());
-                            timeout = Some(Duration::ZERO);
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "receive failed");
-                            std::thread::sleep(PROGRESS_TICK);
-                            break;
-                        }
+                // Wait without the receive lock; then take packets off and handle them
+                // under it, so two receiving threads cannot swap two packets.
+                if wait.is_none() {
+                    if let Err(e) = transport.wait_readable(timeout) {
+                        tracing::warn!(error = %e, "waiting for packets failed");
+                        std::thread::sleep(PROGRESS_TICK);
                     }
                 }
-                RECV_BUF.with(|b| *b.borrow_mut() = buf);
+                let receiving = if wait.is_none() {
+                    Some(lock(&self.rx))
+                } else {
+                    self.rx.try_lock().ok()
+                };
+                if let Some(_receiving) = receiving {
+                    thread_local! {
+                        static RECV_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; 16 * 1024]);
+                    }
+                    let mut buf = RECV_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+                    if buf.len() < 16 * 1024 {
+                        buf = vec![0u8; 16 * 1024];
+                    }
+                    // Handle everything already queued, without waiting.
+                    for _ in 0..64 {
+                        match transport.recv(&mut buf, Some(Duration::ZERO)) {
+                            Ok(Some(rx)) => self.receive(&buf[..rx.len], rx.from.addr()),
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "receive failed");
+                                break;
+                            }
+                        }
+                    }
+                    RECV_BUF.with(|b| *b.borrow_mut() = buf);
+                }
             }
             None => {
                 if !timeout.is_zero() {

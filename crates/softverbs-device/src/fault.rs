@@ -383,6 +383,17 @@ impl<T: Transport> Transport for FaultTransport<T> {
         result
     }
 
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        // Held (delayed or reordered) packets are released by later calls: do not sleep
+        // long past their time.
+        let timeout = if self.held() > 0 {
+            timeout.min(Duration::from_millis(1))
+        } else {
+            timeout
+        };
+        self.inner.wait_readable(timeout)
+    }
+
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {

@@ -359,6 +359,10 @@ impl<T: Transport> Transport for PcapTransport<T> {
         Ok(())
     }
 
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        self.inner.wait_readable(timeout)
+    }
+
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
         let received = self.inner.recv(buf, timeout)?;
         if let Some(received) = &received {

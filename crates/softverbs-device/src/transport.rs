@@ -419,6 +419,14 @@ pub trait Transport: Send + Sync {
     /// Receives the next good packet into the front of `buf`; see the trait contract.
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>>;
 
+    /// Waits up to `timeout` until a packet may be there to receive, without receiving it
+    /// (so a caller can wait without holding the lock that orders its receives). May
+    /// return early; the default sleeps briefly.
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        std::thread::sleep(timeout.min(Duration::from_micros(200)));
+        Ok(())
+    }
+
     /// A snapshot of the counters.
     fn counters(&self) -> TransportCounters;
 }
@@ -438,6 +446,9 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
     }
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
         (**self).recv(buf, timeout)
+    }
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        (**self).wait_readable(timeout)
     }
     fn counters(&self) -> TransportCounters {
         (**self).counters()
@@ -459,6 +470,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
         (**self).recv(buf, timeout)
+    }
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        (**self).wait_readable(timeout)
     }
     fn counters(&self) -> TransportCounters {
         (**self).counters()

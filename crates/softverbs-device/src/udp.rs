@@ -613,6 +613,10 @@ impl Transport for UdpTransport {
     fn counters(&self) -> TransportCounters {
         self.counters.snapshot()
     }
+
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        wait_readable(&self.socket, Some(timeout)).map(|_| ())
+    }
 }
 
 #[cfg(test)]
