@@ -188,6 +188,10 @@ fn server(o: &Options) -> Result<String, Failure> {
         ))?;
     }
     connect(&conn, peer, o)?;
+    // Tell the client this QP is in RTR/RTS with its receives posted, so its first packet
+    // does not meet a QP still in INIT (dropped, then retransmitted after a timeout), as
+    // ibv_rc_pingpong's closing exchange does.
+    writeln!(stream, "ready")?;
     let deadline = Instant::now() + o.deadline;
     let mut sends_seen: u64 = 0;
     loop {
@@ -269,6 +273,11 @@ fn client(o: &Options) -> Result<String, Failure> {
         &[local.slice(ok_base..ok_base + SLOT)?],
     ))?;
     connect(&conn, peer, o)?;
+    line.clear();
+    reader.read_line(&mut line)?;
+    if line.trim() != "ready" {
+        return Err(Failure::Setup(format!("server said {line:?}, not ready")));
+    }
     let deadline = Instant::now() + o.deadline;
     let at = |offset: usize| RemoteAddr::new(target.addr + offset as u64, target.rkey);
     let slot_of = |i: u64| SLOTS_BASE + ((i / 6) as usize % WRITE_SLOTS) * SLOT;

@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test binary uses a different part of these helpers
 //! Running the verifying peer as processes, bounded in time.
 
 use std::io::{BufRead, BufReader, Read};
