@@ -9,8 +9,11 @@ step() { printf '\n==> %s\n' "$*"; }
 die() { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
 
 # Debian packages: verbs.h and the real libibverbs (layout and status-string tests), the man
-# pages the tests cite, a C compiler, tshark (decodes our RoCEv2 captures).
-packages=(libibverbs-dev rdma-core ibverbs-utils gcc libc6-dev pkg-config tshark)
+# pages the tests cite, the unmodified programs the drop-in must load (ibverbs-utils,
+# perftest), a C compiler, binutils (objdump checks symbol versions), tshark (decodes our
+# RoCEv2 captures), iproute2 and iptables (two hosts as network namespaces, packet loss).
+packages=(libibverbs-dev rdma-core ibverbs-utils perftest gcc libc6-dev pkg-config binutils
+  tshark iproute2 iptables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,6 +26,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
 fi
 [ -f /usr/include/infiniband/verbs.h ] || die "verbs.h missing after installing libibverbs-dev"
+# The two-host tests make network namespaces: they need root, as CI runs.
+[ "$(id -u)" = 0 ] || die "the suite needs root (network namespaces for the two-host tests)"
 
 step "toolchains"
 rustup show active-toolchain

@@ -23,33 +23,6 @@ use crate::boundary::set_errno;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
-const WC_STATUS_STR: [&CStr; 24] = [
-    c"success",
-    c"local length error",
-    c"local QP operation error",
-    c"local EE context operation error",
-    c"local protection error",
-    c"Work Request Flushed Error",
-    c"memory management operation error",
-    c"bad response error",
-    c"local access error",
-    c"remote invalid request error",
-    c"remote access error",
-    c"remote operation error",
-    c"transport retry counter exceeded",
-    c"RNR retry counter exceeded",
-    c"local RDD violation error",
-    c"remote invalid RD request",
-    c"aborted error",
-    c"invalid EE context number",
-    c"invalid EE context state",
-    c"fatal error",
-    c"response timeout error",
-    c"general error",
-    c"TM error",
-    c"TM software rendezvous",
-];
-
 const NODE_TYPE_STR: [&CStr; 7] = [
     c"InfiniBand channel adapter",
     c"InfiniBand switch",
@@ -103,7 +76,12 @@ fn lookup(table: &[&'static CStr], index: i64) -> *const c_char {
 
 /// `ibv_wc_status_str(3)`: a static string, "unknown" for values the header does not name.
 pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
-    lookup(&WC_STATUS_STR, i64::from(status))
+    // The cq crate holds the one table of status texts (rdma-core 44's wording).
+    u32::try_from(status)
+        .map_or(c"unknown", |raw| {
+            softverbs_cq::WcStatus::from_raw(raw).as_c_str()
+        })
+        .as_ptr()
 }
 symver!(ibv_wc_status_str, "IBVERBS_1.1");
 

@@ -12,6 +12,7 @@
 //! - Values the C side can hand us that no enum names survive as `Unknown(raw)` arms.
 
 use bitflags::bitflags;
+use std::ffi::CStr;
 use std::fmt;
 
 /// Completion status (`enum ibv_wc_status`).
@@ -76,31 +77,31 @@ pub enum WcStatus {
     Unknown(u32),
 }
 
-const STATUS_TABLE: [(WcStatus, &str); 24] = [
-    (WcStatus::Success, "success"),
-    (WcStatus::LocLenErr, "local length error"),
-    (WcStatus::LocQpOpErr, "local QP operation error"),
-    (WcStatus::LocEecOpErr, "local EE context operation error"),
-    (WcStatus::LocProtErr, "local protection error"),
-    (WcStatus::WrFlushErr, "Work Request Flushed Error"),
-    (WcStatus::MwBindErr, "memory management operation error"),
-    (WcStatus::BadRespErr, "bad response error"),
-    (WcStatus::LocAccessErr, "local access error"),
-    (WcStatus::RemInvReqErr, "remote invalid request error"),
-    (WcStatus::RemAccessErr, "remote access error"),
-    (WcStatus::RemOpErr, "remote operation error"),
-    (WcStatus::RetryExcErr, "transport retry counter exceeded"),
-    (WcStatus::RnrRetryExcErr, "RNR retry counter exceeded"),
-    (WcStatus::LocRddViolErr, "local RDD violation error"),
-    (WcStatus::RemInvRdReqErr, "remote invalid RD request"),
-    (WcStatus::RemAbortErr, "aborted error"),
-    (WcStatus::InvEecnErr, "invalid EE context number"),
-    (WcStatus::InvEecStateErr, "invalid EE context state"),
-    (WcStatus::FatalErr, "fatal error"),
-    (WcStatus::RespTimeoutErr, "response timeout error"),
-    (WcStatus::GeneralErr, "general error"),
-    (WcStatus::TmErr, "TM error"),
-    (WcStatus::TmRndvIncomplete, "TM software rendezvous"),
+const STATUS_TABLE: [(WcStatus, &CStr); 24] = [
+    (WcStatus::Success, c"success"),
+    (WcStatus::LocLenErr, c"local length error"),
+    (WcStatus::LocQpOpErr, c"local QP operation error"),
+    (WcStatus::LocEecOpErr, c"local EE context operation error"),
+    (WcStatus::LocProtErr, c"local protection error"),
+    (WcStatus::WrFlushErr, c"Work Request Flushed Error"),
+    (WcStatus::MwBindErr, c"memory management operation error"),
+    (WcStatus::BadRespErr, c"bad response error"),
+    (WcStatus::LocAccessErr, c"local access error"),
+    (WcStatus::RemInvReqErr, c"remote invalid request error"),
+    (WcStatus::RemAccessErr, c"remote access error"),
+    (WcStatus::RemOpErr, c"remote operation error"),
+    (WcStatus::RetryExcErr, c"transport retry counter exceeded"),
+    (WcStatus::RnrRetryExcErr, c"RNR retry counter exceeded"),
+    (WcStatus::LocRddViolErr, c"local RDD violation error"),
+    (WcStatus::RemInvRdReqErr, c"remote invalid RD request"),
+    (WcStatus::RemAbortErr, c"aborted error"),
+    (WcStatus::InvEecnErr, c"invalid EE context number"),
+    (WcStatus::InvEecStateErr, c"invalid EE context state"),
+    (WcStatus::FatalErr, c"fatal error"),
+    (WcStatus::RespTimeoutErr, c"response timeout error"),
+    (WcStatus::GeneralErr, c"general error"),
+    (WcStatus::TmErr, c"TM error"),
+    (WcStatus::TmRndvIncomplete, c"TM software rendezvous"),
 ];
 
 impl WcStatus {
@@ -156,12 +157,19 @@ impl WcStatus {
     }
 
     /// The text `ibv_wc_status_str(3)` gives for this status ("unknown" for values the
-    /// header does not name).
-    pub const fn as_str(self) -> &'static str {
+    /// header does not name), NUL-terminated for the C side.
+    pub const fn as_c_str(self) -> &'static CStr {
         match self {
-            WcStatus::Unknown(_) => "unknown",
+            WcStatus::Unknown(_) => c"unknown",
             known => STATUS_TABLE[known.to_raw() as usize].1,
         }
+    }
+
+    /// The text `ibv_wc_status_str(3)` gives for this status ("unknown" for values the
+    /// header does not name).
+    pub fn as_str(self) -> &'static str {
+        // Every entry is ASCII, so the conversion cannot fail.
+        self.as_c_str().to_str().unwrap_or("unknown")
     }
 
     /// True for [`WcStatus::Success`].
