@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job until the device exists: measure the completion queue and the protocol
+# Measure the completion queue and the protocol
 # engine against baselines run side by side, and print the ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
