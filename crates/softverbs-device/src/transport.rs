@@ -431,53 +431,47 @@ pub trait Transport: Send + Sync {
     fn counters(&self) -> TransportCounters;
 }
 
-impl<T: Transport + ?Sized> Transport for Arc<T> {
-    fn local(&self) -> Endpoint {
-        (**self).local()
-    }
-    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
-        (**self).prepare(to, src_port, ib_packet)
-    }
-    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
-        (**self).transmit(to, sent, ib_packet)
-    }
-    fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
-        (**self).send(to, src_port, ib_packet)
-    }
-    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
-        (**self).recv(buf, timeout)
-    }
-    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
-        (**self).wait_readable(timeout)
-    }
-    fn counters(&self) -> TransportCounters {
-        (**self).counters()
-    }
+/// Forwards every method of [`Transport`] through a smart pointer, so `Arc<T>` and
+/// `Box<T>` (and `Box<dyn Transport>`) are transports too.
+macro_rules! forward_transport {
+    ($pointer:ident) => {
+        impl<T: Transport + ?Sized> Transport for $pointer<T> {
+            fn local(&self) -> Endpoint {
+                (**self).local()
+            }
+            fn prepare(
+                &self,
+                to: &Endpoint,
+                src_port: u16,
+                ib_packet: &mut [u8],
+            ) -> io::Result<Sent> {
+                (**self).prepare(to, src_port, ib_packet)
+            }
+            fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
+                (**self).transmit(to, sent, ib_packet)
+            }
+            fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+                (**self).send(to, src_port, ib_packet)
+            }
+            fn recv(
+                &self,
+                buf: &mut [u8],
+                timeout: Option<Duration>,
+            ) -> io::Result<Option<Received>> {
+                (**self).recv(buf, timeout)
+            }
+            fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+                (**self).wait_readable(timeout)
+            }
+            fn counters(&self) -> TransportCounters {
+                (**self).counters()
+            }
+        }
+    };
 }
 
-impl<T: Transport + ?Sized> Transport for Box<T> {
-    fn local(&self) -> Endpoint {
-        (**self).local()
-    }
-    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
-        (**self).prepare(to, src_port, ib_packet)
-    }
-    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
-        (**self).transmit(to, sent, ib_packet)
-    }
-    fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
-        (**self).send(to, src_port, ib_packet)
-    }
-    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
-        (**self).recv(buf, timeout)
-    }
-    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
-        (**self).wait_readable(timeout)
-    }
-    fn counters(&self) -> TransportCounters {
-        (**self).counters()
-    }
-}
+forward_transport!(Arc);
+forward_transport!(Box);
 
 /// The IP header a packet of `ib_len` bytes from `from` to `to` carries when the sender
 /// writes it the way softverbs does: IPv4 as Linux writes it for an unconnected
