@@ -659,12 +659,19 @@ impl Device {
     /// Called by a poll that found its CQ empty, so a busy-polling application needs no
     /// other thread to make progress.
     pub fn progress(&self) {
-        if self.inner.transport.is_some() {
-            self.inner
-                .last_app_progress
-                .store(DeviceClock::now(), Ordering::Relaxed);
+        let inner = &self.inner;
+        if inner.transport.is_none() {
+            // In-process packets arrive by direct hand-over: only timers can be due, and an
+            // idle poll with none pending reads neither the clock nor a lock.
+            let deadline = inner.next_deadline.load(Ordering::Relaxed);
+            if deadline != u64::MAX && deadline <= DeviceClock::now() {
+                inner.run_due_timers(DeviceClock::now());
+            }
+            return;
         }
-        self.inner.progress_once(Some(Duration::ZERO));
+        let now = DeviceClock::now();
+        inner.last_app_progress.store(now, Ordering::Relaxed);
+        inner.progress_once(now, Some(Duration::ZERO));
     }
 
     /// Whether packets for devices of this process are handed over directly (the
@@ -712,7 +719,7 @@ fn progress_loop(weak: Weak<DeviceInner>) {
         if inner.shutdown.load(Ordering::Acquire) {
             return;
         }
-        inner.progress_once(None);
+        inner.progress_once(DeviceClock::now(), None);
     }
 }
 
@@ -868,8 +875,7 @@ impl DeviceInner {
 
     /// One round of progress: receive (waiting up to `wait`, or until the next deadline
     /// when `None`), handle, and run due timers.
-    fn progress_once(self: &Arc<Self>, wait: Option<Duration>) {
-        let now = DeviceClock::now();
+    fn progress_once(self: &Arc<Self>, now: u64, wait: Option<Duration>) {
         let deadline = self.next_deadline.load(Ordering::Relaxed);
         let until_deadline =
             (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(now)));
@@ -941,20 +947,30 @@ impl DeviceInner {
                 }
             }
         }
-        let now = DeviceClock::now();
+        // After a wait the clock has moved; a non-waiting call reuses its reading.
+        let now = if wait.is_some_and(|w| w.is_zero()) {
+            now
+        } else {
+            DeviceClock::now()
+        };
         if self.next_deadline.load(Ordering::Relaxed) <= now {
-            self.run(|st| {
-                if st.engine.poll_timeout().is_some_and(|d| d <= now) {
-                    st.engine.handle_timeout(now);
-                }
-                for route in st.routes.values() {
-                    route.send.moderation_timer(now);
-                    if route.recv.cq_id() != route.send.cq_id() {
-                        route.recv.moderation_timer(now);
-                    }
-                }
-            });
+            self.run_due_timers(now);
         }
+    }
+
+    /// Runs the engine's timers and the CQs' moderation timers that are due at `now`.
+    fn run_due_timers(self: &Arc<Self>, now: u64) {
+        self.run(|st| {
+            if st.engine.poll_timeout().is_some_and(|d| d <= now) {
+                st.engine.handle_timeout(now);
+            }
+            for route in st.routes.values() {
+                route.send.moderation_timer(now);
+                if route.recv.cq_id() != route.send.cq_id() {
+                    route.recv.moderation_timer(now);
+                }
+            }
+        });
     }
 }
 
