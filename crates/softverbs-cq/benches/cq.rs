@@ -404,39 +404,6 @@ struct OwnerBitSlot {
     words: [AtomicU64; 6],
 }
 
-fn to_words(wc: &WorkCompletion) -> [u64; 6] {
-    let r = wc.raw();
-    [
-        r.wr_id,
-        u64::from(r.status) | (u64::from(r.opcode) << 32),
-        u64::from(r.vendor_err) | (u64::from(r.byte_len) << 32),
-        u64::from(r.imm_or_rkey) | (u64::from(r.qp_num) << 32),
-        u64::from(r.src_qp) | (u64::from(r.wc_flags) << 32),
-        u64::from(r.pkey_index)
-            | (u64::from(r.slid) << 16)
-            | (u64::from(r.sl) << 32)
-            | (u64::from(r.dlid_path_bits) << 40),
-    ]
-}
-
-fn from_words(w: [u64; 6]) -> WorkCompletion {
-    WorkCompletion::from_raw(softverbs_cq::RawFields {
-        wr_id: w[0],
-        status: w[1] as u32,
-        opcode: (w[1] >> 32) as u32,
-        vendor_err: w[2] as u32,
-        byte_len: (w[2] >> 32) as u32,
-        imm_or_rkey: w[3] as u32,
-        qp_num: (w[3] >> 32) as u32,
-        src_qp: w[4] as u32,
-        wc_flags: (w[4] >> 32) as u32,
-        pkey_index: w[5] as u16,
-        slid: (w[5] >> 16) as u16,
-        sl: (w[5] >> 32) as u8,
-        dlid_path_bits: (w[5] >> 40) as u8,
-    })
-}
-
 impl OwnerBitRing {
     fn new(capacity: usize) -> Self {
         OwnerBitRing {
@@ -461,7 +428,7 @@ impl OwnerBitRing {
                 std::hint::spin_loop();
             }
             let slot = &self.slots[(pos & self.mask) as usize];
-            for (word, value) in slot.words.iter().zip(to_words(&wc(pos))) {
+            for (word, value) in slot.words.iter().zip(wc(pos).to_words()) {
                 word.store(value, Ordering::Relaxed);
             }
             // Release: the consumer's Acquire load of `pos + 1` sees the words.
@@ -478,7 +445,7 @@ impl OwnerBitRing {
             if slot.seq.load(Ordering::Acquire) != *head + 1 {
                 break;
             }
-            out[n] = from_words(std::array::from_fn(|i| {
+            out[n] = WorkCompletion::from_words(std::array::from_fn(|i| {
                 slot.words[i].load(Ordering::Relaxed)
             }));
             n += 1;

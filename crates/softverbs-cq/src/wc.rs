@@ -565,9 +565,10 @@ impl WorkCompletion {
         }
     }
 
-    /// The completion as six 64-bit words, in memory order (how the ring stores it).
+    /// The completion as six 64-bit words, in memory order on little-endian machines (how
+    /// the ring stores it, one relaxed atomic per word).
     #[inline(always)]
-    pub(crate) fn to_words(self) -> [u64; 6] {
+    pub fn to_words(self) -> [u64; 6] {
         let w1 = u64::from(self.status) | (u64::from(self.opcode) << 32);
         let w2 = u64::from(self.vendor_err) | (u64::from(self.byte_len) << 32);
         let w3 = u64::from(self.imm_or_rkey) | (u64::from(self.qp_num) << 32);
@@ -581,7 +582,7 @@ impl WorkCompletion {
 
     /// The inverse of [`WorkCompletion::to_words`].
     #[inline(always)]
-    pub(crate) fn from_words(w: [u64; 6]) -> Self {
+    pub fn from_words(w: [u64; 6]) -> Self {
         WorkCompletion {
             wr_id: w[0],
             status: w[1] as u32,
