@@ -227,6 +227,10 @@ fn server(o: &Options) -> Result<String, Failure> {
             let wc = next_completion(&conn.cq, deadline)?;
             wc.result()
                 .map_err(|f| Failure::Completion(f.status().to_string()))?;
+            // The client keeps its QP until it hears this: had it left as soon as "OK"
+            // arrived, a lost ACK of "OK" would leave this side retransmitting to a
+            // closed QP until RETRY_EXC_ERR (the closing exchange of ibv_rc_pingpong).
+            writeln!(stream, "bye")?;
             return Ok(format!(
                 "server: {n} messages, {sends_seen} sends verified, counter {sum}, cas {cas}"
             ));
@@ -416,6 +420,18 @@ fn client(o: &Options) -> Result<String, Failure> {
         }
     }
     let elapsed = started.elapsed();
+    // Stay connected (the progress thread answers a retransmitted "OK" whose ACK was
+    // lost) until the server has its completion for "OK".
+    stream.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(1)),
+    ))?;
+    line.clear();
+    reader.read_line(&mut line)?;
+    if line.trim() != "bye" {
+        return Err(Failure::Setup(format!("server said {line:?}, not bye")));
+    }
     let counters = ctx.device().counters();
     Ok(format!(
         "client: {} messages verified in {:.2} s; retransmitted packets {}, timeouts {}, naks received {}",
