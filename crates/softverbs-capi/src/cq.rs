@@ -3,16 +3,230 @@
 //! | function | version | status |
 //! |---|---|---|
 //! | `ibv_create_comp_channel`, `ibv_destroy_comp_channel` | 1.0 | real: the fd is a [`CompletionChannel`]'s eventfd (pollable, honours `O_NONBLOCK`) |
-//! | `ibv_create_cq`, `ibv_destroy_cq`, `ibv_resize_cq`, `ibv_get_cq_event`, `ibv_ack_cq_events` | 1.1 | documented failure (next slice) |
-//! | `ops.poll_cq`, `ops.req_notify_cq` | (ops) | documented failure (next slice); always non-NULL |
-//! | `verbs_context.create_cq_ex`, `.modify_cq` | (ops) | NULL: the inline gives `EOPNOTSUPP` |
+//! | `ibv_create_cq`, `ibv_destroy_cq`, `ibv_resize_cq` | 1.1 | real |
+//! | `ibv_get_cq_event`, `ibv_ack_cq_events` | 1.1 | real: events name the `struct ibv_cq *`; `ibv_destroy_cq` waits until every delivered event is acknowledged. Deviation: an event whose CQ is empty when it is taken is dropped and the CQ re-armed (see [`ibv_get_cq_event`]) |
+//! | `ops.poll_cq`, `ops.req_notify_cq` | (ops) | real; an empty poll runs the device's progress once and polls again |
+//! | `verbs_context.create_cq_ex` | (ops) | real: every `wc_flags` field, `SINGLE_THREADED` (accepted; the CQ stays thread-safe) and `IGNORE_OVERRUN` (overwrite) flags |
+//! | `verbs_context.modify_cq` | (ops) | real: moderation (`cq_count`, `cq_period`) |
+//! | `ibv_cq_ex` `start_poll` / `next_poll` / `end_poll` / `read_*` | (ops) | real; a field not requested at creation reads as 0 |
+//!
+//! A CQ block begins with a full `struct ibv_cq_ex` for both kinds of CQ (an `ibv_cq` is its
+//! first 128 bytes), so every entry point takes either pointer.
 
 use crate::abi::*;
-use crate::boundary::{errno_code, pointer};
-use crate::handles::{ChannelBlock, ContextBlock};
-use softverbs_cq::CompletionChannel;
+use crate::boundary::{errno_code, guarded, infallible, minus_one, pointer, Errno};
+use crate::handles::{Block, ChannelBlock, ContextBlock, DeviceEntry, Tagged};
+use softverbs_cq::{
+    AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqBuilder, Moderation,
+    OverrunPolicy, PollBatch,
+};
+use softverbs_device::AsyncEvent;
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+/// `IBV_CQ_INIT_ATTR_MASK_PD`.
+const CQ_INIT_ATTR_MASK_PD: u32 = 2;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`.
+const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
+/// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`.
+const CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 2;
+/// `IBV_CQ_MODERATE`.
+const CQ_MODERATE: u32 = 1;
+/// `IBV_CREATE_CQ_SUP_WC_FLAGS`: the `wc_flags` rdma-core 44 defines.
+const CREATE_CQ_SUP_WC_FLAGS: u64 = 0xfff;
+
+/// How long `ibv_destroy_cq` waits for delivered events to be acknowledged. libibverbs
+/// waits forever; a day is forever for a test and still lets a stuck program be diagnosed.
+const DESTROY_ACK_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// The library's part of a CQ.
+pub struct CqState {
+    /// The extended poll in progress (`start_poll` … `end_poll`). Declared before `cq`,
+    /// which it borrows, so it is dropped first.
+    batch: UnsafeCell<Option<PollBatch<'static>>>,
+    /// The queue.
+    pub cq: CompletionQueue,
+    /// The device (progress on an empty poll, async events).
+    pub entry: &'static DeviceEntry,
+    /// The channel C named at creation (its `refcnt` is ours to keep).
+    channel: *mut ibv_comp_channel,
+    /// The mode of the last `ibv_req_notify_cq` (re-armed when a stale event is dropped).
+    solicited_only: AtomicBool,
+}
+
+impl Tagged for CqState {
+    const MAGIC: u64 = u64::from_be_bytes(*b"svcq\0\0\0\x01");
+}
+
+/// A CQ as C sees it, followed by its state.
+pub type CqBlock = Block<ibv_cq_ex, CqState>;
+
+/// The state of a CQ pointer from C.
+///
+/// # Safety
+///
+/// `cq` is NULL or a CQ this library created and not yet destroyed.
+pub unsafe fn cq_state<'a>(cq: *mut ibv_cq) -> Result<&'a CqState, Errno> {
+    // SAFETY: per the contract (a CQ block begins with its `ibv_cq_ex`).
+    unsafe { CqBlock::state(cq.cast()) }
+}
+
+/// What creation asked for, from either `ibv_create_cq` or `ibv_create_cq_ex`.
+struct CqRequest {
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+    wc_flags: u64,
+    ignore_overrun: bool,
+    extended: bool,
+}
+
+/// Creates a CQ block for `context`.
+///
+/// # Safety
+///
+/// `context` is an open context; `request.channel` is NULL or a live channel.
+unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut ibv_cq_ex, Errno> {
+    // SAFETY: per the contract.
+    let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+    let entry = ctx.entry;
+    let max_cqe = entry.device.query_device().max_cqe;
+    if request.cqe < 1 || request.cqe as u32 > max_cqe {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract, `num_comp_vectors` is the context's own field.
+    let vectors = unsafe { (*context).num_comp_vectors };
+    if request.comp_vector < 0 || request.comp_vector >= vectors {
+        return Err(libc::EINVAL);
+    }
+    // The device entry lives for the process, so the sink can hold it.
+    let sink: AsyncEventSink = Arc::new(move |event| {
+        let CqAsyncEvent::CqError {
+            cq_id,
+            user_context,
+        } = event;
+        entry.device.async_events().push(AsyncEvent::CqError {
+            cq_id,
+            user_context,
+        });
+    });
+    let mut builder = CqBuilder::new(request.cqe as u32)
+        .raw_fields(request.wc_flags)
+        .comp_vector(request.comp_vector as u32)
+        .async_events(sink);
+    if request.ignore_overrun {
+        builder = builder.overrun(OverrunPolicy::Overwrite);
+    }
+    if !request.channel.is_null() {
+        // SAFETY: per the contract.
+        let channel = unsafe { ChannelBlock::from_ptr(request.channel) }?;
+        builder = builder.channel(&channel.inner);
+    }
+    let cq = builder.build().map_err(|e| e.errno())?;
+    let capacity = cq.capacity();
+    let ops = extended_ops(request.extended);
+    let c = ibv_cq_ex {
+        context,
+        channel: request.channel,
+        cq_context: request.cq_context,
+        handle: cq.id() as u32,
+        cqe: capacity.min(i32::MAX as u32) as c_int,
+        mutex: PthreadMutex::default(),
+        cond: PthreadCond::default(),
+        comp_events_completed: 0,
+        async_events_completed: 0,
+        comp_mask: 0,
+        status: 0,
+        wr_id: 0,
+        ..ops
+    };
+    let ptr = CqBlock::allocate(
+        c,
+        CqState {
+            batch: UnsafeCell::new(None),
+            cq,
+            entry,
+            channel: request.channel,
+            solicited_only: AtomicBool::new(false),
+        },
+    );
+    // SAFETY: just allocated.
+    let state = unsafe { CqBlock::state(ptr) }?;
+    // Events and async events name the CQ by the pointer C knows.
+    state.cq.set_user_context(ptr as u64);
+    if !request.channel.is_null() {
+        // SAFETY: `refcnt` is a live int of the channel; libibverbs updates it under the
+        // context mutex, we update it atomically.
+        unsafe { AtomicI32::from_ptr(&raw mut (*request.channel).refcnt) }
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(ptr)
+}
+
+/// The extended-poll ops of an `ibv_cq_ex` (`None` for a plain `ibv_cq`, whose struct ends
+/// before them), with the other fields zeroed.
+fn extended_ops(extended: bool) -> ibv_cq_ex {
+    let mut c = ibv_cq_ex {
+        context: std::ptr::null_mut(),
+        channel: std::ptr::null_mut(),
+        cq_context: std::ptr::null_mut(),
+        handle: 0,
+        cqe: 0,
+        mutex: PthreadMutex::default(),
+        cond: PthreadCond::default(),
+        comp_events_completed: 0,
+        async_events_completed: 0,
+        comp_mask: 0,
+        status: 0,
+        wr_id: 0,
+        start_poll: None,
+        next_poll: None,
+        end_poll: None,
+        read_opcode: None,
+        read_vendor_err: None,
+        read_byte_len: None,
+        read_imm_data: None,
+        read_qp_num: None,
+        read_src_qp: None,
+        read_wc_flags: None,
+        read_slid: None,
+        read_sl: None,
+        read_dlid_path_bits: None,
+        read_completion_ts: None,
+        read_cvlan: None,
+        read_flow_tag: None,
+        read_tm_info: None,
+        read_completion_wallclock_ns: None,
+    };
+    if extended {
+        c.start_poll = Some(start_poll);
+        c.next_poll = Some(next_poll);
+        c.end_poll = Some(end_poll);
+        c.read_opcode = Some(read_opcode);
+        c.read_vendor_err = Some(read_vendor_err);
+        c.read_byte_len = Some(read_byte_len);
+        c.read_imm_data = Some(read_imm_data);
+        c.read_qp_num = Some(read_qp_num);
+        c.read_src_qp = Some(read_src_qp);
+        c.read_wc_flags = Some(read_wc_flags);
+        c.read_slid = Some(read_slid);
+        c.read_sl = Some(read_sl);
+        c.read_dlid_path_bits = Some(read_dlid_path_bits);
+        c.read_completion_ts = Some(read_completion_ts);
+        c.read_cvlan = Some(read_cvlan);
+        c.read_flow_tag = Some(read_flow_tag);
+        c.read_tm_info = Some(read_tm_info);
+        c.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
+    }
+    c
+}
 
 /// `ibv_create_comp_channel(3)`: `NULL` with errno on failure.
 ///
@@ -49,8 +263,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         // SAFETY: per the contract.
         let block = unsafe { ChannelBlock::from_ptr(channel) }?;
         // SAFETY: `refcnt` is read through the raw pointer: C owns the struct's fields.
-        let refcnt = unsafe { (*channel).refcnt };
-        if block.inner.attached_cqs() > 0 || refcnt != 0 {
+        let refcnt = unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) };
+        if block.inner.attached_cqs() > 0 || refcnt.load(Ordering::Relaxed) != 0 {
             return Err(libc::EBUSY);
         }
         // SAFETY: checked above; the caller gives it up.
@@ -60,34 +274,458 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 }
 symver!(ibv_destroy_comp_channel, "IBVERBS_1.0");
 
-unsupported! {
-    /// `ibv_create_cq(3)`.
-    null "IBVERBS_1.1" fn ibv_create_cq(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq
+/// `ibv_create_cq(3)`: a CQ of at least `cqe` entries (`cq->cqe` says how many), `NULL`
+/// with `EINVAL` for a size outside `1..=max_cqe` or a bad completion vector.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `channel` is NULL or a live channel.
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    pointer(|| {
+        let request = CqRequest {
+            cqe,
+            cq_context,
+            channel,
+            comp_vector,
+            wc_flags: softverbs_cq::WcFields::STANDARD.bits(),
+            ignore_overrun: false,
+            extended: false,
+        };
+        // SAFETY: per the contract.
+        Ok(unsafe { create(context, request) }?.cast())
+    })
 }
-unsupported! {
-    /// `ibv_destroy_cq(3)`.
-    errno "IBVERBS_1.1" fn ibv_destroy_cq(*mut ibv_cq)
-}
-unsupported! {
-    /// `ibv_resize_cq(3)`.
-    errno "IBVERBS_1.1" fn ibv_resize_cq(*mut ibv_cq, c_int)
-}
-unsupported! {
-    /// `ibv_get_cq_event(3)`.
-    minus_one "IBVERBS_1.1" fn ibv_get_cq_event(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void)
-}
-unsupported! {
-    /// `ibv_ack_cq_events(3)`.
-    void "IBVERBS_1.1" fn ibv_ack_cq_events(*mut ibv_cq, c_uint)
+symver!(ibv_create_cq, "IBVERBS_1.1");
+
+/// `verbs_context.create_cq_ex` (`ibv_create_cq_ex(3)`).
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `attr` is NULL or readable.
+pub unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    pointer(|| {
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: non-NULL and readable per the contract.
+        let attr = unsafe { attr.read() };
+        if attr.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0 {
+            return Err(libc::EINVAL);
+        }
+        if attr.wc_flags & !CREATE_CQ_SUP_WC_FLAGS != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        let flags = if attr.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0 {
+            attr.flags
+        } else {
+            0
+        };
+        if flags & !(CREATE_CQ_ATTR_SINGLE_THREADED | CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if attr.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 {
+            // A parent domain: the soft device has none to offer.
+            return Err(libc::EOPNOTSUPP);
+        }
+        let request = CqRequest {
+            cqe: attr.cqe.min(i32::MAX as u32) as c_int,
+            cq_context: attr.cq_context,
+            channel: attr.channel,
+            comp_vector: attr.comp_vector.min(i32::MAX as u32) as c_int,
+            wc_flags: attr.wc_flags,
+            ignore_overrun: flags & CREATE_CQ_ATTR_IGNORE_OVERRUN != 0,
+            extended: true,
+        };
+        // SAFETY: per the contract.
+        unsafe { create(context, request) }
+    })
 }
 
-/// `ops.poll_cq` (`ibv_poll_cq(3)`): not supported yet, returns a negative value (no CQ
-/// can exist yet, so this is never reached through a valid CQ).
-pub extern "C" fn poll_cq(_: *mut ibv_cq, _: c_int, _: *mut ibv_wc) -> c_int {
-    -libc::EOPNOTSUPP
+/// `ibv_destroy_cq(3)`: `EBUSY` while a QP uses the CQ; otherwise waits until every event
+/// `ibv_get_cq_event` delivered is acknowledged (as libibverbs does), then frees it.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ, not used again after a successful call.
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { cq_state(cq) }?;
+        if state.cq.attached_qps() > 0 {
+            return Err(libc::EBUSY);
+        }
+        // SAFETY: checked; the caller gives the CQ up (a poll in progress on another thread
+        // would be the caller's use-after-destroy).
+        let state = unsafe { CqBlock::into_state(cq.cast()) };
+        let CqState {
+            batch,
+            cq: queue,
+            channel,
+            ..
+        } = state;
+        drop(batch);
+        if let Err((queue, e)) = queue.destroy_wait(DESTROY_ACK_WAIT) {
+            // Refused after all (a QP attached meanwhile): keep the queue alive rather than
+            // free memory a QP still completes into.
+            std::mem::forget(queue);
+            return Err(e.errno());
+        }
+        if !channel.is_null() {
+            // SAFETY: the channel outlives its CQs (its destroy refuses while refcnt > 0).
+            unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) }
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(())
+    })
+}
+symver!(ibv_destroy_cq, "IBVERBS_1.1");
+
+/// `ibv_resize_cq(3)`: at least `cqe` entries, every unpolled completion kept in order;
+/// `cq->cqe` is updated.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ.
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { cq_state(cq) }?;
+        let max_cqe = state.entry.device.query_device().max_cqe;
+        if cqe < 1 || cqe as u32 > max_cqe {
+            return Err(libc::EINVAL);
+        }
+        let capacity = state.cq.resize(cqe as u32).map_err(|e| e.errno())?;
+        // SAFETY: `cqe` is a field of the live CQ; C reads it, only the library writes it.
+        unsafe { (&raw mut (*cq).cqe).write(capacity.min(i32::MAX as u32) as c_int) };
+        Ok(())
+    })
+}
+symver!(ibv_resize_cq, "IBVERBS_1.1");
+
+/// `ibv_get_cq_event(3)`: waits for the next event on `channel` (or `EAGAIN` on a
+/// non-blocking fd), returning its CQ and that CQ's `cq_context`. 0, or -1 with errno.
+///
+/// # Safety
+///
+/// `channel` is NULL or a live channel; `cq` and `cq_context` are writable.
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    minus_one(|| {
+        // SAFETY: per the contract.
+        let block = unsafe { ChannelBlock::from_ptr(channel) }?;
+        if cq.is_null() || cq_context.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let ptr = loop {
+            let event = block
+                .inner
+                .get_event()
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            // The CQ's user context is its C pointer (set at creation).
+            let ptr = event.user_context() as *mut ibv_cq;
+            // SAFETY: the CQ is alive: its destroy waits for this event to be acknowledged.
+            let state = unsafe { cq_state(ptr) }?;
+            if !state.cq.is_empty() {
+                event.into_unacknowledged();
+                break ptr;
+            }
+            // A stale event: the completion that raised it was polled already (the
+            // application re-armed, then polled a completion that arrived after the
+            // re-arm). Programs such as `ibv_rc_pingpong -e -t` treat an empty CQ right
+            // after an event as fatal (reference verbs-abi.md R3), so the event is dropped
+            // (acknowledged here) and the arm it consumed restored; if a completion came
+            // in meanwhile the event is delivered after all.
+            if state
+                .cq
+                .req_notify_and_check(state.solicited_only.load(Ordering::Relaxed))
+            {
+                event.into_unacknowledged();
+                break ptr;
+            }
+            drop(event);
+        };
+        // SAFETY: the CQ is alive: its destroy waits for this event to be acknowledged;
+        // the out-pointers are writable per the contract.
+        unsafe {
+            let context = (&raw const (*ptr).cq_context).read();
+            cq.write(ptr);
+            cq_context.write(context);
+        }
+        Ok(0)
+    })
+}
+symver!(ibv_get_cq_event, "IBVERBS_1.1");
+
+/// `ibv_ack_cq_events(3)`: acknowledges `nevents` events of `cq`.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ.
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    infallible((), || {
+        // SAFETY: per the contract.
+        if let Ok(state) = unsafe { cq_state(cq) } {
+            // SAFETY: the live CQ's counter, which only the library writes.
+            unsafe {
+                let counter = &raw mut (*cq).comp_events_completed;
+                counter.write(counter.read().wrapping_add(nevents));
+            }
+            state.cq.ack_events(nevents);
+        }
+    })
+}
+symver!(ibv_ack_cq_events, "IBVERBS_1.1");
+
+/// `ops.poll_cq` (`ibv_poll_cq(3)`): up to `num_entries` completions into `wc`, the count,
+/// or a negative value when the CQ overran (it is then in error, and `IBV_EVENT_CQ_ERR` was
+/// raised). An empty CQ runs the device's progress once and is polled again.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ; `wc` is writable for `num_entries` entries.
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    let result = guarded(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { cq_state(cq) }?;
+        if num_entries <= 0 || wc.is_null() {
+            return if num_entries == 0 {
+                Ok(0)
+            } else {
+                Err(libc::EINVAL)
+            };
+        }
+        // SAFETY: writable for `num_entries` entries per the contract; `ibv_wc` is
+        // `WorkCompletion`, which has no invalid bit patterns the poll could read.
+        let wcs = unsafe { std::slice::from_raw_parts_mut(wc, num_entries as usize) };
+        let mut n = state.cq.poll(wcs).map_err(|e| e.errno())?;
+        if n == 0 {
+            state.entry.device.progress();
+            n = state.cq.poll(wcs).map_err(|e| e.errno())?;
+        }
+        Ok(n as c_int)
+    });
+    result.unwrap_or_else(|e| -e)
 }
 
-/// `ops.req_notify_cq` (`ibv_req_notify_cq(3)`): not supported yet, returns `EOPNOTSUPP`.
-pub extern "C" fn req_notify_cq(_: *mut ibv_cq, _: c_int) -> c_int {
-    libc::EOPNOTSUPP
+/// `ops.req_notify_cq` (`ibv_req_notify_cq(3)`): arms the CQ for its next completion
+/// (`solicited_only` = 0) or next solicited or error completion. 0 or an errno value.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { cq_state(cq) }?;
+        state
+            .solicited_only
+            .store(solicited_only != 0, Ordering::Relaxed);
+        state.cq.req_notify(solicited_only != 0);
+        Ok(())
+    })
+}
+
+/// `verbs_context.modify_cq` (`ibv_modify_cq(3)`): CQ moderation.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ; `attr` is NULL or readable.
+pub unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { cq_state(cq) }?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: readable per the contract.
+        let attr = unsafe { attr.read() };
+        if attr.attr_mask & !CQ_MODERATE != 0 {
+            return Err(libc::EINVAL);
+        }
+        if attr.attr_mask & CQ_MODERATE != 0 {
+            let moderation = Moderation {
+                count: attr.moderate.cq_count,
+                period_us: attr.moderate.cq_period,
+            };
+            state.cq.modify(moderation).map_err(|_| libc::EIO)?;
+        }
+        Ok(())
+    })
+}
+
+// ------------------------------------------------------------------- extended polling
+
+/// The batch slot of a CQ, for the extended-poll ops.
+///
+/// # Safety
+///
+/// `cq` is a live extended CQ, and only the thread inside its `start_poll` … `end_poll`
+/// window uses the slot (libibverbs' rule for the extended poll).
+#[allow(clippy::mut_from_ref)]
+unsafe fn batch_slot(state: &CqState) -> &mut Option<PollBatch<'static>> {
+    // SAFETY: per the contract, one thread at a time.
+    unsafe { &mut *state.batch.get() }
+}
+
+/// Stores the current completion's `wr_id` and `status` in the C struct, where the
+/// inline readers find them.
+///
+/// # Safety
+///
+/// `cq` is a live CQ.
+unsafe fn publish(cq: *mut ibv_cq_ex, batch: &PollBatch<'_>) {
+    // SAFETY: fields of the live CQ.
+    unsafe {
+        (&raw mut (*cq).wr_id).write(batch.wr_id());
+        (&raw mut (*cq).status).write(batch.status().to_raw());
+    }
+}
+
+/// `ibv_start_poll(3)`: 0 and the first completion, `ENOENT` when the CQ is empty (no
+/// `end_poll` then), `EINVAL` for a non-zero `attr->comp_mask`, `EIO` when the CQ overran.
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    let result = guarded(|| {
+        // SAFETY: the extended-poll ops are only reachable through a live CQ of ours.
+        let state = unsafe { CqBlock::state(cq) }?;
+        // SAFETY: `attr` is NULL or readable (libibverbs requires it to be valid).
+        if !attr.is_null() && unsafe { attr.read() }.comp_mask != 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: this thread opens the window.
+        let slot = unsafe { batch_slot(state) };
+        if slot.is_some() {
+            return Err(libc::EINVAL);
+        }
+        let mut batch = state.cq.start_poll().map_err(|e| e.errno())?;
+        if batch.is_none() {
+            state.entry.device.progress();
+            batch = state.cq.start_poll().map_err(|e| e.errno())?;
+        }
+        let Some(batch) = batch else {
+            return Err(libc::ENOENT);
+        };
+        // SAFETY: as above.
+        unsafe { publish(cq, &batch) };
+        // SAFETY: the batch borrows `state.cq`, which lives in the heap block until
+        // `ibv_destroy_cq`; the batch slot is emptied (end_poll) or dropped before it.
+        let batch: PollBatch<'static> = unsafe { std::mem::transmute(batch) };
+        *slot = Some(batch);
+        Ok(())
+    });
+    result.err().unwrap_or(0)
+}
+
+/// `ibv_next_poll(3)`: 0 and the next completion, or `ENOENT`.
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    let result = guarded(|| {
+        // SAFETY: as in `start_poll`.
+        let state = unsafe { CqBlock::state(cq) }?;
+        // SAFETY: inside the window.
+        let slot = unsafe { batch_slot(state) };
+        let batch = slot.as_mut().ok_or(libc::EINVAL)?;
+        if !batch.next() {
+            return Err(libc::ENOENT);
+        }
+        // SAFETY: as above.
+        unsafe { publish(cq, batch) };
+        Ok(())
+    });
+    result.err().unwrap_or(0)
+}
+
+/// `ibv_end_poll(3)`: consumes the completions of the window.
+unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    infallible((), || {
+        // SAFETY: as in `start_poll`.
+        if let Ok(state) = unsafe { CqBlock::state(cq) } {
+            // SAFETY: inside the window.
+            drop(unsafe { batch_slot(state) }.take());
+        }
+    })
+}
+
+/// Reads a field of the current completion; 0 outside a window or for a field not
+/// requested at creation (the man page leaves those undefined; 0 is never stale data).
+fn read<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&mut PollBatch<'static>) -> T) -> T {
+    infallible(T::default(), || {
+        // SAFETY: the readers are only reachable through a live CQ of ours.
+        let Ok(state) = (unsafe { CqBlock::state(cq) }) else {
+            return T::default();
+        };
+        // SAFETY: inside the window.
+        match unsafe { batch_slot(state) } {
+            Some(batch) => f(batch),
+            None => T::default(),
+        }
+    })
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.opcode().to_raw())
+}
+unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.vendor_err())
+}
+unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.byte_len().unwrap_or(0))
+}
+unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    // `ibv_wc_read_imm_data` returns network order; `ibv_wc_read_invalidated_rkey` reads
+    // the same slot (host order, which is what the raw word holds for an rkey).
+    read(cq, |b| {
+        if b.wc_flags().contains(softverbs_cq::WcFlags::WITH_INV) {
+            b.invalidated_rkey().unwrap_or(0)
+        } else {
+            b.imm_data_raw().unwrap_or(0)
+        }
+    })
+}
+unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.qp_num().unwrap_or(0))
+}
+unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.src_qp().unwrap_or(0))
+}
+unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    read(cq, |b| b.wc_flags().bits())
+}
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.slid().unwrap_or(0))
+}
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    read(cq, |b| b.sl().unwrap_or(0))
+}
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    read(cq, |b| b.dlid_path_bits().unwrap_or(0))
+}
+unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    read(cq, |b| b.completion_ts().unwrap_or(0))
+}
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    read(cq, |b| b.completion_wallclock_ns().unwrap_or(0))
+}
+unsafe extern "C" fn read_cvlan(cq: *mut ibv_cq_ex) -> u16 {
+    read(cq, |b| b.cvlan().unwrap_or(0))
+}
+unsafe extern "C" fn read_flow_tag(cq: *mut ibv_cq_ex) -> u32 {
+    read(cq, |b| b.flow_tag().unwrap_or(0))
+}
+unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
+    let (tag, priv_) = read(cq, |b| b.tm_info().unwrap_or((0, 0)));
+    if !info.is_null() {
+        // SAFETY: non-NULL; the caller passes a writable struct.
+        unsafe { info.write(ibv_wc_tm_info { tag, priv_ }) };
+    }
 }

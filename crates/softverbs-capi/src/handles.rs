@@ -302,3 +302,99 @@ impl ChannelBlock {
         drop(block);
     }
 }
+
+/// The state every object block carries after the C struct: its magic number.
+pub trait Tagged {
+    /// The magic number blocks of this kind carry (never 0: freed blocks are zeroed).
+    const MAGIC: u64;
+}
+
+/// An object handed to C: the C struct `C` first (C holds a pointer to it), then a magic
+/// number, then the library's state `S`.
+///
+/// C owns the fields of `C` (it may read and write them at any time), so the library
+/// reaches them only through the raw pointer; [`Block::state`] hands out the Rust part.
+#[repr(C)]
+pub struct Block<C, S: Tagged> {
+    c: C,
+    magic: u64,
+    state: S,
+}
+
+impl<C, S: Tagged> Block<C, S> {
+    /// Allocates a block; the pointer C sees.
+    pub fn allocate(c: C, state: S) -> *mut C {
+        Box::into_raw(Box::new(Block {
+            c,
+            magic: S::MAGIC,
+            state,
+        }))
+        .cast()
+    }
+
+    /// The state of an object pointer from C: `EINVAL` for NULL or a pointer whose block
+    /// does not carry this kind's magic number.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is NULL or a pointer [`Block::allocate`] returned for this `C`/`S` and not yet
+    /// freed, and the state is not used after the block is freed.
+    pub unsafe fn state<'a>(ptr: *mut C) -> Result<&'a S, Errno> {
+        if ptr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let block = ptr.cast::<Self>();
+        // SAFETY: per the contract, `ptr` is the start of a live block; the magic number and
+        // the state are the library's own fields, which C never writes.
+        unsafe {
+            if (&raw const (*block).magic).read() != S::MAGIC {
+                return Err(libc::EINVAL);
+            }
+            Ok(&(*block).state)
+        }
+    }
+
+    /// Frees a block, dropping its state.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` passed [`Block::state`], no reference to its state is alive, and nobody uses
+    /// the pointer again.
+    pub unsafe fn free(ptr: *mut C) {
+        // SAFETY: the allocation `allocate` made.
+        let mut block = unsafe { Box::from_raw(ptr.cast::<Self>()) };
+        block.magic = 0;
+        drop(block);
+    }
+
+    /// Takes the state out and frees the block.
+    ///
+    /// # Safety
+    ///
+    /// As [`Block::free`].
+    pub unsafe fn into_state(ptr: *mut C) -> S {
+        // SAFETY: the allocation `allocate` made.
+        let block = unsafe { Box::from_raw(ptr.cast::<Self>()) };
+        let Block { state, .. } = *block;
+        state
+    }
+}
+
+/// C objects the device names by number in asynchronous events (QPs by QPN, SRQs by
+/// handle) and the pointers C knows them by, so `ibv_get_async_event` can fill
+/// `event.element`.
+#[derive(Default)]
+pub struct Registry {
+    /// QPN → `struct ibv_qp *`.
+    pub qps: std::collections::HashMap<u32, usize>,
+    /// SRQ handle → `struct ibv_srq *`.
+    pub srqs: std::collections::HashMap<u32, usize>,
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+
+/// Runs `f` on the process's registry.
+pub fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
+    let mut slot = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    f(slot.get_or_insert_with(Registry::default))
+}

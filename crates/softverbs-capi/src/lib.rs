@@ -9,11 +9,11 @@
 //! | [`handles`] | who owns every pointer that crosses the boundary; raw pointer → Rust reference, in one place |
 //! | [`device`] | device list, open/close, query device/port/GID/P_Key, `query_device_ex`, `query_rt_values_ex` |
 //! | [`pd`] | protection domains |
-//! | [`cq`] | completion channels (real); CQs (documented failure for now) |
-//! | [`qp`] | queue pairs (documented failure for now) |
-//! | [`mr`] | memory regions (documented failure for now) |
-//! | [`srq`] | shared receive queues (documented failure for now) |
-//! | [`ah`] | address handles (documented failure for now) |
+//! | [`cq`] | completion channels, CQs and extended CQs, completion events |
+//! | [`qp`] | queue pairs and their work requests (`post_send`, `post_recv`) |
+//! | [`mr`] | memory regions (no memory windows) |
+//! | [`srq`] | shared receive queues |
+//! | [`ah`] | address handles |
 //! | [`misc`] | string tables, fork support, sysfs, rate conversions, kernel-struct copies, async events, import/ECE |
 //! | [`private`] | `IBVERBS_PRIVATE_34` provider symbols: inert stubs so libmlx5/libefa/librdmacm load |
 //!
@@ -29,7 +29,7 @@
 //!
 //! # Failure conventions
 //!
-//! Functions the soft device does not implement yet are present (every target is linked
+//! Functions the soft device does not offer are present (every target is linked
 //! `BIND_NOW`) and fail the way libibverbs documents: `NULL` with `errno = EOPNOTSUPP`, or
 //! the errno `EOPNOTSUPP` returned, or `-1` with `errno`. Each area module lists its
 //! functions and their status in a table.
@@ -97,7 +97,7 @@ macro_rules! symver_data {
     };
 }
 
-/// Defines an exported function the soft device does not implement yet, failing the way
+/// Defines an exported function the soft device does not offer, failing the way
 /// libibverbs documents, and binds it to its version node:
 /// - `null`: returns `NULL` with `errno = EOPNOTSUPP`;
 /// - `errno`: returns `EOPNOTSUPP` (and sets `errno`);
@@ -110,7 +110,7 @@ macro_rules! unsupported {
     ($(#[$m:meta])* null $node:literal fn $name:ident($($ty:ty),* $(,)?) -> $ret:ty) => {
         $(#[$m])*
         ///
-        /// Not supported yet: returns `NULL` with `errno = EOPNOTSUPP`.
+        /// Not supported: returns `NULL` with `errno = EOPNOTSUPP`.
         pub extern "C" fn $name($(_: $ty),*) -> $ret {
             $crate::boundary::set_errno(::libc::EOPNOTSUPP);
             ::std::ptr::null_mut()
@@ -120,7 +120,7 @@ macro_rules! unsupported {
     ($(#[$m:meta])* errno $node:literal fn $name:ident($($ty:ty),* $(,)?)) => {
         $(#[$m])*
         ///
-        /// Not supported yet: returns `EOPNOTSUPP`.
+        /// Not supported: returns `EOPNOTSUPP`.
         pub extern "C" fn $name($(_: $ty),*) -> ::std::ffi::c_int {
             $crate::boundary::set_errno(::libc::EOPNOTSUPP);
             ::libc::EOPNOTSUPP
@@ -130,7 +130,7 @@ macro_rules! unsupported {
     ($(#[$m:meta])* minus_one $node:literal fn $name:ident($($ty:ty),* $(,)?)) => {
         $(#[$m])*
         ///
-        /// Not supported yet: returns `-1` with `errno = EOPNOTSUPP`.
+        /// Not supported: returns `-1` with `errno = EOPNOTSUPP`.
         pub extern "C" fn $name($(_: $ty),*) -> ::std::ffi::c_int {
             $crate::boundary::set_errno(::libc::EOPNOTSUPP);
             -1
@@ -140,7 +140,7 @@ macro_rules! unsupported {
     ($(#[$m:meta])* void $node:literal fn $name:ident($($ty:ty),* $(,)?)) => {
         $(#[$m])*
         ///
-        /// Not supported yet: does nothing.
+        /// Not supported: does nothing.
         pub extern "C" fn $name($(_: $ty),*) {}
         $crate::symver!($name, $node);
     };

@@ -13,14 +13,17 @@
 //! | `ibv_get_sysfs_path` | 1.0 | `"/sys"` (`SYSFS_PATH` honoured, as rdma-core does) |
 //! | `ibv_read_sysfs_file` | 1.0 | documented failure: -1, `errno = ENOENT` (the soft device has no sysfs entries) |
 //! | `ibv_copy_qp_attr_from_kern`, `ibv_copy_ah_attr_from_kern`, `ibv_copy_path_rec_from_kern`, `ibv_copy_path_rec_to_kern` | 1.0 / 1.1 | documented failure: do nothing (void; no kernel structs exist here; only librdmacm's kernel path calls them) |
-//! | `ibv_get_async_event` | 1.1 | documented failure (-1, `EOPNOTSUPP`; next slice). `context->async_fd` is already the device's pollable event fd |
-//! | `ibv_ack_async_event` | 1.1 | does nothing (next slice) |
+//! | `ibv_get_async_event` | 1.1 | real: CQ errors, QP fatal / request / access errors, communication established, SQ drained, last WQE reached, SRQ limit, port active, device fatal; `context->async_fd` is the device's pollable event fd (honours `O_NONBLOCK`) |
+//! | `ibv_ack_async_event` | 1.1 | real: nothing to release |
 //! | `ibv_import_device`, `ibv_import_pd`, `ibv_import_dm` | 1.10 / 1.13 | documented failure (`NULL`, `EOPNOTSUPP`): no shared command fd |
 //! | `ibv_unimport_pd`, `ibv_unimport_dm` | 1.10 / 1.13 | do nothing |
 
 use crate::abi::*;
-use crate::boundary::set_errno;
+use crate::boundary::{minus_one, set_errno};
+use crate::handles::{with_registry, ContextBlock};
+use softverbs_device::AsyncEvent;
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::OnceLock;
 
 const NODE_TYPE_STR: [&CStr; 7] = [
@@ -269,14 +272,72 @@ unsupported! {
     /// `ibv_copy_ah_attr_from_kern` (kernel ABI helper).
     void "IBVERBS_1.1" fn ibv_copy_ah_attr_from_kern(*mut ibv_ah_attr, *mut c_void)
 }
-unsupported! {
-    /// `ibv_get_async_event(3)`.
-    minus_one "IBVERBS_1.1" fn ibv_get_async_event(*mut ibv_context, *mut ibv_async_event)
+/// `ibv_get_async_event(3)`: waits for the device's next asynchronous event (or fails
+/// with `EAGAIN` when `context->async_fd` is non-blocking and none is queued) and names its
+/// object by the pointer C knows: the CQ, QP or SRQ, or the port number. 0, or -1 with
+/// errno.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `event` is NULL or writable.
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    minus_one(|| {
+        // SAFETY: per the contract.
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+        if event.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let queue = ctx.entry.device.async_events();
+        // SAFETY: F_GETFL on the queue's own open fd.
+        let flags = unsafe { libc::fcntl(queue.as_fd().as_raw_fd(), libc::F_GETFL) };
+        let next = if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+            queue.try_next()
+        } else {
+            queue
+                .next(None)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
+        };
+        let next = next.ok_or(libc::EAGAIN)?;
+        let element = match next {
+            AsyncEvent::CqError { user_context, .. } => ibv_async_event_element {
+                // The CQ's user context is its C pointer (set at creation).
+                cq: user_context as *mut ibv_cq,
+            },
+            AsyncEvent::QpFatal { qpn }
+            | AsyncEvent::QpRequestError { qpn }
+            | AsyncEvent::QpAccessError { qpn }
+            | AsyncEvent::CommEst { qpn }
+            | AsyncEvent::SqDrained { qpn }
+            | AsyncEvent::QpLastWqeReached { qpn } => ibv_async_event_element {
+                qp: with_registry(|r| r.qps.get(&qpn).copied()).unwrap_or(0) as *mut ibv_qp,
+            },
+            AsyncEvent::SrqLimitReached { srq } => ibv_async_event_element {
+                srq: with_registry(|r| r.srqs.get(&srq).copied()).unwrap_or(0) as *mut ibv_srq,
+            },
+            AsyncEvent::PortActive { port } => ibv_async_event_element {
+                port_num: c_int::from(port),
+            },
+            AsyncEvent::DeviceFatal => ibv_async_event_element { port_num: 0 },
+        };
+        // SAFETY: writable per the contract.
+        unsafe {
+            event.write(ibv_async_event {
+                element,
+                event_type: next.raw_type(),
+            })
+        };
+        Ok(0)
+    })
 }
-unsupported! {
-    /// `ibv_ack_async_event(3)`.
-    void "IBVERBS_1.1" fn ibv_ack_async_event(*mut ibv_async_event)
-}
+symver!(ibv_get_async_event, "IBVERBS_1.1");
+
+/// `ibv_ack_async_event(3)`: nothing to release (destroying an object does not wait for
+/// its async events here; the event names the object only until it is destroyed).
+pub extern "C" fn ibv_ack_async_event(_: *mut ibv_async_event) {}
+symver!(ibv_ack_async_event, "IBVERBS_1.1");
 unsupported! {
     /// `ibv_import_device(3)`.
     null "IBVERBS_1.10" fn ibv_import_device(c_int) -> *mut ibv_context

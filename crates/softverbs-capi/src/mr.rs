@@ -2,29 +2,190 @@
 //!
 //! | function | version | status |
 //! |---|---|---|
-//! | `ibv_reg_mr`, `ibv_rereg_mr`, `ibv_dereg_mr` | 1.1 | documented failure (next slice) |
-//! | `ibv_reg_mr_iova` | 1.7 | documented failure (next slice) |
-//! | `ibv_reg_mr_iova2` | 1.8 | documented failure (next slice; perftest's registration path) |
+//! | `ibv_reg_mr`, `ibv_dereg_mr` | 1.1 | real |
+//! | `ibv_reg_mr_iova` | 1.7 | real |
+//! | `ibv_reg_mr_iova2` | 1.8 | real (perftest's registration path: remote peers address the region by `iova`) |
+//! | `ibv_rereg_mr` | 1.1 | documented failure (`IBV_REREG_MR_ERR_INPUT`, errno `EOPNOTSUPP`): deregister and register again |
 //! | `ibv_reg_dmabuf_mr` | 1.12 | documented failure (no dma-buf) |
 //! | `ibv_import_mr`, `ibv_unimport_mr` | 1.10 | documented failure (no shared command fd) |
 //! | `ops.alloc_mw` | (ops) | NULL: the inline gives `EOPNOTSUPP` |
 //! | `ops.bind_mw`, `ops.dealloc_mw` | (ops) | `EOPNOTSUPP` (no memory windows); always non-NULL |
+//!
+//! Access flags: `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC` are
+//! enforced; `MW_BIND` and `HUGETLB` are accepted (no windows to bind; huge pages are only a
+//! hint); the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, e.g. `RELAXED_ORDERING`) is
+//! ignored, as libibverbs drops optional flags a device does not support; `ON_DEMAND` and
+//! `ZERO_BASED` fail with `EOPNOTSUPP` (the device reports no ODP).
+//!
+//! The device reads and writes registered memory in aligned 64-bit words (relaxed atomic
+//! loads, stores and compare-and-swap that leave bytes outside the range unchanged); the
+//! words covering a region lie in the pages the application registered.
 
 use crate::abi::*;
+use crate::boundary::{errno_code, pointer, Errno};
+use crate::handles::{Block, ContextBlock, PdBlock, Tagged};
+use softverbs_proto::AccessFlags;
 use std::ffi::{c_int, c_void};
 
-unsupported! {
-    /// `ibv_reg_mr(3)`.
-    null "IBVERBS_1.1" fn ibv_reg_mr(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr
+/// `IBV_ACCESS_ZERO_BASED`.
+const ACCESS_ZERO_BASED: u32 = 1 << 5;
+/// `IBV_ACCESS_ON_DEMAND`.
+const ACCESS_ON_DEMAND: u32 = 1 << 6;
+/// `IBV_ACCESS_HUGETLB`.
+const ACCESS_HUGETLB: u32 = 1 << 7;
+/// `IBV_ACCESS_OPTIONAL_RANGE`: flags a device may ignore.
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+/// The library's part of a memory region.
+pub struct MrState {
+    /// The device's local key (what deregistration names).
+    lkey: u32,
+    /// The context (for its device).
+    context: *mut ibv_context,
 }
-unsupported! {
-    /// `ibv_reg_mr_iova(3)`.
-    null "IBVERBS_1.7" fn ibv_reg_mr_iova(*mut ibv_pd, *mut c_void, usize, u64, c_int) -> *mut ibv_mr
+
+impl Tagged for MrState {
+    const MAGIC: u64 = u64::from_be_bytes(*b"svmr\0\0\0\x01");
 }
-unsupported! {
-    /// `ibv_reg_mr_iova2` (`ibv_reg_mr(3)`).
-    null "IBVERBS_1.8" fn ibv_reg_mr_iova2(*mut ibv_pd, *mut c_void, usize, u64, u32) -> *mut ibv_mr
+
+/// A memory region as C sees it, followed by its state.
+pub type MrBlock = Block<ibv_mr, MrState>;
+
+fn access_flags(access: u32) -> Result<AccessFlags, Errno> {
+    let access = access & !ACCESS_OPTIONAL_RANGE;
+    if access & (ACCESS_ON_DEMAND | ACCESS_ZERO_BASED) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let known = AccessFlags::all().bits() | ACCESS_HUGETLB;
+    if access & !known != 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(AccessFlags::from_bits_truncate(access))
 }
+
+/// Registers `[addr, addr + length)` with remote address `iova`.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD; the range is memory of this process that stays mapped until
+/// the region is deregistered (the `ibv_reg_mr(3)` contract).
+unsafe fn register(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<*mut ibv_mr, Errno> {
+    // SAFETY: per the contract.
+    unsafe { PdBlock::from_ptr(pd) }?;
+    // SAFETY: a live PD's fields.
+    let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
+    // SAFETY: the PD's context is open while the PD lives.
+    let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+    let flags = access_flags(access)?;
+    if addr.is_null() && length > 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: forwarded contract: the range stays valid until `ibv_dereg_mr`.
+    let region = unsafe {
+        ctx.entry
+            .device
+            .reg_mr(handle, addr as usize, length as u64, iova, flags)
+    }
+    .map_err(|e| e.errno())?;
+    let mr = ibv_mr {
+        context,
+        pd,
+        addr,
+        length,
+        handle: region.lkey,
+        lkey: region.lkey,
+        rkey: region.rkey,
+    };
+    Ok(MrBlock::allocate(
+        mr,
+        MrState {
+            lkey: region.lkey,
+            context,
+        },
+    ))
+}
+
+/// `ibv_reg_mr(3)`: remote peers address the region by its virtual address. `NULL` with
+/// errno: `EINVAL` (bad PD, flags, or remote write/atomic without local write),
+/// `EOPNOTSUPP` (on-demand paging, zero-based).
+///
+/// # Safety
+///
+/// As `ibv_reg_mr(3)`: `pd` is NULL or live; the range stays mapped until deregistered.
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    pointer(|| unsafe { register(pd, addr, length, addr as u64, access as u32) })
+}
+symver!(ibv_reg_mr, "IBVERBS_1.1");
+
+/// `ibv_reg_mr_iova(3)`.
+///
+/// # Safety
+///
+/// As [`ibv_reg_mr`].
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    pointer(|| unsafe { register(pd, addr, length, iova, access as u32) })
+}
+symver!(ibv_reg_mr_iova, "IBVERBS_1.7");
+
+/// `ibv_reg_mr_iova2` (`ibv_reg_mr(3)`).
+///
+/// # Safety
+///
+/// As [`ibv_reg_mr`].
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    pointer(|| unsafe { register(pd, addr, length, iova, access) })
+}
+symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
+
+/// `ibv_dereg_mr(3)`: 0, or `EINVAL` for a pointer that is not a live region. After it
+/// returns the device never touches the memory again.
+///
+/// # Safety
+///
+/// `mr` is NULL or a live region, not used again after a successful call.
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { MrBlock::state(mr) }?;
+        // SAFETY: the region's context is open while the region lives.
+        let ctx = unsafe { ContextBlock::from_ptr(state.context) }?;
+        ctx.entry
+            .device
+            .dereg_mr(state.lkey)
+            .map_err(|e| e.errno())?;
+        // SAFETY: checked above; the caller gives it up.
+        unsafe { MrBlock::free(mr) };
+        Ok(())
+    })
+}
+symver!(ibv_dereg_mr, "IBVERBS_1.1");
+
 unsupported! {
     /// `ibv_reg_dmabuf_mr(3)`.
     null "IBVERBS_1.12" fn ibv_reg_dmabuf_mr(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr
@@ -33,10 +194,6 @@ unsupported! {
     /// `ibv_rereg_mr(3)` (returns an `enum ibv_rereg_mr_err_code` on failure in rdma-core;
     /// with `errno` set, `EOPNOTSUPP` here).
     errno "IBVERBS_1.1" fn ibv_rereg_mr(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int)
-}
-unsupported! {
-    /// `ibv_dereg_mr(3)`.
-    errno "IBVERBS_1.1" fn ibv_dereg_mr(*mut ibv_mr)
 }
 unsupported! {
     /// `ibv_import_mr(3)`.

@@ -4,8 +4,9 @@
 //! |---|---|---|
 //! | `ibv_alloc_pd`, `ibv_dealloc_pd` | 1.1 | real |
 //!
-//! `ibv_dealloc_pd` does not yet refuse (`EBUSY`) a PD that MRs, QPs, SRQs or AHs still
-//! use: none of those can be created yet.
+//! `ibv_dealloc_pd` does not refuse (`EBUSY`) a PD that MRs, QPs, SRQs or AHs still use:
+//! the device keeps no per-PD count yet (their blocks name the PD only for C), and the
+//! responder does not check that a remote key's PD matches the QP's (noted as left out).
 
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer};

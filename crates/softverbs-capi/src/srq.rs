@@ -2,35 +2,225 @@
 //!
 //! | function | version | status |
 //! |---|---|---|
-//! | `ibv_create_srq`, `ibv_destroy_srq`, `ibv_modify_srq`, `ibv_query_srq` | 1.1 | documented failure (next slice) |
-//! | `ops.post_srq_recv` | (ops) | documented failure (next slice); always non-NULL |
-//! | `verbs_context.create_srq_ex`, `.get_srq_num` | (ops) | NULL: the inline falls back or gives `EOPNOTSUPP` |
+//! | `ibv_create_srq`, `ibv_destroy_srq`, `ibv_query_srq` | 1.1 | real |
+//! | `ibv_modify_srq` | 1.1 | real for `IBV_SRQ_LIMIT` (arms `IBV_EVENT_SRQ_LIMIT_REACHED`); `IBV_SRQ_MAX_WR` (resizing) is `EOPNOTSUPP` |
+//! | `ops.post_srq_recv` | (ops) | real |
+//! | `verbs_context.create_srq_ex` | (ops) | NULL: the inline falls back to `ibv_create_srq` for basic SRQs |
 
 use crate::abi::*;
+use crate::boundary::{errno_code, pointer, Errno};
+use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, PdBlock, Tagged};
+use crate::qp::recv_wr;
+use softverbs_proto::{SrqId, SrqInit};
 use std::ffi::c_int;
 
-unsupported! {
-    /// `ibv_create_srq(3)`.
-    null "IBVERBS_1.1" fn ibv_create_srq(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq
-}
-unsupported! {
-    /// `ibv_destroy_srq(3)`.
-    errno "IBVERBS_1.1" fn ibv_destroy_srq(*mut ibv_srq)
-}
-unsupported! {
-    /// `ibv_modify_srq(3)`.
-    errno "IBVERBS_1.1" fn ibv_modify_srq(*mut ibv_srq, *mut ibv_srq_attr, c_int)
-}
-unsupported! {
-    /// `ibv_query_srq(3)`.
-    errno "IBVERBS_1.1" fn ibv_query_srq(*mut ibv_srq, *mut ibv_srq_attr)
+/// `IBV_SRQ_MAX_WR`.
+const SRQ_MAX_WR: c_int = 1;
+/// `IBV_SRQ_LIMIT`.
+const SRQ_LIMIT: c_int = 2;
+
+/// The library's part of an SRQ.
+pub struct SrqState {
+    /// The engine's handle.
+    pub id: SrqId,
+    entry: &'static DeviceEntry,
+    max_sge: u32,
 }
 
-/// `ops.post_srq_recv` (`ibv_post_srq_recv(3)`): not supported yet, returns `EOPNOTSUPP`.
-pub extern "C" fn post_srq_recv(
-    _: *mut ibv_srq,
-    _: *mut ibv_recv_wr,
-    _: *mut *mut ibv_recv_wr,
+impl Tagged for SrqState {
+    const MAGIC: u64 = u64::from_be_bytes(*b"svsrq\0\0\x01");
+}
+
+/// An SRQ as C sees it, followed by its state.
+pub type SrqBlock = Block<ibv_srq, SrqState>;
+
+/// The state of an SRQ pointer from C.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ of this library.
+pub unsafe fn srq_state<'a>(srq: *mut ibv_srq) -> Result<&'a SrqState, Errno> {
+    // SAFETY: per the contract.
+    unsafe { SrqBlock::state(srq) }
+}
+
+/// `ibv_create_srq(3)`: `NULL` with `EINVAL` for sizes above the device's; on success
+/// `srq_init_attr->attr` holds the real sizes.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD; `init_attr` is NULL or readable and writable.
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init_attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    pointer(|| {
+        // SAFETY: per the contract.
+        unsafe { PdBlock::from_ptr(pd) }?;
+        if init_attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: readable per the contract.
+        let attr = unsafe { init_attr.read() };
+        // SAFETY: a live PD's field and its open context.
+        let context = unsafe { (*pd).context };
+        // SAFETY: as above.
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+        let device = &ctx.entry.device;
+        let limits = device.query_device();
+        if attr.attr.max_wr > limits.max_srq_wr || attr.attr.max_sge > limits.max_srq_sge {
+            return Err(libc::EINVAL);
+        }
+        let id = device
+            .create_srq(SrqInit {
+                max_wr: attr.attr.max_wr,
+                max_sge: attr.attr.max_sge.max(1),
+                srq_limit: attr.attr.srq_limit,
+            })
+            .map_err(|e| e.errno())?;
+        let (max_wr, max_sge, srq_limit) = device.query_srq(id).map_err(|e| e.errno())?;
+        // SAFETY: writable per the contract.
+        unsafe {
+            (&raw mut (*init_attr).attr).write(ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            })
+        };
+        let srq = ibv_srq {
+            context,
+            srq_context: attr.srq_context,
+            pd,
+            handle: id.0,
+            mutex: PthreadMutex::default(),
+            cond: PthreadCond::default(),
+            events_completed: 0,
+        };
+        let ptr = SrqBlock::allocate(
+            srq,
+            SrqState {
+                id,
+                entry: ctx.entry,
+                max_sge,
+            },
+        );
+        with_registry(|r| r.srqs.insert(id.0, ptr as usize));
+        Ok(ptr)
+    })
+}
+symver!(ibv_create_srq, "IBVERBS_1.1");
+
+/// `ibv_destroy_srq(3)`: `EBUSY` while a QP uses it.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ, not used again after a successful call.
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { srq_state(srq) }?;
+        state
+            .entry
+            .device
+            .destroy_srq(state.id)
+            .map_err(|e| e.errno())?;
+        with_registry(|r| r.srqs.remove(&state.id.0));
+        // SAFETY: checked; the caller gives it up.
+        unsafe { SrqBlock::free(srq) };
+        Ok(())
+    })
+}
+symver!(ibv_destroy_srq, "IBVERBS_1.1");
+
+/// `ibv_modify_srq(3)`: `IBV_SRQ_LIMIT` arms the limit event; resizing (`IBV_SRQ_MAX_WR`)
+/// is `EOPNOTSUPP`; other mask bits are `EINVAL`.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ; `attr` is NULL or readable.
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
 ) -> c_int {
-    libc::EOPNOTSUPP
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { srq_state(srq) }?;
+        if attr.is_null() || mask & !(SRQ_MAX_WR | SRQ_LIMIT) != 0 {
+            return Err(libc::EINVAL);
+        }
+        if mask & SRQ_MAX_WR != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if mask & SRQ_LIMIT != 0 {
+            // SAFETY: readable per the contract.
+            let limit = unsafe { attr.read() }.srq_limit;
+            state
+                .entry
+                .device
+                .arm_srq_limit(state.id, limit)
+                .map_err(|e| e.errno())?;
+        }
+        Ok(())
+    })
+}
+symver!(ibv_modify_srq, "IBVERBS_1.1");
+
+/// `ibv_query_srq(3)`: sizes and the armed limit (0 when disarmed).
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ; `attr` is NULL or writable.
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    errno_code(|| {
+        // SAFETY: per the contract.
+        let state = unsafe { srq_state(srq) }?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let (max_wr, max_sge, srq_limit) = state
+            .entry
+            .device
+            .query_srq(state.id)
+            .map_err(|e| e.errno())?;
+        // SAFETY: writable per the contract.
+        unsafe {
+            attr.write(ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            })
+        };
+        Ok(())
+    })
+}
+symver!(ibv_query_srq, "IBVERBS_1.1");
+
+/// `ops.post_srq_recv` (`ibv_post_srq_recv(3)`): as `ibv_post_recv`.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ; the list is valid as `ibv_post_srq_recv(3)` requires.
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: per the contract.
+    let state = unsafe { srq_state(srq) };
+    crate::qp::post_list(
+        wr,
+        bad_wr,
+        |w| w.next,
+        |w| {
+            let state = state?;
+            // SAFETY: per the contract.
+            let request = unsafe { recv_wr(w, state.max_sge) }?;
+            state
+                .entry
+                .device
+                .post_srq_recv(state.id, request)
+                .map_err(|e| e.errno())
+        },
+    )
 }

@@ -650,6 +650,11 @@ impl Device {
         Ok(lock(&self.inner.state).engine.arm_srq_limit(srq, limit)?)
     }
 
+    /// Queries a shared receive queue (`ibv_query_srq(3)`): `(max_wr, max_sge, srq_limit)`.
+    pub fn query_srq(&self, srq: SrqId) -> Result<(u32, u32, u32), DeviceError> {
+        Ok(lock(&self.inner.state).engine.query_srq(srq)?)
+    }
+
     /// Destroys a shared receive queue.
     pub fn destroy_srq(&self, srq: SrqId) -> Result<(), DeviceError> {
         Ok(lock(&self.inner.state).engine.destroy_srq(srq)?)
