@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_name`, `ibv_get_device_guid` | 1.1 | real |
 //! | `ibv_get_device_index` | 1.9 | real (0) |
-//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`) |
+//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]) |
 //! | `ibv_query_device`, `ibv_query_port` (48-byte legacy write), `ibv_query_gid`, `ibv_query_pkey` | 1.1 | real |
 //! | `ibv_get_pkey_index` | 1.5 | real (the one P_Key, 0xffff, is index 0) |
 //! | `_ibv_query_gid_ex`, `_ibv_query_gid_table` | 1.11 | real |
@@ -338,13 +338,52 @@ symver!(ibv_open_device, "IBVERBS_1.1");
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     errno_code(|| {
         // SAFETY: per the contract.
-        unsafe { ContextBlock::from_ptr(context) }?;
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        report_stats(block.entry);
         // SAFETY: checked above; the caller gives it up.
         unsafe { ContextBlock::free(context) };
         Ok(())
     })
 }
 symver!(ibv_close_device, "IBVERBS_1.1");
+
+/// The environment variable naming where `ibv_close_device` reports the device's
+/// counters: `stderr` (or `-`), or a file the report is appended to. Unset: no report.
+pub const STATS_ENV: &str = "SOFTVERBS_STATS";
+
+/// Writes one line of the device's engine and transport counters where
+/// [`STATS_ENV`] says, so a C program's run (say, under packet loss) shows what the device
+/// did: retransmissions, timeouts, NAKs, drops by reason.
+fn report_stats(entry: &DeviceEntry) {
+    let Some(target) = std::env::var_os(STATS_ENV) else {
+        return;
+    };
+    let device = &entry.device;
+    let mut line = format!(
+        "softverbs stats: device {} address {} pid {}: {}",
+        device.name(),
+        device.address(),
+        std::process::id(),
+        device.counters()
+    );
+    if let Some(t) = device.transport_counters() {
+        line.push_str(&format!("; transport: {t}"));
+    }
+    line.push('\n');
+    use std::io::Write;
+    let written = if target == "stderr" || target == "-" {
+        std::io::stderr().write_all(line.as_bytes())
+    } else {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&target)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+    };
+    if let Err(e) = written {
+        eprintln!("softverbs: cannot write the {STATS_ENV} report to {target:?}: {e}");
+    }
+}
 
 /// `ibv_query_device(3)`: returns 0 or an errno value.
 ///

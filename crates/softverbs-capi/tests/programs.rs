@@ -162,3 +162,29 @@ fn every_perftest_program_loads_and_binds_all_symbols_on_the_drop_in() {
     }
     assert_uses_drop_in(&lib, "ib_send_lat", &["--version"]);
 }
+
+#[test]
+fn softverbs_stats_makes_ibv_close_device_report_the_device_counters() {
+    let lib = common::library_dir("stats");
+    let out = std::process::Command::new("/usr/bin/ibv_devinfo")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("LD_BIND_NOW", "1")
+        .env("SOFTVERBS_ADDR", "127.0.0.76:0")
+        .env("SOFTVERBS_STATS", "stderr")
+        .output()
+        .expect("/usr/bin/ibv_devinfo is missing: install the Debian package ibverbs-utils");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ibv_devinfo failed: {stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("softverbs stats: device softverbs0 address 127.0.0.76"))
+        .unwrap_or_else(|| panic!("no stats line:\n{stderr}"));
+    for field in [
+        "packets_sent=0",
+        "retransmitted_packets=0",
+        "timeouts=0",
+        "transport: sent 0 pkts",
+    ] {
+        assert!(line.contains(field), "{field} missing: {line}");
+    }
+}

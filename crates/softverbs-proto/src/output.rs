@@ -147,6 +147,36 @@ impl DropReason {
     fn index(self) -> usize {
         self as usize
     }
+
+    /// The reason's name in snake case (`out_of_sequence`).
+    pub fn snake_name(self) -> String {
+        let mut name = String::new();
+        for (i, c) in format!("{self:?}").chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                name.push('_');
+            }
+            name.push(c.to_ascii_lowercase());
+        }
+        name
+    }
+}
+
+/// One line of `name=value` pairs; drop reasons that never happened are left out.
+impl std::fmt::Display for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut first = true;
+        for (name, value) in self.fields() {
+            if value == 0 && name.starts_with("dropped_") {
+                continue;
+            }
+            if !first {
+                f.write_str(" ")?;
+            }
+            first = false;
+            write!(f, "{name}={value}")?;
+        }
+        Ok(())
+    }
 }
 
 /// Counters kept by the engine, over all its QPs.
@@ -188,6 +218,35 @@ impl Counters {
     /// All dropped packets.
     pub fn total_drops(&self) -> u64 {
         self.drops.iter().sum()
+    }
+
+    /// `(name, value)` of every counter, drops by reason last (names in snake case, as
+    /// [`Counters`]' `Display` prints them).
+    pub fn fields(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = [
+            ("packets_sent", self.packets_sent),
+            ("bytes_sent", self.bytes_sent),
+            ("packets_received", self.packets_received),
+            ("retransmitted_packets", self.retransmitted_packets),
+            ("retries", self.retries),
+            ("timeouts", self.timeouts),
+            ("acks_sent", self.acks_sent),
+            ("naks_sent", self.naks_sent),
+            ("rnr_naks_sent", self.rnr_naks_sent),
+            ("naks_received", self.naks_received),
+            ("rnr_naks_received", self.rnr_naks_received),
+            ("duplicates_received", self.duplicates_received),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value))
+        .collect();
+        for reason in DropReason::ALL {
+            out.push((
+                format!("dropped_{}", reason.snake_name()),
+                self.drops(reason),
+            ));
+        }
+        out
     }
 
     pub(crate) fn drop_packet(&mut self, reason: DropReason) {
