@@ -6,6 +6,7 @@
 //! softverbs pingpong --server | --client HOST like ibv_rc_pingpong, two processes
 //! softverbs perf send|write|read|atomic lat|bw   perftest-like latency and bandwidth
 //! softverbs pcap FILE                         decode a RoCEv2 capture
+//! softverbs run [--addr IP] -- CMD ARGS...    run a verbs program on the drop-in libibverbs
 //! ```
 
 mod capture;
@@ -13,6 +14,7 @@ mod conn;
 mod devinfo;
 mod perf;
 mod pingpong;
+mod run;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -59,6 +61,18 @@ enum Command {
 
     /// Decode a pcap capture of RoCEv2 traffic: one line per packet, then a summary.
     Pcap(capture::PcapArgs),
+
+    /// Run a program on the drop-in libibverbs.so.1: `run [OPTIONS] -- CMD ARGS...`.
+    ///
+    /// Any verbs program, unmodified (ibv_devinfo, ibv_rc_pingpong, ib_write_bw...), finds
+    /// the softverbs device softverbs0 instead of the real libibverbs. The drop-in is
+    /// --lib, else SOFTVERBS_LIB, else libsoftverbs_capi.so where cargo builds it beside
+    /// this executable (building softverbs-cli builds it). A private directory holding the
+    /// symlink libibverbs.so.1 goes first on LD_LIBRARY_PATH, then the program replaces
+    /// this process: its exit status is the program's own (127 if it is not found).
+    /// SOFTVERBS_* variables reach it unchanged.
+    #[command(override_usage = "softverbs run [OPTIONS] -- CMD [ARGS]...")]
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +82,8 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Pcap(args) => capture::run(args),
+        // Returns only if the program could not be started, with a shell's exit status.
+        Command::Run(args) => return run::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
