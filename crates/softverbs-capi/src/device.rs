@@ -340,6 +340,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
         // SAFETY: per the contract.
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         report_stats(block.entry);
+        flush_capture(block.entry);
         // SAFETY: checked above; the caller gives it up.
         unsafe { ContextBlock::free(context) };
         Ok(())
@@ -382,6 +383,15 @@ fn report_stats(entry: &DeviceEntry) {
     };
     if let Err(e) = written {
         eprintln!("softverbs: cannot write the {STATS_ENV} report to {target:?}: {e}");
+    }
+}
+
+/// Writes out what `SOFTVERBS_PCAP` captured so far (the process's device is never
+/// dropped: closing a context and leaving the process are the moments a capture must be
+/// complete).
+pub fn flush_capture(entry: &DeviceEntry) {
+    if let Err(e) = entry.device.flush_capture() {
+        eprintln!("softverbs: cannot write the packet capture: {e}");
     }
 }
 

@@ -104,7 +104,19 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
         node_guid,
     }));
     *slot = Some(entry);
+    drop(slot);
+    // A program may leave without closing its context: the capture is flushed at exit too.
+    // SAFETY: registers a function with no preconditions; a failure (the table is full)
+    // only loses that flush.
+    unsafe { libc::atexit(flush_at_exit) };
     Ok(entry)
+}
+
+extern "C" fn flush_at_exit() {
+    let slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(entry) = *slot {
+        crate::boundary::infallible((), || crate::device::flush_capture(entry));
+    }
 }
 
 /// The entry for a `struct ibv_device *` C passed in: `ENODEV` unless it is ours.

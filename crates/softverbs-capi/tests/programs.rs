@@ -188,3 +188,43 @@ fn softverbs_stats_makes_ibv_close_device_report_the_device_counters() {
         assert!(line.contains(field), "{field} missing: {line}");
     }
 }
+
+#[test]
+fn softverbs_pcap_capture_of_a_program_is_complete_when_the_program_exits() {
+    // The drop-in's device lives as long as the process, so the capture must be written
+    // out when the program closes its context or exits, not when the device is dropped.
+    let lib = common::library_dir("pcap");
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-capi-pp.pcap");
+    let _ = std::fs::remove_file(&file);
+    let pingpong = |addr: &str, server: Option<&str>| {
+        let mut c = std::process::Command::new("/usr/bin/ibv_rc_pingpong");
+        c.args(["-g", "0", "-p", "18571", "-n", "5", "-s", "64"])
+            .args(server)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("SOFTVERBS_ADDR", addr)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let server = pingpong("127.0.0.73", None)
+        .spawn()
+        .expect("/usr/bin/ibv_rc_pingpong is missing: install the Debian package ibverbs-utils");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let client = pingpong("127.0.0.74", Some("127.0.0.1"))
+        .env("SOFTVERBS_PCAP", &file)
+        .output()
+        .expect("run the client");
+    let server = server.wait_with_output().expect("wait for the server");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(client.status.success(), "client: {}", text(&client));
+    assert!(server.status.success(), "server: {}", text(&server));
+    let records = softverbs_device::pcap::read_capture(&file).expect("a readable pcap file");
+    // Five round trips of one SEND each way, each ACKed: 20 packets, all of them there.
+    assert_eq!(records.len(), 20, "{records:?}");
+}
