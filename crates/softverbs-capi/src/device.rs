@@ -316,7 +316,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             ibv_create_flow: None,
             ABI_placeholder1: None,
             open_qp: None,
-            create_qp_ex: None,
+            create_qp_ex: Some(crate::qp::create_qp_ex),
             get_srq_num: None,
             create_srq_ex: None,
             open_xrcd: None,
