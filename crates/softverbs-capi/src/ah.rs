@@ -75,7 +75,7 @@ pub fn ah_attr(av: &AddressVector) -> ibv_ah_attr {
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     pointer(|| {
         // SAFETY: per the contract.
-        unsafe { PdBlock::from_ptr(pd) }?;
+        unsafe { PdBlock::state(pd) }?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
 ) -> *mut ibv_ah {
     pointer(|| {
         // SAFETY: per the contract.
-        unsafe { PdBlock::from_ptr(pd) }?;
+        unsafe { PdBlock::state(pd) }?;
         let mut attr = ah_attr(&AddressVector::default());
         // SAFETY: forwarded contract; `attr` is a local.
         let rc = unsafe { ibv_init_ah_from_wc((*pd).context, port_num, wc, grh, &mut attr) };

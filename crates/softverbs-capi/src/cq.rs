@@ -15,7 +15,7 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, guarded, infallible, minus_one, pointer, Errno};
-use crate::handles::{Block, ChannelBlock, ContextBlock, DeviceEntry, Tagged};
+use crate::handles::{Block, ChannelBlock, ChannelState, ContextBlock, DeviceEntry, Tagged};
 use softverbs_cq::{
     AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqBuilder, Moderation,
     OverrunPolicy, PollBatch,
@@ -126,7 +126,7 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
     }
     if !request.channel.is_null() {
         // SAFETY: per the contract.
-        let channel = unsafe { ChannelBlock::from_ptr(request.channel) }?;
+        let channel = unsafe { ChannelBlock::state(request.channel) }?;
         builder = builder.channel(&channel.inner);
     }
     let cq = builder.build().map_err(|e| e.errno())?;
@@ -246,7 +246,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             fd: inner.as_raw_fd(),
             refcnt: 0,
         };
-        Ok(ChannelBlock::allocate(channel, inner))
+        Ok(ChannelBlock::allocate(channel, ChannelState { inner }))
     })
 }
 symver!(ibv_create_comp_channel, "IBVERBS_1.0");
@@ -261,7 +261,7 @@ symver!(ibv_create_comp_channel, "IBVERBS_1.0");
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     errno_code(|| {
         // SAFETY: per the contract.
-        let block = unsafe { ChannelBlock::from_ptr(channel) }?;
+        let block = unsafe { ChannelBlock::state(channel) }?;
         // SAFETY: `refcnt` is read through the raw pointer: C owns the struct's fields.
         let refcnt = unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) };
         if block.inner.attached_cqs() > 0 || refcnt.load(Ordering::Relaxed) != 0 {
@@ -424,7 +424,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
 ) -> c_int {
     minus_one(|| {
         // SAFETY: per the contract.
-        let block = unsafe { ChannelBlock::from_ptr(channel) }?;
+        let block = unsafe { ChannelBlock::state(channel) }?;
         if cq.is_null() || cq_context.is_null() {
             return Err(libc::EINVAL);
         }

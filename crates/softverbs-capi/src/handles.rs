@@ -6,8 +6,13 @@
 //! | `struct ibv_device *` | [`DeviceEntry::ibv_device`] of the process's one device | first `ibv_get_device_list` | never (lives for the process, like rdma-core's device objects) | pointers stay valid after `ibv_free_device_list` |
 //! | `struct ibv_device **` (the list) | a `Box<[*mut ibv_device]>` (NULL-terminated) | `ibv_get_device_list` | `ibv_free_device_list` | [`DeviceList`] |
 //! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2) |
-//! | `struct ibv_pd *` | [`PdBlock::pd`] (offset 0) | `ibv_alloc_pd` | `ibv_dealloc_pd` | |
-//! | `struct ibv_comp_channel *` | [`ChannelBlock::channel`] (offset 0) | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
+//! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd` | `ibv_dealloc_pd` | |
+//! | `struct ibv_comp_channel *` | a [`ChannelBlock`] | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
+//! | `struct ibv_cq *`, `struct ibv_cq_ex *` | a [`CqBlock`](crate::cq::CqBlock) (an `ibv_cq_ex` for both kinds) | `ibv_create_cq`, `ibv_create_cq_ex` | `ibv_destroy_cq` | the CQ's user context is this pointer: events and `IBV_EVENT_CQ_ERR` name the CQ by it |
+//! | `struct ibv_mr *` | an [`MrBlock`](crate::mr::MrBlock) | `ibv_reg_mr*` | `ibv_dereg_mr` | |
+//! | `struct ibv_qp *`, `struct ibv_qp_ex *` | a [`QpBlock`](crate::qp::QpBlock) (an `ibv_qp_ex` for both kinds) | `ibv_create_qp`, `ibv_create_qp_ex` | `ibv_destroy_qp` | listed in the [`Registry`] by QPN for async events |
+//! | `struct ibv_srq *` | an [`SrqBlock`](crate::srq::SrqBlock) | `ibv_create_srq` | `ibv_destroy_srq` | listed in the [`Registry`] by handle |
+//! | `struct ibv_ah *` | an [`AhBlock`](crate::ah::AhBlock) | `ibv_create_ah*` | `ibv_destroy_ah` | |
 //! | `const char *` from `*_str`, `ibv_get_device_name`, `ibv_get_sysfs_path` | static data | – | never | |
 //!
 //! Every block carries a magic number checked on entry: a pointer that is not one of ours
@@ -215,105 +220,29 @@ impl ContextBlock {
     }
 }
 
-/// A protection domain.
-#[repr(C)]
-pub struct PdBlock {
-    /// What C sees.
-    pub pd: ibv_pd,
-    magic: u64,
+/// The library's part of a protection domain.
+#[derive(Debug, Default)]
+pub struct PdState;
+
+impl Tagged for PdState {
+    const MAGIC: u64 = PD_MAGIC;
 }
 
-impl PdBlock {
-    /// Allocates a PD block.
-    pub fn allocate(pd: ibv_pd) -> *mut ibv_pd {
-        Box::into_raw(Box::new(PdBlock {
-            pd,
-            magic: PD_MAGIC,
-        }))
-        .cast()
-    }
+/// A protection domain as C sees it, followed by its state.
+pub type PdBlock = Block<ibv_pd, PdState>;
 
-    /// The block of a PD pointer from C.
-    ///
-    /// # Safety
-    ///
-    /// `pd` is NULL or a pointer returned by `ibv_alloc_pd` and not yet deallocated.
-    pub unsafe fn from_ptr<'a>(pd: *mut ibv_pd) -> Result<&'a PdBlock, Errno> {
-        if pd.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: per the contract, `pd` is the first member of a live `PdBlock`.
-        let block = unsafe { &*pd.cast::<PdBlock>() };
-        if block.magic != PD_MAGIC {
-            return Err(libc::EINVAL);
-        }
-        Ok(block)
-    }
-
-    /// Frees a PD block.
-    ///
-    /// # Safety
-    ///
-    /// `pd` passed [`PdBlock::from_ptr`] and is not used again by anyone.
-    pub unsafe fn free(pd: *mut ibv_pd) {
-        // SAFETY: the allocation `allocate` made.
-        let mut block = unsafe { Box::from_raw(pd.cast::<PdBlock>()) };
-        block.magic = 0;
-        drop(block);
-    }
-}
-
-/// A completion channel.
-#[repr(C)]
-pub struct ChannelBlock {
-    /// What C sees; `fd` is `inner`'s eventfd.
-    pub channel: ibv_comp_channel,
-    magic: u64,
-    /// The channel.
+/// The library's part of a completion channel.
+pub struct ChannelState {
+    /// The channel (its eventfd is the C struct's `fd`).
     pub inner: CompletionChannel,
 }
 
-impl ChannelBlock {
-    /// Allocates a channel block.
-    pub fn allocate(channel: ibv_comp_channel, inner: CompletionChannel) -> *mut ibv_comp_channel {
-        Box::into_raw(Box::new(ChannelBlock {
-            channel,
-            magic: CHANNEL_MAGIC,
-            inner,
-        }))
-        .cast()
-    }
-
-    /// The block of a channel pointer from C.
-    ///
-    /// # Safety
-    ///
-    /// `channel` is NULL or a pointer returned by `ibv_create_comp_channel` and not yet
-    /// destroyed.
-    pub unsafe fn from_ptr<'a>(channel: *mut ibv_comp_channel) -> Result<&'a ChannelBlock, Errno> {
-        if channel.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: per the contract, `channel` is the first member of a live block.
-        let block = unsafe { &*channel.cast::<ChannelBlock>() };
-        if block.magic != CHANNEL_MAGIC {
-            return Err(libc::EINVAL);
-        }
-        Ok(block)
-    }
-
-    /// Frees a channel block (closing its fd).
-    ///
-    /// # Safety
-    ///
-    /// `channel` passed [`ChannelBlock::from_ptr`] and is not used again by anyone.
-    pub unsafe fn free(channel: *mut ibv_comp_channel) {
-        // SAFETY: the allocation `allocate` made.
-        let mut block = unsafe { Box::from_raw(channel.cast::<ChannelBlock>()) };
-        block.magic = 0;
-        drop(block);
-    }
+impl Tagged for ChannelState {
+    const MAGIC: u64 = CHANNEL_MAGIC;
 }
+
+/// A completion channel as C sees it, followed by its state.
+pub type ChannelBlock = Block<ibv_comp_channel, ChannelState>;
 
 /// The state every object block carries after the C struct: its magic number.
 pub trait Tagged {

@@ -77,7 +77,7 @@ unsafe fn register(
     access: u32,
 ) -> Result<*mut ibv_mr, Errno> {
     // SAFETY: per the contract.
-    unsafe { PdBlock::from_ptr(pd) }?;
+    unsafe { PdBlock::state(pd) }?;
     // SAFETY: a live PD's fields.
     let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
     // SAFETY: the PD's context is open while the PD lives.

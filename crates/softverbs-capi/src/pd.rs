@@ -10,7 +10,7 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer};
-use crate::handles::{ContextBlock, PdBlock};
+use crate::handles::{ContextBlock, PdBlock, PdState};
 use std::ffi::c_int;
 
 /// `ibv_alloc_pd(3)`: `NULL` with errno on failure.
@@ -23,7 +23,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         // SAFETY: per the contract.
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         let handle = block.entry.device.alloc_pd();
-        Ok(PdBlock::allocate(ibv_pd { context, handle }))
+        Ok(PdBlock::allocate(ibv_pd { context, handle }, PdState))
     })
 }
 symver!(ibv_alloc_pd, "IBVERBS_1.1");
@@ -36,7 +36,7 @@ symver!(ibv_alloc_pd, "IBVERBS_1.1");
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     errno_code(|| {
         // SAFETY: per the contract.
-        unsafe { PdBlock::from_ptr(pd) }?;
+        unsafe { PdBlock::state(pd) }?;
         // SAFETY: checked above; the caller gives it up.
         unsafe { PdBlock::free(pd) };
         Ok(())

@@ -133,7 +133,7 @@ struct QpRequest {
 unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno> {
     let QpRequest { pd, attr, send_ops } = request;
     // SAFETY: per the contract.
-    unsafe { PdBlock::from_ptr(pd) }?;
+    unsafe { PdBlock::state(pd) }?;
     // SAFETY: a live PD's field, and its open context.
     let context = unsafe { (*pd).context };
     // SAFETY: as above.

@@ -56,7 +56,7 @@ pub unsafe extern "C" fn ibv_create_srq(
 ) -> *mut ibv_srq {
     pointer(|| {
         // SAFETY: per the contract.
-        unsafe { PdBlock::from_ptr(pd) }?;
+        unsafe { PdBlock::state(pd) }?;
         if init_attr.is_null() {
             return Err(libc::EINVAL);
         }
