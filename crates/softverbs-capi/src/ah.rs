@@ -9,6 +9,7 @@
 use crate::abi::*;
 use crate::boundary::{errno_code, minus_one, pointer, Errno};
 use crate::handles::{Block, PdBlock, Tagged};
+use crate::pd::PdUse;
 use softverbs_proto::AddressVector;
 use std::ffi::c_int;
 
@@ -19,6 +20,7 @@ const WC_GRH: u32 = 1 << 0;
 pub struct AhState {
     /// Where it points.
     pub av: AddressVector,
+    _pd: PdUse,
 }
 
 impl Tagged for AhState {
@@ -75,7 +77,7 @@ pub fn ah_attr(av: &AddressVector) -> ibv_ah_attr {
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     pointer(|| {
         // SAFETY: per the contract.
-        unsafe { PdBlock::state(pd) }?;
+        let hold = unsafe { PdUse::acquire(pd) }?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
@@ -89,7 +91,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
                 pd,
                 handle: 0,
             },
-            AhState { av },
+            AhState { av, _pd: hold },
         ))
     })
 }

@@ -222,7 +222,10 @@ impl ContextBlock {
 
 /// The library's part of a protection domain.
 #[derive(Debug, Default)]
-pub struct PdState;
+pub struct PdState {
+    /// MRs, QPs, SRQs and AHs created in it and not yet destroyed.
+    pub users: std::sync::atomic::AtomicUsize,
+}
 
 impl Tagged for PdState {
     const MAGIC: u64 = PD_MAGIC;

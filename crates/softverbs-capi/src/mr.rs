@@ -23,7 +23,8 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer, Errno};
-use crate::handles::{Block, ContextBlock, PdBlock, Tagged};
+use crate::handles::{Block, ContextBlock, Tagged};
+use crate::pd::PdUse;
 use softverbs_proto::AccessFlags;
 use std::ffi::{c_int, c_void};
 
@@ -42,6 +43,7 @@ pub struct MrState {
     lkey: u32,
     /// The context (for its device).
     context: *mut ibv_context,
+    _pd: PdUse,
 }
 
 impl Tagged for MrState {
@@ -77,7 +79,7 @@ unsafe fn register(
     access: u32,
 ) -> Result<*mut ibv_mr, Errno> {
     // SAFETY: per the contract.
-    unsafe { PdBlock::state(pd) }?;
+    let hold = unsafe { PdUse::acquire(pd) }?;
     // SAFETY: a live PD's fields.
     let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
     // SAFETY: the PD's context is open while the PD lives.
@@ -107,6 +109,7 @@ unsafe fn register(
         MrState {
             lkey: region.lkey,
             context,
+            _pd: hold,
         },
     ))
 }

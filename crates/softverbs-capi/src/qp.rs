@@ -21,7 +21,8 @@ use crate::abi::*;
 use crate::ah::{address_vector, ah_attr, AhBlock};
 use crate::boundary::{errno_code, guarded, pointer, Errno};
 use crate::cq::cq_state;
-use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, PdBlock, Tagged};
+use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, Tagged};
+use crate::pd::PdUse;
 use crate::srq::srq_state;
 use softverbs_proto::{
     AccessFlags, AttrMask, Gather, Mtu, QpAttr, QpCaps, QpInit, QpState as EngineQpState, QpType,
@@ -58,6 +59,7 @@ pub struct QpState {
     caps: QpCaps,
     /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex` hands it out.
     extended: bool,
+    _pd: PdUse,
     /// The work requests built since `ibv_wr_start` (one thread at a time, between
     /// `ibv_wr_start` and `ibv_wr_complete` / `ibv_wr_abort`, as `ibv_wr_post(3)` requires).
     batch: UnsafeCell<Batch>,
@@ -133,7 +135,7 @@ struct QpRequest {
 unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno> {
     let QpRequest { pd, attr, send_ops } = request;
     // SAFETY: per the contract.
-    unsafe { PdBlock::state(pd) }?;
+    let hold = unsafe { PdUse::acquire(pd) }?;
     // SAFETY: a live PD's field, and its open context.
     let context = unsafe { (*pd).context };
     // SAFETY: as above.
@@ -211,6 +213,7 @@ unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno>
             qp_type,
             caps,
             extended: send_ops.is_some(),
+            _pd: hold,
             batch: UnsafeCell::new(Batch::default()),
         },
     );

@@ -9,7 +9,8 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer, Errno};
-use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, PdBlock, Tagged};
+use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, Tagged};
+use crate::pd::PdUse;
 use crate::qp::recv_wr;
 use softverbs_proto::{SrqId, SrqInit};
 use std::ffi::c_int;
@@ -25,6 +26,7 @@ pub struct SrqState {
     pub id: SrqId,
     entry: &'static DeviceEntry,
     max_sge: u32,
+    _pd: PdUse,
 }
 
 impl Tagged for SrqState {
@@ -56,7 +58,7 @@ pub unsafe extern "C" fn ibv_create_srq(
 ) -> *mut ibv_srq {
     pointer(|| {
         // SAFETY: per the contract.
-        unsafe { PdBlock::state(pd) }?;
+        let hold = unsafe { PdUse::acquire(pd) }?;
         if init_attr.is_null() {
             return Err(libc::EINVAL);
         }
@@ -102,6 +104,7 @@ pub unsafe extern "C" fn ibv_create_srq(
                 id,
                 entry: ctx.entry,
                 max_sge,
+                _pd: hold,
             },
         );
         with_registry(|r| r.srqs.insert(id.0, ptr as usize));

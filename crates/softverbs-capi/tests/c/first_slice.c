@@ -148,6 +148,15 @@ int main(void)
 	errno = 0;
 	CHECK(ibv_reg_mr(NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL);
 	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	/* ibv_alloc_pd(3): "ibv_dealloc_pd() may fail if any other resource is still associated
+	 * with the PD being freed" (EBUSY, as the kernel answers) */
+	static char region[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd2, region, sizeof(region), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr != NULL && mr->pd == pd2 && mr->lkey != 0 && mr->length == sizeof(region));
+	CHECK(ibv_dealloc_pd(pd2) == EBUSY);
+	errno = 0;
+	CHECK(ibv_reg_mr(pd2, region, sizeof(region), IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
+	CHECK(ibv_dereg_mr(mr) == 0);
 	errno = 0;
 	CHECK(ibv_alloc_mw(pd2, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP);
 	errno = 0;
