@@ -363,22 +363,16 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if state.cq.attached_qps() > 0 {
             return Err(libc::EBUSY);
         }
-        // SAFETY: checked; the caller gives the CQ up (a poll in progress on another thread
-        // would be the caller's use-after-destroy).
-        let state = unsafe { CqBlock::into_state(cq.cast()) };
-        let CqState {
-            batch,
-            cq: queue,
-            channel,
-            ..
-        } = state;
-        drop(batch);
-        if let Err((queue, e)) = queue.destroy_wait(DESTROY_ACK_WAIT) {
-            // Refused after all (a QP attached meanwhile): keep the queue alive rather than
-            // free memory a QP still completes into.
-            std::mem::forget(queue);
-            return Err(e.errno());
-        }
+        // Wait for the delivered events to be acknowledged while the block is still alive:
+        // the acknowledgements come through it (`ibv_ack_cq_events` from other threads).
+        state
+            .cq
+            .destroy_wait_in_place(DESTROY_ACK_WAIT)
+            .map_err(|e| e.errno())?;
+        let channel = state.channel;
+        // SAFETY: destroyed; the caller gives the CQ up (a poll in progress on another
+        // thread would be the caller's use-after-destroy).
+        unsafe { CqBlock::free(cq.cast()) };
         if !channel.is_null() {
             // SAFETY: the channel outlives its CQs (its destroy refuses while refcnt > 0).
             unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) }

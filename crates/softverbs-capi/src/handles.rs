@@ -310,18 +310,6 @@ impl<C, S: Tagged> Block<C, S> {
         block.magic = 0;
         drop(block);
     }
-
-    /// Takes the state out and frees the block.
-    ///
-    /// # Safety
-    ///
-    /// As [`Block::free`].
-    pub unsafe fn into_state(ptr: *mut C) -> S {
-        // SAFETY: the allocation `allocate` made.
-        let block = unsafe { Box::from_raw(ptr.cast::<Self>()) };
-        let Block { state, .. } = *block;
-        state
-    }
 }
 
 /// C objects the device names by number in asynchronous events (QPs by QPN, SRQs by

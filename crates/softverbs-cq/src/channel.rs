@@ -221,7 +221,8 @@ impl CompletionChannel {
             return Ok(event);
         }
         if self.is_nonblocking()? {
-            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+            // EAGAIN itself (kind `WouldBlock`), so the C side can hand the errno on.
+            return Err(io::Error::from(rustix::io::Errno::AGAIN));
         }
         self.spin_for_event();
         loop {

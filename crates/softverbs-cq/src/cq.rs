@@ -1075,6 +1075,15 @@ macro_rules! common_cq_methods {
                 Err(e) => Err((self, e)),
             }
         }
+
+        /// [`destroy_wait`](Self::destroy_wait) for an owner that must keep the handle
+        /// reachable while it waits: the acknowledgements that end the wait come through
+        /// the same handle from other threads (the C drop-in's `ibv_ack_cq_events` during
+        /// `ibv_destroy_cq`). After `Ok` the CQ is destroyed and the handle is only good
+        /// for dropping; after `Err` nothing changed.
+        pub fn destroy_wait_in_place(&self, timeout: Duration) -> Result<(), DestroyError> {
+            CqShared::destroy_check(&self.shared, Some(timeout))
+        }
     };
 }
 
