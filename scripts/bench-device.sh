@@ -23,148 +23,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-JSON=0
-REPS=3
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --json) JSON=1 ;;
-        --reps)
-            REPS="${2:?--reps needs a number}"
-            shift
-            ;;
-        -h | --help)
-            sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
-            exit 0
-            ;;
-        *)
-            echo "bench-device: unknown option $1 (see --help)" >&2
-            exit 2
-            ;;
-    esac
-    shift
-done
-case "$REPS" in '' | *[!0-9]* | 0) echo "bench-device: --reps must be a positive number" >&2; exit 2 ;; esac
-
-log() { echo "$@" >&2; }
-die() {
-    echo "bench-device: $*" >&2
-    exit 1
-}
+BENCH=bench-device
+# shellcheck source=scripts/lib/bench-common.sh
+. scripts/lib/bench-common.sh
+bench_parse_args "$@"
 
 # ---------------------------------------------------------------------------- tools
-PY="$(command -v python3 || true)"
-[ -n "$PY" ] || die "python3 is needed to parse the results"
-command -v taskset > /dev/null || die "taskset (util-linux) is needed"
-command -v ss > /dev/null || die "ss (iproute2) is needed"
-
-APT_UPDATED=0
-need_pkg() { # need_pkg COMMAND PACKAGE
-    command -v "$1" > /dev/null && return 0
-    [ "$(id -u)" = 0 ] || die "$1 is missing: install the Debian package $2 (apt-get install $2, as root)"
-    log "==> installing $2 (for $1)"
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >&2; then
-        if [ "$APT_UPDATED" = 0 ]; then
-            APT_UPDATED=1
-            DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 || die "apt-get update failed"
-        fi
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >&2 || die "cannot install $2"
-    fi
-    command -v "$1" > /dev/null || die "$2 installed but $1 is still missing"
-}
+bench_check_tools
 need_pkg ucx_perftest ucx-utils
 need_pkg fi_pingpong libfabric-bin
-
-log "==> building softverbs and udp-baseline (release)"
-export CARGO_TERM_COLOR=never
-cargo build --release --locked -p softverbs-cli >&2 || die "cargo build failed"
-TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-SV="$TARGET_DIR/release/softverbs"
-UB="$TARGET_DIR/release/udp-baseline"
-[ -x "$SV" ] && [ -x "$UB" ] || die "built binaries not found in $TARGET_DIR/release"
+bench_build "softverbs and udp-baseline" softverbs-cli
 
 # ---------------------------------------------------------------------------- plumbing
-WORK="$(mktemp -d /tmp/bench-device.XXXXXX)"
-RESULTS="$WORK/results.tsv" # key <TAB> value, one line per sample
-: > "$RESULTS"
-SERVER_PID=""
-cleanup() {
-    if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2> /dev/null || true; fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-if [ "$(nproc)" -ge 2 ]; then
-    PIN_S=(taskset -c 0)
-    PIN_C=(taskset -c 1)
-else
-    PIN_S=()
-    PIN_C=()
-fi
-# Ports for the servers' TCP/UDP control or data sockets: one random base per run.
-PORT=$((20000 + RANDOM % 20000))
-next_port() { PORT=$((PORT + 1)); }
+bench_setup
 
 # Keep every transport on loopback: UCX and libfabric otherwise look at every interface.
 export UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
 export FI_TCP_IFACE=lo FI_UDP_IFACE=lo FI_SOCKETS_IFACE=lo
-
-# record KEY VALUE: one sample; a value that is not a number fails the measurement.
-record() {
-    if ! "$PY" -c 'import math,sys; v=float(sys.argv[1]); sys.exit(0 if math.isfinite(v) and v > 0 else 1)' "$2" 2> /dev/null; then
-        log "    $1: not a measurement: '$2'"
-        return 1
-    fi
-    printf '%s\t%s\n' "$1" "$2" >> "$RESULTS"
-}
-
-# Waits until something listens on PORT (TCP or UDP), up to 10 s.
-wait_port() {
-    local i
-    for i in $(seq 100); do
-        if ss -H -lntu "sport = :$1" 2> /dev/null | grep -q .; then return 0; fi
-        sleep 0.1
-    done
-    return 1
-}
-
-# pair NAME PORT -- SERVER_CMD... -- CLIENT_CMD...: starts the server (CPU 0), waits for
-# its port, runs the client (CPU 1) with its stdout in $WORK/NAME.out, the server's in
-# $WORK/NAME.srv. Fails (returns 1) if either side fails or times out.
-pair() {
-    local name="$1" port="$2"
-    shift 3
-    local srv=() cli=()
-    while [ "$1" != "--" ]; do
-        srv+=("$1")
-        shift
-    done
-    shift
-    cli=("$@")
-    timeout 90 "${PIN_S[@]}" "${srv[@]}" > "$WORK/$name.srv" 2> "$WORK/$name.srv.err" &
-    SERVER_PID=$!
-    if ! wait_port "$port"; then
-        kill "$SERVER_PID" 2> /dev/null || true
-        wait "$SERVER_PID" 2> /dev/null || true
-        SERVER_PID=""
-        log "    $name: the server never listened on port $port:"
-        sed 's/^/      /' "$WORK/$name.srv.err" >&2
-        return 1
-    fi
-    local rc=0
-    timeout 90 "${PIN_C[@]}" "${cli[@]}" > "$WORK/$name.out" 2> "$WORK/$name.err" || rc=$?
-    local src=0
-    wait "$SERVER_PID" || src=$?
-    SERVER_PID=""
-    if [ "$rc" != 0 ] || [ "$src" != 0 ]; then
-        log "    $name failed (client exit $rc, server exit $src):"
-        sed 's/^/      client: /' "$WORK/$name.err" >&2
-        sed 's/^/      server: /' "$WORK/$name.srv.err" >&2
-        return 1
-    fi
-}
-
-# jget FILE EXPR: evaluate a Python expression on the JSON document `d` in FILE.
-jget() { "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
 
 SIZES=(65536 262144 1048576)
 # Iterations per size: about a quarter to half a second each.
@@ -182,20 +57,6 @@ sv_inproc_bw() { # SIZE
     "$SV" perf write bw --in-process -s "$1" -n "$(sv_bw_iters "$1")" --json > "$WORK/sv_ip_bw.json" || return 1
     record "sv_inproc_bw_$1" "$(jget "$WORK/sv_ip_bw.json" 'd["results"][0]["bw_gbit_per_sec"]')" || return 1
 }
-sv_xp_lat() {
-    next_port
-    pair sv_xp_lat "$PORT" -- "$SV" perf send lat --server --listen 127.0.0.1 -p "$PORT" \
-        -- "$SV" perf send lat -s 8 -n 20000 --client 127.0.0.1 -p "$PORT" --json || return 1
-    record sv_xp_lat_rtt_med "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_median_usec"]')" || return 1
-    record sv_xp_lat_rtt_p99 "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_p99_usec"]')" || return 1
-}
-sv_xp_bw() { # SIZE
-    next_port
-    pair sv_xp_bw "$PORT" -- "$SV" perf write bw --server --listen 127.0.0.1 -p "$PORT" \
-        -- "$SV" perf write bw -s "$1" -n "$(sv_bw_iters "$1")" --client 127.0.0.1 -p "$PORT" --json || return 1
-    record "sv_xp_bw_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["results"][0]["bw_gbit_per_sec"]')" || return 1
-    printf 'sv_xp_bw_retrans_%s\t%s\n' "$1" "$(jget "$WORK/sv_xp_bw.out" 'd["client_counters"]["retransmitted_packets"]')" >> "$RESULTS"
-}
 sv_xp_ppbw() { # SIZE: send ping-pong of SIZE bytes, bandwidth = size / one-way (as fi_pingpong)
     next_port
     pair sv_xp_pp "$PORT" -- "$SV" perf send lat --server --listen 127.0.0.1 -p "$PORT" \
@@ -204,41 +65,10 @@ sv_xp_ppbw() { # SIZE: send ping-pong of SIZE bytes, bandwidth = size / one-way 
 }
 
 # --- bare baselines
-udp_pp() {
-    next_port
-    pair udp_pp "$PORT" -- "$UB" pingpong-server --bind "127.0.0.1:$PORT" \
-        -- "$UB" pingpong-client --connect "127.0.0.1:$PORT" -s 8 -n 50000 || return 1
-    record udp_pp_rtt_med "$(jget "$WORK/udp_pp.out" 'd["rtt_median_usec"]')" || return 1
-    record udp_pp_rtt_p99 "$(jget "$WORK/udp_pp.out" 'd["rtt_p99_usec"]')" || return 1
-}
 memcpy_bw() { # SIZE
     "$UB" memcpy -s "$1" --secs 0.3 > "$WORK/memcpy.json" || return 1
     record "memcpy_bw_$1" "$(jget "$WORK/memcpy.json" 'd["bw_gbit_per_sec"]')" || return 1
 }
-udp_stream() { # DATAGRAM_SIZE SECS -> prints Gbit/s
-    next_port
-    pair udp_stream "$PORT" -- "$UB" stream-server --bind "127.0.0.1:$PORT" \
-        -- "$UB" stream-client --connect "127.0.0.1:$PORT" -s "$1" --secs "$2" || return 1
-    jget "$WORK/udp_stream.srv" 'd["bw_gbit_per_sec"]'
-}
-
-# The best UDP throughput of this repetition: the best of a few datagram sizes (up to
-# the largest IPv4 datagram; loopback's MTU is 64 KiB, so none is fragmented).
-DGRAM_SIZES=(16384 32768 65507)
-udp_stream_best() {
-    local d bw best=0 best_d=0
-    for d in "${DGRAM_SIZES[@]}"; do
-        bw="$(udp_stream "$d" 0.5)" || return 1
-        if "$PY" -c 'import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)' "$bw" "$best"; then
-            best="$bw"
-            best_d="$d"
-        fi
-    done
-    log "    best UDP stream: $best Gbit/s with $best_d-byte datagrams"
-    printf 'udp_stream_best_dgram\t%s\n' "$best_d" >> "$RESULTS"
-    record udp_stream_best "$best" || return 1
-}
-
 # --- UCX and libfabric
 ucx() { # NAME TLS TEST SIZE ITERS
     next_port
@@ -273,22 +103,11 @@ fi_ppbw() { # KEY PROVIDER EP SIZE
     record "$1" "$(awk 'NF==8 && $1 ~ /^[0-9]/ {v=$6} END {print v*8/1000}' "$WORK/fi_bw.out")" || return 1
 }
 
-# try DESCRIPTION CMD...: a failed measurement is reported and leaves its cell empty.
-FAILED=0
-try() {
-    local what="$1"
-    shift
-    if ! "$@"; then
-        log "    !! $what failed"
-        FAILED=$((FAILED + 1))
-    fi
-}
-
 # ---------------------------------------------------------------------------- run
-log "==> $(date -u +%FT%TZ) on $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg); $REPS repetitions"
+bench_start
 
 for rep in $(seq "$REPS"); do
-    log "==> repetition $rep/$REPS (load $(cut -d' ' -f1 /proc/loadavg))"
+    bench_rep "$rep"
     log "  1. in-process send latency"
     try "softverbs in-process send lat" sv_inproc_lat
     log "  2. cross-process send latency / bare UDP ping-pong"
@@ -298,7 +117,7 @@ for rep in $(seq "$REPS"); do
     for s in "${SIZES[@]}"; do
         try "softverbs in-process write bw $s" sv_inproc_bw "$s"
         try "memcpy $s" memcpy_bw "$s"
-        try "softverbs cross-process write bw $s" sv_xp_bw "$s"
+        try "softverbs cross-process write bw $s" sv_xp_bw "$s" "$(sv_bw_iters "$s")"
     done
     try "UDP stream" udp_stream_best
     log "  4. UCX (tcp, posix,cma) and libfabric (tcp, udp)"
@@ -314,52 +133,10 @@ for rep in $(seq "$REPS"); do
         try "fi_pingpong tcp $s" fi_ppbw "fi_tcp_ppbw_$s" tcp msg "$s"
     done
 done
-log "==> done, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_done
 
 # ---------------------------------------------------------------------------- table
-"$PY" - "$RESULTS" "$JSON" "$REPS" "$FAILED" << 'EOF'
-import json, statistics, sys
-from collections import defaultdict
-
-path, as_json, reps, failed = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
-samples = defaultdict(list)
-for line in open(path):
-    key, value = line.rstrip("\n").split("\t")
-    try:
-        samples[key].append(float(value))
-    except ValueError:
-        pass
-med = {k: statistics.median(v) for k, v in samples.items() if v}
-best_dgram = "/".join(str(int(d)) for d in samples.get("udp_stream_best_dgram", [])) or "?"
-
-rows = []
-def row(workload, sv_key, base_key, unit, lower_is_better, target=None, baseline_name=""):
-    sv = med.get(sv_key) if sv_key else None
-    base = med.get(base_key) if base_key else None
-    ratio = sv / base if sv is not None and base not in (None, 0.0) else None
-    verdict = "info"
-    target_text = "-"
-    if target is not None:
-        kind, limit = target
-        if kind == "abs<":
-            target_text = f"< {limit:g} {unit}"
-            verdict = "?" if sv is None else ("met" if sv < limit else "missed")
-        elif kind == "ratio<=":
-            target_text = f"<= {limit:g}x"
-            verdict = "?" if ratio is None else ("met" if ratio <= limit else "missed")
-        elif kind == "ratio>=":
-            target_text = f">= {limit:g}x"
-            verdict = "?" if ratio is None else ("met" if ratio >= limit else "missed")
-    rows.append({
-        "workload": workload, "unit": unit, "softverbs": sv, "baseline": base,
-        "baseline_name": baseline_name, "ratio": ratio, "target": target_text,
-        "verdict": verdict, "softverbs_samples": samples.get(sv_key, []),
-        "baseline_samples": samples.get(base_key, []) if base_key else [],
-    })
-
-def size_name(s):
-    return f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
-
+bench_report << 'EOF'
 SIZES = [65536, 262144, 1048576]
 row("1. in-process send 8 B RTT median", "sv_inproc_lat_rtt_med", None, "us", True, ("abs<", 2.0))
 row("1. in-process send 8 B RTT p99", "sv_inproc_lat_rtt_p99", None, "us", True)
@@ -385,28 +162,10 @@ if as_json:
                      indent=2))
     sys.exit(0)
 
-def fmt(v):
-    if v is None:
-        return "n/a"
-    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-
-head = ("workload", "softverbs", "baseline", "ratio", "target", "result")
-table = [head] + [(r["workload"], f'{fmt(r["softverbs"])} {r["unit"]}', f'{fmt(r["baseline"])} {r["unit"]}' if r["baseline_name"] else "-",
-                   f'{r["ratio"]:.2f}x' if r["ratio"] is not None else "-", r["target"], r["verdict"]) for r in rows]
-widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-print()
-print(f"Medians of {reps} runs; latencies are round trips; ratio = softverbs / baseline.")
-for i, t in enumerate(table):
-    print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths))))
-    if i == 0:
-        print("  ".join("-" * w for w in widths))
-print()
+print_table(f"Medians of {reps} runs; latencies are round trips; ratio = softverbs / baseline.")
 print("Baselines: 2 = udp-baseline pingpong (two processes, non-blocking, busy-polled); "
       f"3 = udp-baseline memcpy of the same size / udp-baseline stream (best of 16384/32768/65507-byte datagrams per run: {best_dgram}; goodput at the receiver);")
 print("4 = ucx_perftest tag_lat / ucp_put_bw / tag_bw, fi_pingpong -e msg|dgram; ping-pong bw = size / one-way time "
       "(softverbs perf send lat -s SIZE against fi_pingpong -S SIZE).")
-missed = [r["workload"] for r in rows if r["verdict"] == "missed"]
-print(f"Targets met: {sum(r['verdict'] == 'met' for r in rows)}, missed: {len(missed)}" + (f" ({'; '.join(missed)})" if missed else ""))
-if failed:
-    print(f"WARNING: {failed} measurement(s) failed; see the messages above.")
+print_summary()
 EOF
