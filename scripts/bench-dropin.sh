@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# The drop-in benchmark of issue 5: unmodified perftest programs on the drop-in
+# libibverbs.so.1 (crate softverbs-capi), beside the same workload through the safe Rust
+# API (softverbs perf, the same device underneath) and beside the kernel's bare UDP, all
+# measured in the same run:
+#   1. ib_send_lat -s 8: RC 8-byte send ping-pong round trip (median, p99), against
+#      softverbs perf send lat -s 8 (the C boundary's cost)          target <= 1.1x
+#      and a busy-polled 8-byte UDP ping-pong of udp-baseline (the floor)
+#   2. ib_write_bw -s 65536 and -s 4096, tx-depth 128: RDMA write bandwidth, against
+#      softverbs perf write bw -t 128                                 target >= 1/1.1x
+#      and the best UDP stream two processes reach (udp-baseline)
+#
+# Usage: scripts/bench-dropin.sh [--json] [--reps N]
+#   --json    print the results as one JSON document on stdout (progress goes to stderr)
+#   --reps N  repetitions of every measurement, medians reported (default 3)
+#
+# Run by hand (as root if perftest is missing: it is installed with apt-get). Every pair
+# is two processes over 127.0.0.0/8, the server pinned to CPU 0 and the client to CPU 1
+# when there are two. The perftest processes load the drop-in through LD_LIBRARY_PATH (a
+# directory where target/release/libsoftverbs_capi.so is named libibverbs.so.1), each
+# with its own device address SOFTVERBS_ADDR=127.0.0.N (the RoCEv2 port stays 4791 so the
+# peers reach each other), N picked free in 127.0.0.241-253 for every pair, the safe
+# API's pairs too; a run that did not open the soft device is a failure, never a silent
+# measurement of something else.
+# Units: latencies in the table are round trips (perftest and softverbs perf print half
+# of one); perftest's "MB/sec" are MiB/s (2^20 bytes: format_factor 0x100000, its
+# --report_gbits help says "instead of MiB/sec"), converted to Gbit/s (10^9 bits/s) as
+# softverbs perf and udp-baseline print. The drop-in and the safe API run the same message
+# counts; which of the two goes first alternates between repetitions.
+# Takes about 15 s per repetition on a quiet 2-core machine. The machines are shared and
+# noisy: compare the ratios of one run, not absolute numbers across runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BENCH=bench-dropin
+# shellcheck source=scripts/lib/bench-common.sh
+. scripts/lib/bench-common.sh
+bench_parse_args "$@"
+
+# ---------------------------------------------------------------------------- tools
+bench_check_tools
+need_pkg ib_send_lat perftest
+need_pkg ib_write_bw perftest
+bench_build "softverbs, udp-baseline and the drop-in libibverbs.so.1" softverbs-capi softverbs-cli
+CDYLIB="$TARGET_DIR/release/libsoftverbs_capi.so"
+[ -f "$CDYLIB" ] || die "the drop-in $CDYLIB was not built"
+
+# ---------------------------------------------------------------------------- plumbing
+bench_setup
+# The device's environment is the benchmark's to set: an inherited address, capture or
+# fault injection would break or distort the runs.
+unset SOFTVERBS_ADDR SOFTVERBS_PCAP SOFTVERBS_FAULTS SOFTVERBS_STATS
+
+DROPIN_LIB="$WORK/lib"
+mkdir "$DROPIN_LIB"
+ln -s "$CDYLIB" "$DROPIN_LIB/libibverbs.so.1"
+
+# pick_addrs: two device addresses 127.0.0.N whose RoCEv2 port (UDP 4791) nothing holds
+# now, from 127.0.0.241-253 (the test suites bind fixed addresses up to .240 and .254),
+# as `env SOFTVERBS_ADDR=...` prefixes in DEV_ENV_S (server) and DEV_ENV_C (client),
+# which sv_xp_lat and sv_xp_bw use too.
+pick_addrs() {
+    local used n found=()
+    used=" $(ss -H -lnu 'sport = :4791' 2> /dev/null | awk '{print $4}' | tr '\n' ' ')"
+    case "$used" in *" 0.0.0.0:4791 "* | *" *:4791 "* | *" [::]:4791 "*)
+        log "    UDP port 4791 is held on every address:$used"
+        return 1
+        ;;
+    esac
+    for n in $(seq 241 253); do
+        case "$used" in *" 127.0.0.$n:4791 "*) continue ;; esac
+        found+=("127.0.0.$n")
+        [ "${#found[@]}" -lt 2 ] || break
+    done
+    if [ "${#found[@]}" -lt 2 ]; then
+        log "    no two free 127.0.0.N:4791 left in 127.0.0.241-253"
+        return 1
+    fi
+    DEV_ENV_S=(env "SOFTVERBS_ADDR=${found[0]}")
+    DEV_ENV_C=(env "SOFTVERBS_ADDR=${found[1]}")
+}
+# with_addrs CMD...: CMD with fresh device addresses.
+with_addrs() {
+    pick_addrs || return 1
+    "$@"
+}
+
+# dropin_pair NAME PROGRAM ARG...: PROGRAM's server and client on the drop-in (the
+# client's device counters in $WORK/NAME.stats); fails unless the client ran on the
+# soft device.
+dropin_pair() {
+    local name="$1" prog="$2"
+    shift 2
+    next_port
+    pick_addrs || return 1
+    local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    pair "$name" "$PORT" -- "${DEV_ENV_S[@]}" "$lib" "$prog" "$@" -p "$PORT" \
+        -- "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" 127.0.0.1 || return 1
+    if ! grep -Eq 'Device +: softverbs0' "$WORK/$name.out"; then
+        log "    $name did not run on the drop-in's device softverbs0:"
+        sed 's/^/      client: /' "$WORK/$name.out" "$WORK/$name.err" >&2
+        return 1
+    fi
+}
+
+# perftest_col FILE COLUMN [FACTOR]: COLUMN of the first result line of a perftest report,
+# times FACTOR. COLUMN is a header as perftest prints it ("t_typical[usec]",
+# "BW average[MB/sec]"), so a report in other units fails instead of being misread.
+perftest_col() {
+    "$PY" - "$1" "$2" "${3:-1}" << 'EOF'
+import re, sys
+path, column, factor = sys.argv[1], sys.argv[2], float(sys.argv[3])
+lines = open(path).read().splitlines()
+for i, line in enumerate(lines):
+    if line.strip().startswith("#bytes"):
+        names = re.findall(r"\S+(?: (?:peak|average|percentile)\S*)?", line)
+        values = next((l.split() for l in lines[i + 1:] if re.match(r"\s*\d", l)), [])
+        if column in names and len(values) == len(names):
+            print(float(values[names.index(column)]) * factor)
+            sys.exit(0)
+print(f"no column {column!r} in {path}", file=sys.stderr)
+sys.exit(1)
+EOF
+}
+
+# The drop-in's retransmissions (SOFTVERBS_STATS report of the client's device).
+dropin_retrans() { sed -n 's/.* retransmitted_packets=\([0-9]*\).*/\1/p' "$WORK/$1.stats" | tail -1; }
+
+LAT_ITERS=20000 # as sv_xp_lat (softverbs perf send lat -n 20000)
+SIZES=(65536 4096)
+# Messages per size, the same for the drop-in and the safe API: about a second each.
+bw_iters() { case "$1" in 65536) echo 5000 ;; *) echo 20000 ;; esac }
+MIB_TO_GBIT=0.008388608 # 2^20 * 8 / 10^9
+
+dropin_lat() {
+    dropin_pair dropin_lat ib_send_lat -s 8 -n "$LAT_ITERS" -F || return 1
+    record dropin_lat_rtt_med "$(perftest_col "$WORK/dropin_lat.out" 't_typical[usec]' 2)" || return 1
+    record dropin_lat_rtt_p99 "$(perftest_col "$WORK/dropin_lat.out" '99% percentile[usec]' 2)" || return 1
+}
+dropin_bw() { # SIZE
+    dropin_pair dropin_bw ib_write_bw -s "$1" -n "$(bw_iters "$1")" -t 128 -F || return 1
+    record "dropin_bw_$1" "$(perftest_col "$WORK/dropin_bw.out" 'BW average[MB/sec]' "$MIB_TO_GBIT")" || return 1
+    note "dropin_bw_retrans_$1" "$(dropin_retrans dropin_bw)"
+}
+
+# ---------------------------------------------------------------------------- run
+bench_start
+log "    drop-in: $DROPIN_LIB/libibverbs.so.1 -> $CDYLIB"
+
+for rep in $(seq "$REPS"); do
+    bench_rep "$rep"
+    # Odd repetitions run the drop-in first, even ones the safe API: neither always
+    # inherits the other's warm caches or a load change.
+    if [ $((rep % 2)) = 1 ]; then first=dropin; else first=safe; fi
+    log "  1. 8-byte send latency: drop-in / safe API / bare UDP ping-pong"
+    if [ "$first" = dropin ]; then try "drop-in ib_send_lat" dropin_lat; fi
+    try "safe API send lat" with_addrs sv_xp_lat
+    if [ "$first" = safe ]; then try "drop-in ib_send_lat" dropin_lat; fi
+    try "UDP ping-pong" udp_pp
+    log "  2. write bandwidth: drop-in / safe API / UDP stream"
+    for s in "${SIZES[@]}"; do
+        if [ "$first" = dropin ]; then try "drop-in ib_write_bw $s" dropin_bw "$s"; fi
+        try "safe API write bw $s" with_addrs sv_xp_bw "$s" "$(bw_iters "$s")"
+        if [ "$first" = safe ]; then try "drop-in ib_write_bw $s" dropin_bw "$s"; fi
+    done
+    try "UDP stream" udp_stream_best
+done
+bench_done
+
+# ---------------------------------------------------------------------------- table
+bench_report << 'EOF'
+SUBJECT = "drop_in"
+SIZES = [65536, 4096]
+SAFE_LAT = "softverbs perf send lat (safe Rust API)"
+SAFE_BW = "softverbs perf write bw -t 128 (safe Rust API)"
+UDP_PP = "bare UDP ping-pong, busy-poll"
+UDP_STREAM = f"UDP stream, best datagram size (per run: {best_dgram} B)"
+row("1. send 8 B RTT median vs safe API", "dropin_lat_rtt_med", "sv_xp_lat_rtt_med", "us", True, ("ratio<=", 1.1), SAFE_LAT)
+row("1. send 8 B RTT median vs bare UDP", "dropin_lat_rtt_med", "udp_pp_rtt_med", "us", True, None, UDP_PP)
+row("1. send 8 B RTT p99 vs safe API", "dropin_lat_rtt_p99", "sv_xp_lat_rtt_p99", "us", True, None, SAFE_LAT)
+row("1. send 8 B RTT p99 vs bare UDP", "dropin_lat_rtt_p99", "udp_pp_rtt_p99", "us", True, None, UDP_PP)
+for s in SIZES:
+    row(f"2. write bw {size_name(s)} vs safe API", f"dropin_bw_{s}", f"sv_xp_bw_{s}", "Gbit/s", False, ("ratio>=", 1 / 1.1), SAFE_BW)
+    row(f"2. write bw {size_name(s)} vs UDP stream", f"dropin_bw_{s}", "udp_stream_best", "Gbit/s", False, None, UDP_STREAM)
+
+def ratio(a, b):
+    return med[a] / med[b] if a in med and med.get(b) else None
+retrans = {side: {str(s): samples.get(f"{key}_{s}", []) for s in SIZES}
+           for side, key in [("drop_in", "dropin_bw_retrans"), ("safe_api", "sv_xp_bw_retrans")]}
+safe_vs_floor = {"send_8_rtt_median": ratio("sv_xp_lat_rtt_med", "udp_pp_rtt_med")}
+safe_vs_floor.update({f"write_bw_{s}": ratio(f"sv_xp_bw_{s}", "udp_stream_best") for s in SIZES})
+
+if as_json:
+    print(json.dumps({"repetitions": reps, "statistic": "median", "best_udp_datagram": best_dgram,
+                      "failed_measurements": failed, "rows": rows,
+                      "safe_api_over_udp": safe_vs_floor,
+                      "retransmitted_packets_bw": retrans}, indent=2))
+    sys.exit(0)
+
+print_table(f"Medians of {reps} runs; latencies are round trips; ratio = drop-in / baseline.")
+print("drop-in = unmodified perftest (ib_send_lat -s 8 -n 20000; ib_write_bw -t 128, -n 5000 at 64 KiB, 20000 at 4 KiB) "
+      "on libibverbs.so.1 = libsoftverbs_capi.so; safe API = softverbs perf --server/--client, same sizes and counts;")
+print("bare UDP = udp-baseline pingpong (two processes, non-blocking, busy-polled) / udp-baseline stream "
+      f"(best of 16384/32768/65507-byte datagrams per run: {best_dgram}; goodput at the receiver).")
+labels = {"send_8_rtt_median": "send 8 B RTT median"} | {f"write_bw_{s}": f"write bw {size_name(s)}" for s in SIZES}
+print("For scale, safe API / bare UDP: " + (", ".join(
+    f"{labels[k]} {v:.2f}x" for k, v in safe_vs_floor.items() if v is not None) or "n/a") + ".")
+lost = {side: {s: int(sum(v)) for s, v in per.items() if sum(v)} for side, per in retrans.items()}
+if any(lost.values()):
+    print(f"Retransmitted packets in the bandwidth runs (they lower the figures): {lost}")
+print_summary()
+EOF
