@@ -999,7 +999,14 @@ impl DeviceInner {
                 let receiving = if wait.is_none() {
                     Some(lock(&self.rx))
                 } else {
-                    self.rx.try_lock().ok()
+                    let got = self.rx.try_lock().ok();
+                    if got.is_none() {
+                        // Another thread is receiving. If it was preempted while holding the
+                        // lock, a polling application spinning here would keep it off the
+                        // CPU, and nobody would receive: give it the core.
+                        std::thread::yield_now();
+                    }
+                    got
                 };
                 if let Some(_receiving) = receiving {
                     thread_local! {
