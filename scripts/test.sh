@@ -61,5 +61,8 @@ MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance}" CARGO_TARGET_DIR=target/miri 
 step "benchmarks compile and run once (smoke; figures come from scripts/bench.sh)"
 cargo bench --locked --workspace -- --test
 
+step "interop with the kernel's Soft-RoCE (rdma_rxe in a QEMU guest; interop/README.md)"
+scripts/interop.sh
+
 echo
 echo "all stages passed"
