@@ -1,8 +1,9 @@
 //! `softverbs pcap FILE`: a capture decoded one line per packet, then a summary.
 
 use crate::Error;
-use softverbs_device::pcap::read_capture;
+use softverbs_device::pcap::{read_capture_tolerant, CaptureRecord};
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 
 /// Options of `softverbs pcap`.
@@ -16,14 +17,35 @@ pub struct PcapArgs {
     pub quiet: bool,
 }
 
-/// Runs `softverbs pcap`.
+/// Runs `softverbs pcap`. A capture that ends in a partial record (its writer died
+/// mid-record) is decoded up to it, with a warning on stderr. A closed stdout (`| head`)
+/// ends the listing quietly.
 pub fn run(args: &PcapArgs) -> Result<(), Error> {
-    let records = read_capture(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
+    let named = |e: &dyn std::fmt::Display| format!("{}: {e}", args.file.display());
+    let file = std::fs::File::open(&args.file).map_err(|e| named(&e))?;
+    let (records, broken) =
+        read_capture_tolerant(std::io::BufReader::new(file)).map_err(|e| named(&e))?;
+    match print(args, &records) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        other => other.map_err(|e| format!("writing the listing: {e}"))?,
+    }
+    if let Some(error) = broken {
+        eprintln!(
+            "warning: {}: the capture ends in a broken record after {} complete frames ({error})",
+            args.file.display(),
+            records.last().map_or(0, |r| r.frame + 1)
+        );
+    }
+    Ok(())
+}
+
+fn print(args: &PcapArgs, records: &[CaptureRecord]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
     let mut by_opcode: BTreeMap<String, u64> = BTreeMap::new();
     let (mut icrc_bad, mut unparsed) = (0u64, 0u64);
-    for record in &records {
+    for record in records {
         if !args.quiet {
-            println!("{record}");
+            writeln!(out, "{record}")?;
         }
         match &record.packet {
             Ok((repr, _)) => *by_opcode.entry(repr.bth.opcode.to_string()).or_default() += 1,
@@ -33,14 +55,15 @@ pub fn run(args: &PcapArgs) -> Result<(), Error> {
             icrc_bad += 1;
         }
     }
-    println!(
+    writeln!(
+        out,
         "{} packets, {} ICRC failures, {} not IB transport packets",
         records.len(),
         icrc_bad,
         unparsed
-    );
+    )?;
     for (opcode, count) in &by_opcode {
-        println!("  {count:>8}  {opcode}");
+        writeln!(out, "  {count:>8}  {opcode}")?;
     }
-    Ok(())
+    out.flush()
 }

@@ -341,6 +341,51 @@ fn pcap_decodes_the_capture_of_a_run() {
 }
 
 #[test]
+fn pcap_decodes_a_capture_cut_mid_record_up_to_the_cut_and_stops_quietly_on_a_closed_pipe() {
+    let dir = std::env::temp_dir().join(format!("softverbs-cli-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("whole.pcap");
+    let cut = dir.join("cut.pcap");
+    run_ok(&[
+        "pingpong",
+        "-n",
+        "5",
+        "-s",
+        "100",
+        "--pcap",
+        file.to_str().unwrap(),
+    ]);
+    // A writer that died mid-record leaves a partial last record (tcpdump's "truncated
+    // dump file"): every complete record is still decoded, with a warning.
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    let (code, out, err) = run(&["pcap", "-q", cut.to_str().unwrap()]);
+    let whole = run_ok(&["pcap", "-q", file.to_str().unwrap()]);
+    let count = |text: &str| -> usize {
+        text.lines()
+            .find(|l| l.contains(" packets, "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no summary in {text}"))
+    };
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(count(&out) + 1, count(&whole), "{out}\n{whole}");
+    assert!(err.contains("ends in a broken record"), "{err}");
+    // `softverbs pcap FILE | head -1`: the reader goes away; no panic, no error.
+    let mut child = softverbs()
+        .args(["pcap", file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start softverbs");
+    drop(child.stdout.take());
+    let out = finish(child);
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
+}
+
+#[test]
 fn bad_arguments_fail_with_usage_and_help_describes_the_commands() {
     let (code, _, err) = run(&["pingpong", "--server", "--in-process"]);
     assert_eq!(code, 2, "{err}");

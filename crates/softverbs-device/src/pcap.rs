@@ -463,6 +463,19 @@ pub fn read_capture(path: impl AsRef<Path>) -> Result<Vec<CaptureRecord>, Captur
 
 /// Decodes a pcap stream (see the module documentation).
 pub fn read_capture_from(reader: impl Read) -> Result<Vec<CaptureRecord>, CaptureError> {
+    match read_capture_tolerant(reader)? {
+        (records, None) => Ok(records),
+        (_, Some(error)) => Err(error),
+    }
+}
+
+/// Decodes a pcap stream as far as its records are whole: the records before a broken
+/// one, and what broke it (a file whose writer died mid-record ends in a partial
+/// record, as `tcpdump` says of a "truncated dump file"). Errors before the first record
+/// (not a pcap file, unsupported link type) are errors.
+pub fn read_capture_tolerant(
+    reader: impl Read,
+) -> Result<(Vec<CaptureRecord>, Option<CaptureError>), CaptureError> {
     let mut reader = PcapReader::new(reader)?;
     let datalink = reader.header().datalink;
     if !matches!(
@@ -474,13 +487,16 @@ pub fn read_capture_from(reader: impl Read) -> Result<Vec<CaptureRecord>, Captur
     let mut records = Vec::new();
     let mut frame = 0;
     while let Some(packet) = reader.next_packet() {
-        let packet = packet?;
+        let packet = match packet {
+            Ok(packet) => packet,
+            Err(error) => return Ok((records, Some(error.into()))),
+        };
         if let Some(record) = decode_frame(frame, datalink, packet.timestamp, &packet.data) {
             records.push(record);
         }
         frame += 1;
     }
-    Ok(records)
+    Ok((records, None))
 }
 
 /// Decodes one frame; `None` if it is not IP / UDP.
