@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_name`, `ibv_get_device_guid` | 1.1 | real |
 //! | `ibv_get_device_index` | 1.9 | real (0) |
-//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]) |
+//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]; at exit if no context was closed) |
 //! | `ibv_query_device`, `ibv_query_port` (48-byte legacy write), `ibv_query_gid`, `ibv_query_pkey` | 1.1 | real |
 //! | `ibv_get_pkey_index` | 1.5 | real (the one P_Key, 0xffff, is index 0) |
 //! | `_ibv_query_gid_ex`, `_ibv_query_gid_table` | 1.11 | real |
@@ -359,6 +359,7 @@ fn report_stats(entry: &DeviceEntry) {
     let Some(target) = std::env::var_os(STATS_ENV) else {
         return;
     };
+    STATS_REPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
     let device = &entry.device;
     let mut line = format!(
         "softverbs stats: device {} address {} pid {}: {}",
@@ -383,6 +384,17 @@ fn report_stats(entry: &DeviceEntry) {
     };
     if let Err(e) = written {
         eprintln!("softverbs: cannot write the {STATS_ENV} report to {target:?}: {e}");
+    }
+}
+
+/// Whether a [`STATS_ENV`] report was written (at exit, one is written only if not).
+static STATS_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The [`STATS_ENV`] report of a program that leaves without closing its context (or
+/// fails before it does).
+pub fn report_stats_once_at_exit(entry: &DeviceEntry) {
+    if !STATS_REPORTED.load(std::sync::atomic::Ordering::Relaxed) {
+        report_stats(entry);
     }
 }
 

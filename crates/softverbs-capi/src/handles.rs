@@ -117,10 +117,18 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     Ok(entry)
 }
 
+/// At exit: the counters report if no `ibv_close_device` gave one, and the capture is
+/// closed (packets the progress thread handles while the process ends are not recorded,
+/// so the file never ends in a half-written record).
 extern "C" fn flush_at_exit() {
     let slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = *slot {
-        crate::boundary::infallible((), || crate::device::flush_capture(entry));
+        crate::boundary::infallible((), || {
+            crate::device::report_stats_once_at_exit(entry);
+            if let Err(e) = entry.device.close_capture() {
+                eprintln!("softverbs: cannot write the packet capture: {e}");
+            }
+        });
     }
 }
 

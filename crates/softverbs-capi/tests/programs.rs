@@ -164,7 +164,7 @@ fn every_perftest_program_loads_and_binds_all_symbols_on_the_drop_in() {
 }
 
 #[test]
-fn softverbs_stats_makes_ibv_close_device_report_the_device_counters() {
+fn softverbs_stats_reports_the_device_counters_once_at_close_or_else_at_exit() {
     let lib = common::library_dir("stats");
     let out = std::process::Command::new("/usr/bin/ibv_devinfo")
         .env("LD_LIBRARY_PATH", &lib)
@@ -179,6 +179,23 @@ fn softverbs_stats_makes_ibv_close_device_report_the_device_counters() {
         .lines()
         .find(|l| l.starts_with("softverbs stats: device softverbs0 address 127.0.0.76"))
         .unwrap_or_else(|| panic!("no stats line:\n{stderr}"));
+    // One report: at ibv_close_device, not again at exit.
+    assert_eq!(stderr.matches("softverbs stats:").count(), 1, "{stderr}");
+    // ibv_devices opens no context, so nothing closes one: the report comes at exit.
+    let out = std::process::Command::new("/usr/bin/ibv_devices")
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_ADDR", "127.0.0.76:0")
+        .env("SOFTVERBS_STATS", "stderr")
+        .output()
+        .expect("/usr/bin/ibv_devices is missing: install the Debian package ibverbs-utils");
+    let devices_err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        devices_err
+            .matches("softverbs stats: device softverbs0")
+            .count(),
+        1,
+        "{devices_err}"
+    );
     for field in [
         "packets_sent=0",
         "retransmitted_packets=0",

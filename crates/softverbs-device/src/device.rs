@@ -774,6 +774,15 @@ impl Device {
         }
     }
 
+    /// Flushes and closes the capture file: nothing is recorded after this, so a file
+    /// closed as the process leaves never ends in a half-written record.
+    pub fn close_capture(&self) -> io::Result<()> {
+        match &self.inner.capture {
+            Some(capture) => capture.close(),
+            None => Ok(()),
+        }
+    }
+
     /// The engine's counters.
     pub fn counters(&self) -> softverbs_proto::Counters {
         lock(&self.inner.state).engine.counters().clone()
