@@ -47,6 +47,9 @@ const PROGRESS_TICK: Duration = Duration::from_millis(5);
 /// leave the socket to it.
 const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
 
+/// Empty polls of a UDP device's application thread between two `sched_yield`s.
+const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
+
 /// Where the device's packets go.
 #[derive(Clone, Debug)]
 pub enum Network {
@@ -755,7 +758,21 @@ impl Device {
         }
         let now = DeviceClock::now();
         inner.last_app_progress.store(now, Ordering::Relaxed);
-        inner.progress_once(now, Some(Duration::ZERO));
+        if inner.progress_once(now, Some(Duration::ZERO)) == 0 {
+            // An application spinning on an empty CQ gives its core away now and then, so
+            // the threads that make its completions (the progress threads of this and of
+            // a peer process on the same cores) are not starved by its polling.
+            thread_local! {
+                static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+            }
+            let empty = EMPTY_POLLS.with(|n| {
+                n.set(n.get().wrapping_add(1));
+                n.get()
+            });
+            if empty.is_multiple_of(EMPTY_POLLS_BEFORE_YIELD) {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Whether packets for devices of this process are handed over directly (the
@@ -978,7 +995,9 @@ impl DeviceInner {
 
     /// One round of progress: receive (waiting up to `wait`, or until the next deadline
     /// when `None`), handle, and run due timers.
-    fn progress_once(self: &Arc<Self>, now: u64, wait: Option<Duration>) {
+    /// Returns how many packets it received.
+    fn progress_once(self: &Arc<Self>, now: u64, wait: Option<Duration>) -> usize {
+        let mut received = 0;
         let deadline = self.next_deadline.load(Ordering::Relaxed);
         let until_deadline =
             (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(now)));
@@ -1028,7 +1047,10 @@ impl DeviceInner {
                     // Handle everything already queued, without waiting.
                     for _ in 0..64 {
                         match transport.recv(&mut buf, Some(Duration::ZERO)) {
-                            Ok(Some(rx)) => self.receive(&buf[..rx.len], rx.from.addr()),
+                            Ok(Some(rx)) => {
+                                received += 1;
+                                self.receive(&buf[..rx.len], rx.from.addr());
+                            }
                             Ok(None) => break,
                             Err(e) => {
                                 tracing::warn!(error = %e, "receive failed");
@@ -1066,6 +1088,7 @@ impl DeviceInner {
         if self.next_deadline.load(Ordering::Relaxed) <= now {
             self.run_due_timers(now);
         }
+        received
     }
 
     /// Runs the engine's timers and the CQs' moderation timers that are due at `now`.
