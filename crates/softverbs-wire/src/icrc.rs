@@ -19,13 +19,37 @@
 //! ID and flags. A sender using a plain UDP socket does not write its IP header; Linux
 //! writes ID 0 with DF set only on an unconnected socket with `IP_PMTUDISC_DO`, which is
 //! what [`IpHeaderInfo::linux_ipv4`] / [`linux_ipv4_header`] assume. A receiver on a plain
-//! socket never sees the sender's ID: it can verify IPv4 packets only from peers that send
-//! the same way (other softverbs devices), not from `rxe` (hashed ID) or NICs (counting
-//! ID); those need a raw receive path ([`split_ip_packet`]) or no IPv4 ICRC check. IPv6
-//! has no ID, so its ICRC is always checkable from addresses, lengths and ports.
+//! socket never sees the sender's ID, and peers other than softverbs send other IDs (`rxe`
+//! hashes one per packet, NICs count). [`verify_any_ipv4_id`] checks such a packet anyway:
+//! it accepts the packet if its ICRC is valid for *some* ID, and says which. The ICRC
+//! then still protects the packet with 16 of its 32 bits (see
+//! [below](#any-ipv4-id-how-and-what-is-left-of-the-check)). IPv6 has no ID, so its ICRC
+//! is always checkable from addresses, lengths and ports.
 //!
-//! Holds [`IpHeaderInfo`], [`UdpHeaderInfo`], [`compute`], [`verify`], [`fill`],
-//! [`linux_ipv4_header`] and [`split_ip_packet`].
+//! Holds [`IpHeaderInfo`], [`UdpHeaderInfo`], [`compute`], [`verify`],
+//! [`verify_any_ipv4_id`], [`fill`], [`linux_ipv4_header`] and [`split_ip_packet`].
+//!
+//! # Any IPv4 ID: how, and what is left of the check
+//!
+//! CRC-32 is affine over GF(2): for two messages of the same length, CRC(a) ⊕ CRC(b) is
+//! the CRC *register* (no initial value, no final XOR) of a ⊕ b. Changing the 16-bit ID
+//! from 0 to `i` therefore changes the ICRC by `S_m(v(i))`: the ID bytes as a register
+//! value `v(i)` (first byte in bits 0–7, second in bits 8–15), run through `m` bytes of
+//! zeros, where `m` counts the hashed bytes from the ID to the end (2 + 14 IPv4 + 8 UDP +
+//! the IB packet without its trailer). Running a register through zeros is multiplication
+//! by x^(8m) modulo the CRC polynomial, which is invertible, so from the difference `D`
+//! between the trailer and the ICRC computed with the assumed ID, [`verify_any_ipv4_id`]
+//! gets `v = D · x^(-8m) mod P` (two GF(2) multiplications by constants from tables
+//! built at compile time, no per-length state). The packet is accepted exactly when the
+//! upper 16 bits of `v` are zero; the lower 16 are the ID. No two IDs can both fit.
+//!
+//! What is lost: one valid ICRC in 2^16 instead of 2^32 for random corruption. Every
+//! single-bit error is still detected as long as it lies less than 26,768 bytes after the
+//! ID (any RoCEv2 packet: the IB MTU is at most 4096 bytes) or in the 12 pseudo-header
+//! bytes before it, and so is every error whose span, ID field included, is at most 32
+//! bits; beyond that, corruption of two or more bits is caught with probability
+//! 1 − 2^-16 instead of 1 − 2^-32. A packet whose sender wrote ID 0 (softverbs peers) is
+//! checked with all 32 bits, at the cost of [`verify`].
 //!
 //! No-panic contract: nothing here panics, whatever the bytes. [`compute`] accepts any
 //! slice (a packet shorter than a BTH is hashed with the masks that apply to the bytes
@@ -463,6 +487,179 @@ pub fn verify(ip: &IpHeaderInfo, udp: &UdpHeaderInfo, ib_packet: &[u8]) -> Resul
     }
 }
 
+/// Checks the ICRC of an IB transport packet given **with** its trailer, treating the IPv4
+/// Identification as unknown: returns `ip` with the ID for which the ICRC is valid (see the
+/// [module documentation](self#any-ipv4-id-how-and-what-is-left-of-the-check)).
+///
+/// For a receiver on a plain UDP socket, which never sees the sender's ID: pass the header
+/// it assumes (e.g. [`IpHeaderInfo::linux_ipv4`], ID 0). If the ICRC is valid for that
+/// header, `ip` comes back unchanged at the cost of one [`verify`]; otherwise the one ID
+/// that makes it valid, if there is one, is found from the ICRC difference in constant
+/// time (no second pass over the packet). Every other field, DF flag included, must be
+/// right. An IPv6 header (no ID) is checked exactly as [`verify`] does.
+///
+/// Errors: `Truncated` for fewer than 4 bytes; `BadIcrc { expected, found }` if no ID
+/// fits, where `expected` is the ICRC computed over `ip` as given.
+///
+/// ```
+/// use softverbs_wire::icrc::{self, IpHeaderInfo, UdpHeaderInfo};
+/// # fn main() -> Result<(), softverbs_wire::WireError> {
+/// let src = "10.99.0.2".parse().unwrap();
+/// let dst = "10.99.0.1".parse().unwrap();
+/// let mut packet = vec![0u8; 16]; // a BTH, 4 bytes of payload, room for the ICRC
+/// let udp = UdpHeaderInfo::rocev2(0xC1A9, packet.len())?;
+/// let assumed = IpHeaderInfo::linux_ipv4(src, dst, 0, 64, udp.length)?; // ID 0
+/// let IpHeaderInfo::V4 { src, dst, tos, ttl, flags_frag, total_len, .. } = assumed else {
+///     unreachable!()
+/// };
+/// let sent = IpHeaderInfo::V4 { src, dst, tos, ttl, id: 0x1F4B, flags_frag, total_len };
+/// icrc::fill(&sent, &udp, &mut packet)?; // what rxe puts on the wire
+/// assert!(icrc::verify(&assumed, &udp, &packet).is_err());
+/// assert_eq!(icrc::verify_any_ipv4_id(&assumed, &udp, &packet)?, sent);
+/// # Ok(())
+/// # }
+/// ```
+pub fn verify_any_ipv4_id(
+    ip: &IpHeaderInfo,
+    udp: &UdpHeaderInfo,
+    ib_packet: &[u8],
+) -> Result<IpHeaderInfo, WireError> {
+    let (body, found) = split_trailer(ib_packet)?;
+    let expected = compute(ip, udp, body);
+    if expected == found {
+        return Ok(*ip);
+    }
+    let mismatch = WireError::BadIcrc { expected, found };
+    let IpHeaderInfo::V4 {
+        src,
+        dst,
+        tos,
+        ttl,
+        id,
+        flags_frag,
+        total_len,
+    } = *ip
+    else {
+        return Err(mismatch);
+    };
+    // Hashed bytes from the first ID byte to the end: the ID, IPv4 bytes 6..20, the UDP
+    // header and the IB packet without its trailer.
+    let from_id = (body.len() as u64).saturating_add(2 + 14 + UDP_HEADER_LEN as u64);
+    let id_change = id_change_for_icrc_change(expected ^ found, from_id).ok_or(mismatch)?;
+    Ok(IpHeaderInfo::V4 {
+        src,
+        dst,
+        tos,
+        ttl,
+        id: id ^ id_change,
+        flags_frag,
+        total_len,
+    })
+}
+
+/// The change of a 16-bit field that changes a CRC-32 by `icrc_change`, when `from_field`
+/// bytes are hashed from the field's first byte to the end of the message; `None` if no
+/// change of those 16 bits alone does.
+///
+/// With the notation of the module documentation, `icrc_change = S_m(v)`, so
+/// `v = icrc_change · x^(-8m) mod P`; a change of the field leaves bits 16–31 of `v` zero.
+fn id_change_for_icrc_change(icrc_change: u32, from_field: u64) -> Option<u16> {
+    let v = times_x_to_minus_8n(icrc_change, from_field);
+    if v >> 16 != 0 {
+        return None;
+    }
+    // Bits 0–7 hold the first (high) byte of the field, bits 8–15 the second.
+    Some(u16::from_be_bytes([v as u8, (v >> 8) as u8]))
+}
+
+// GF(2)[x] modulo the CRC-32 polynomial P, in the reflected representation crc32fast and
+// zlib use for the CRC register: bit 31 is the coefficient of x^0, bit 0 that of x^31.
+
+/// P without its x^32 term, reflected (the Ethernet / zlib CRC-32 polynomial).
+const POLY_REFLECTED: u32 = 0xEDB8_8320;
+/// The polynomial 1.
+const X_TO_0: u32 = 1 << 31;
+
+/// `r · x mod P`: one bit step of the CRC register over a zero bit.
+const fn times_x(r: u32) -> u32 {
+    (r >> 1) ^ (POLY_REFLECTED & (r & 1).wrapping_neg())
+}
+
+/// `r · x^(-1) mod P`: [`times_x`] undone. `times_x` sets bit 31 exactly when it reduces
+/// (bit 31 of the reduction term is P's x^0 coefficient, 1), which tells which case it was.
+const fn times_x_inverse(r: u32) -> u32 {
+    let reduced = r >> 31;
+    ((r ^ (POLY_REFLECTED & reduced.wrapping_neg())) << 1) | reduced
+}
+
+/// `a · b mod P`. Branch-free: 32 rounds whatever the operands.
+const fn multiply_mod_p(a: u32, b: u32) -> u32 {
+    let mut b = b;
+    let mut product = 0;
+    // Walk a's coefficients from x^0 (bit 31) up while b runs through b, b·x, b·x², …
+    let mut bit = 0;
+    while bit < 32 {
+        product ^= b & ((a >> (31 - bit)) & 1).wrapping_neg();
+        b = times_x(b);
+        bit += 1;
+    }
+    product
+}
+
+/// x^(-8): one byte of zeros undone.
+const X_TO_MINUS_8: u32 = {
+    let mut r = X_TO_0;
+    let mut bit = 0;
+    while bit < 8 {
+        r = times_x_inverse(r);
+        bit += 1;
+    }
+    r
+};
+
+/// `[1, base, base², …, base^255]`.
+const fn powers(base: u32) -> [u32; 256] {
+    let mut table = [X_TO_0; 256];
+    let mut n = 1;
+    while n < 256 {
+        table[n] = multiply_mod_p(table[n - 1], base);
+        n += 1;
+    }
+    table
+}
+
+/// `X_TO_MINUS_8N_LOW[n] = x^(-8n)` for n < 256.
+static X_TO_MINUS_8N_LOW: [u32; 256] = powers(X_TO_MINUS_8);
+/// `X_TO_MINUS_8N_HIGH[n] = x^(-8·256n)` for n < 256.
+static X_TO_MINUS_8N_HIGH: [u32; 256] =
+    powers(multiply_mod_p(X_TO_MINUS_8N_LOW[255], X_TO_MINUS_8));
+/// `X_TO_MINUS_8_POW2[k] = x^(-8·2^k)`, for lengths of 64 KiB and more.
+static X_TO_MINUS_8_POW2: [u32; 64] = {
+    let mut table = [X_TO_MINUS_8; 64];
+    let mut k = 1;
+    while k < 64 {
+        table[k] = multiply_mod_p(table[k - 1], table[k - 1]);
+        k += 1;
+    }
+    table
+};
+
+/// `r · x^(-8n) mod P`: the CRC register before `n` bytes of zeros that leave it at `r`.
+/// Two multiplications for n < 65536.
+fn times_x_to_minus_8n(r: u32, n: u64) -> u32 {
+    let mut r = multiply_mod_p(r, X_TO_MINUS_8N_LOW[(n & 0xFF) as usize]);
+    r = multiply_mod_p(r, X_TO_MINUS_8N_HIGH[((n >> 8) & 0xFF) as usize]);
+    for (k, &factor) in X_TO_MINUS_8_POW2.iter().enumerate().skip(16) {
+        if n >> k == 0 {
+            break;
+        }
+        if (n >> k) & 1 != 0 {
+            r = multiply_mod_p(r, factor);
+        }
+    }
+    r
+}
+
 /// Computes the ICRC of an IB transport packet given **with** room for its trailer (as
 /// [`PacketRepr::emit`](crate::PacketRepr::emit) leaves it), writes it into the last 4
 /// bytes least-significant byte first, and returns it. `Truncated` for fewer than 4 bytes.
@@ -514,6 +711,8 @@ pub fn verify_ip_packet(packet: &[u8]) -> Result<(), WireError> {
 mod tests {
     use super::*;
     use crate::test_vectors::{self, hex};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
 
     fn trailer(packet: &[u8]) -> u32 {
         let mut bytes = [0u8; 4];
@@ -837,5 +1036,277 @@ mod tests {
             ip6.to_string(),
             "IPv6 2001:db8::1 > 2001:db8::2 tclass=0x00 flowlabel=0x12345 hlim=64 plen=28"
         );
+    }
+    // ---- verify_any_ipv4_id: the ICRC of an IPv4 packet whose ID the receiver cannot see.
+
+    /// Two IPv4 packets kernel `rdma_rxe` sent (guest 10.99.0.2 to softverbs on 10.99.0.1,
+    /// captured on the tap of `scripts/interop.sh`): an RC ACKNOWLEDGE and an RC SEND_ONLY
+    /// with 4 bytes of payload. rxe gives every packet its own ID (0x1F4B, 0x1F4C) with DF.
+    const RXE_ACKNOWLEDGE: &str = "450000301f4b4000401106aa0a6300020a630001c1a912b7001c00001100ffff00000011006bb4d71f00000162824b46";
+    const RXE_SEND_ONLY: &str = "450000301f4c4000401106a90a6300020a630001c1a912b7001c00000430ffff0000001180c9a32a0000000028625976";
+
+    /// `ip` with another ID.
+    fn with_id(ip: &IpHeaderInfo, new_id: u16) -> IpHeaderInfo {
+        match *ip {
+            IpHeaderInfo::V4 {
+                src,
+                dst,
+                tos,
+                ttl,
+                flags_frag,
+                total_len,
+                ..
+            } => IpHeaderInfo::V4 {
+                src,
+                dst,
+                tos,
+                ttl,
+                id: new_id,
+                flags_frag,
+                total_len,
+            },
+            v6 => v6,
+        }
+    }
+
+    fn id_of(ip: &IpHeaderInfo) -> u16 {
+        match *ip {
+            IpHeaderInfo::V4 { id, .. } => id,
+            IpHeaderInfo::V6 { .. } => panic!("no ID in IPv6"),
+        }
+    }
+
+    /// A random RoCEv2 IPv4 packet (IP header first, ICRC filled for `id`), with `ib_len`
+    /// bytes of IB transport packet, ICRC included.
+    fn random_ipv4_packet(rng: &mut ChaCha8Rng, ib_len: usize, id: u16) -> Vec<u8> {
+        let udp = UdpHeaderInfo::rocev2(rng.gen(), ib_len).unwrap();
+        let ip = with_id(
+            &IpHeaderInfo::linux_ipv4(
+                Ipv4Addr::from(rng.gen::<u32>()),
+                Ipv4Addr::from(rng.gen::<u32>()),
+                rng.gen(),
+                rng.gen(),
+                udp.length,
+            )
+            .unwrap(),
+            id,
+        );
+        let mut packet = vec![0u8; 28 + ib_len];
+        ip.emit(&mut packet).unwrap();
+        udp.emit(&mut packet[20..]).unwrap();
+        rng.fill(&mut packet[28..28 + ib_len - 4]);
+        fill(&ip, &udp, &mut packet[28..]).unwrap();
+        packet
+    }
+
+    // The kernel's rxe packets verify over their real header, not over the header a socket
+    // receiver assumes (ID 0); verify_any_ipv4_id recovers rxe's ID from that assumption.
+    #[test]
+    fn rxe_packets_verify_for_their_hashed_ip_id() {
+        for (text, rxe_id) in [(RXE_ACKNOWLEDGE, 0x1F4B), (RXE_SEND_ONLY, 0x1F4C)] {
+            let packet = hex(text);
+            assert_eq!(verify_ip_packet(&packet), Ok(()));
+            let (real, udp, ib) = split_ip_packet(&packet).unwrap();
+            assert_eq!(id_of(&real), rxe_id);
+            let assumed = IpHeaderInfo::linux_ipv4(
+                Ipv4Addr::new(10, 99, 0, 2),
+                Ipv4Addr::new(10, 99, 0, 1),
+                0,
+                64,
+                udp.length,
+            )
+            .unwrap();
+            assert!(matches!(
+                verify(&assumed, &udp, ib),
+                Err(WireError::BadIcrc { .. })
+            ));
+            assert_eq!(
+                verify_any_ipv4_id(&assumed, &udp, ib),
+                Ok(with_id(&real, rxe_id))
+            );
+            // Starting from any other assumed ID finds the same one.
+            assert_eq!(
+                verify_any_ipv4_id(&with_id(&assumed, 0xFFFF), &udp, ib),
+                Ok(with_id(&real, rxe_id))
+            );
+        }
+    }
+
+    // Random packets of many lengths (whole words or not, up to a 4096-byte payload and
+    // beyond) with random IDs: the ID is recovered from the ID-0 header, and ID 0 is
+    // accepted as it is.
+    #[test]
+    fn random_ids_are_recovered_and_id_zero_passes_unchanged() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x1C4C);
+        let lengths = (4..80)
+            .chain([1024 + 16, 2048 + 16, 4096 + 16, 4096 + 44, 9000, 65_507])
+            .chain((0..40).map(|_| rng.gen_range(4..4200)));
+        for ib_len in lengths.collect::<Vec<_>>() {
+            for id in [0, 1, 0x8000, 0xFFFF, rng.gen(), rng.gen()] {
+                let packet = random_ipv4_packet(&mut rng, ib_len, id);
+                let (real, udp, ib) = split_ip_packet(&packet).unwrap();
+                assert_eq!(verify(&real, &udp, ib), Ok(()));
+                let assumed = with_id(&real, 0);
+                let found = verify_any_ipv4_id(&assumed, &udp, ib);
+                assert_eq!(found, Ok(real), "ib_len {ib_len} id {id:#06x}");
+                assert_eq!(verify(&assumed, &udp, ib).is_ok(), id == 0);
+            }
+        }
+    }
+
+    // Every single-bit flip outside the masked bits and the ID itself — IPv4 header
+    // (DF flag included), UDP header, BTH, payload, pad and the ICRC trailer — is rejected
+    // whatever ID is allowed: for a small packet with several IDs and a 4 KiB one.
+    #[test]
+    fn any_single_bit_flip_is_rejected_even_with_the_id_unknown() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let cases = [
+            (64, 0x1F4B),
+            (64, 0),
+            (64, 0xFFFF),
+            (300, rng.gen()),
+            (4096 + 16, 0x4694),
+        ];
+        let masked = [1, 8, 10, 11, 26, 27, 32];
+        let id_bytes = [4, 5];
+        for (ib_len, id) in cases {
+            let packet = random_ipv4_packet(&mut rng, ib_len, id);
+            for byte in 0..packet.len() {
+                if masked.contains(&byte) || id_bytes.contains(&byte) {
+                    continue;
+                }
+                for bit in 0..8 {
+                    let mut flipped = packet.clone();
+                    flipped[byte] ^= 1 << bit;
+                    // The receiver's view of the sender's header (with the flipped bit, if
+                    // it is in a header) but not its ID; the packet split at the original
+                    // positions, so a flipped length changes the ICRC, not the split.
+                    let Ok(ip) = IpHeaderInfo::parse(&flipped) else {
+                        continue; // version, IHL or protocol: not a RoCEv2 packet at all
+                    };
+                    let udp = UdpHeaderInfo {
+                        src_port: u16::from_be_bytes([flipped[20], flipped[21]]),
+                        dst_port: u16::from_be_bytes([flipped[22], flipped[23]]),
+                        length: u16::from_be_bytes([flipped[24], flipped[25]]),
+                    };
+                    let result = verify_any_ipv4_id(&with_id(&ip, 0), &udp, &flipped[28..]);
+                    assert!(
+                        matches!(result, Err(WireError::BadIcrc { .. })),
+                        "ib_len {ib_len} id {id:#06x} byte {byte} bit {bit}: {result:?}"
+                    );
+                }
+            }
+            // Flips in the masked bytes are accepted with the right ID.
+            let mut flipped = packet.clone();
+            for byte in masked {
+                flipped[byte] ^= 0xA5;
+            }
+            let (ip, udp, ib) = split_ip_packet(&flipped).unwrap();
+            assert_eq!(verify_any_ipv4_id(&with_id(&ip, 0), &udp, ib), Ok(ip));
+        }
+    }
+
+    // The module documentation's guarantee, checked by stepping the CRC register one bit
+    // at a time (independent of the tables): a single flipped bit `b` bytes after the
+    // first ID byte can pass as an ID change only if undoing b bytes of the register from
+    // that bit leaves it within the ID's 16 bits. The first such position is 26,768 bytes
+    // after the ID; nothing in the 12 pseudo-header bytes before it.
+    #[test]
+    fn single_bit_errors_are_detected_up_to_26768_bytes_after_the_id() {
+        let mut first_alias = u64::MAX;
+        for bit in 0..8 {
+            let mut r = 1u32 << bit;
+            for bytes in 1..=26_768u64 {
+                for _ in 0..8 {
+                    r = times_x_inverse(r);
+                }
+                // Byte 1 is the second ID byte itself.
+                if bytes >= 2 && r >> 16 == 0 {
+                    first_alias = first_alias.min(bytes);
+                }
+            }
+            let mut r = 1u32 << bit;
+            for _ in 1..=12 {
+                for _ in 0..8 {
+                    r = times_x(r);
+                }
+                assert_ne!(r >> 16, 0, "bit {bit} before the ID");
+            }
+        }
+        assert_eq!(first_alias, 26_768);
+        assert_eq!(times_x_to_minus_8n(1 << 6, 26_768) >> 16, 0);
+    }
+
+    // The GF(2) arithmetic against crc32fast: a CRC difference carried over n bytes of zeros
+    // is undone by times_x_to_minus_8n, through every table (n ≥ 65536 uses the powers of
+    // two), and the ID change lands in the low 16 bits as the module documentation says.
+    #[test]
+    fn zero_run_is_undone_by_x_to_minus_8n() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        assert_eq!(times_x_inverse(times_x(0x1234_5678)), 0x1234_5678);
+        assert_eq!(multiply_mod_p(X_TO_0, 0xDEAD_BEEF), 0xDEAD_BEEF);
+        for n in [
+            0usize, 1, 2, 7, 255, 256, 257, 4117, 65_535, 65_536, 70_000, 200_003,
+        ] {
+            let head: [u8; 6] = rng.gen();
+            let zeros = vec![0u8; head.len() + n];
+            let mut message = zeros.clone();
+            message[..head.len()].copy_from_slice(&head);
+            let before = crc32fast::hash(&head) ^ crc32fast::hash(&zeros[..head.len()]);
+            let after = crc32fast::hash(&message) ^ crc32fast::hash(&zeros);
+            assert_eq!(times_x_to_minus_8n(after, n as u64), before, "n {n}");
+            // Two bytes from a zero register sit in bits 0..16, first byte lowest.
+            let id: u16 = rng.gen();
+            let mut message = zeros.clone();
+            message[..2].copy_from_slice(&id.to_be_bytes());
+            let change = crc32fast::hash(&message) ^ crc32fast::hash(&zeros);
+            let from_field = (head.len() + n) as u64;
+            assert_eq!(id_change_for_icrc_change(change, from_field), Some(id));
+        }
+        assert_eq!(times_x_to_minus_8n(0, u64::MAX), 0);
+        let _ = times_x_to_minus_8n(0xFFFF_FFFF, u64::MAX);
+    }
+
+    // IPv6 has no ID: checked exactly. Short input is Truncated; the error on a mismatch
+    // reports the ICRC over the header as given; random bytes never panic.
+    #[test]
+    fn any_id_check_on_ipv6_short_and_garbage_input() {
+        let packet = hex(test_vectors::D_IPV6_SEND_ONLY);
+        let (ip6, udp6, ib6) = split_ip_packet(&packet).unwrap();
+        assert_eq!(verify_any_ipv4_id(&ip6, &udp6, ib6), Ok(ip6));
+        let mut bad = ib6.to_vec();
+        bad[13] ^= 1;
+        assert_eq!(
+            verify_any_ipv4_id(&ip6, &udp6, &bad),
+            verify(&ip6, &udp6, &bad).map(|()| ip6)
+        );
+        assert!(verify(&ip6, &udp6, &bad).is_err());
+
+        let packet = hex(RXE_SEND_ONLY);
+        let (ip, udp, ib) = split_ip_packet(&packet).unwrap();
+        let assumed = with_id(&ip, 0);
+        for len in 0..4 {
+            assert_eq!(
+                verify_any_ipv4_id(&assumed, &udp, &ib[..len]),
+                Err(WireError::Truncated)
+            );
+        }
+        let mut bad = ib.to_vec();
+        bad[13] ^= 0x40;
+        assert_eq!(
+            verify_any_ipv4_id(&assumed, &udp, &bad).err(),
+            verify(&assumed, &udp, &bad).err()
+        );
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            let len = rng.gen_range(0..64);
+            let garbage: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            if verify_any_ipv4_id(&assumed, &udp, &garbage).is_ok() {
+                accepted += 1;
+            }
+        }
+        // One in 65536 random ICRCs fits some ID: about 0.3 expected here.
+        assert!(accepted <= 3, "{accepted}");
     }
 }
