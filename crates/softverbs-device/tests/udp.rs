@@ -380,3 +380,164 @@ fn ipv6_datagram_with_zero_udp_checksum_is_accepted() {
     assert_eq!(received.from.port(), source_port);
     assert!(received.icrc_checked);
 }
+
+/// The IPv4 header a peer at `from` sends to `to` for `ib_len` bytes of IB transport packet:
+/// DF, TOS 0, TTL 64, with IP identification `id` (and its UDP header).
+fn ipv4_headers(
+    from: Endpoint,
+    to: Endpoint,
+    id: u16,
+    ib_len: usize,
+) -> (IpHeaderInfo, UdpHeaderInfo) {
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.addr(), to.addr()) else {
+        panic!("IPv4 endpoints only")
+    };
+    let mut udp = UdpHeaderInfo::rocev2(from.port(), ib_len).unwrap();
+    udp.dst_port = to.port();
+    let IpHeaderInfo::V4 {
+        tos,
+        ttl,
+        flags_frag,
+        total_len,
+        ..
+    } = IpHeaderInfo::linux_ipv4(src, dst, 0, 64, udp.length).unwrap()
+    else {
+        unreachable!()
+    };
+    let ip = IpHeaderInfo::V4 {
+        src,
+        dst,
+        tos,
+        ttl,
+        id,
+        flags_frag,
+        total_len,
+    };
+    (ip, udp)
+}
+
+fn received_id(received: &softverbs_device::Received) -> u16 {
+    match received.ip {
+        IpHeaderInfo::V4 { id, .. } => id,
+        IpHeaderInfo::V6 { .. } => panic!("expected IPv4"),
+    }
+}
+
+// Reference §5.3 / rocev2.md §1.9 (rxe hashes the IPv4 ID, NICs count it): by default the
+// receiver accepts an IPv4 packet whose ICRC is valid for some ID, reports that ID in
+// Received::ip, and still drops corruption (a payload bit, a cleared DF flag). With
+// Ipv4IcrcCheck::IdZero only what a softverbs sender writes (ID 0) passes.
+#[test]
+fn ipv4_icrc_valid_for_any_ip_id_is_accepted_by_default_and_the_id_reported() {
+    let any_id = bind("127.0.0.17");
+    assert_eq!(any_id.config().ipv4_icrc, Ipv4IcrcCheck::AnyId);
+    let id_zero = UdpTransport::bind(UdpConfig {
+        address: Some("127.0.0.18".parse().unwrap()),
+        port: 0,
+        ipv4_icrc: Ipv4IcrcCheck::IdZero,
+        ..UdpConfig::default()
+    })
+    .unwrap();
+    let plain = UdpSocket::bind("127.0.0.19:0").unwrap();
+    let from = Endpoint::from(plain.local_addr().unwrap());
+    let packet_for = |to: Endpoint, psn: u32, id: u16| {
+        let mut packet = send_only(psn, b"ICRC over the sender's real IP header");
+        let (ip, udp) = ipv4_headers(from, to, id, packet.len());
+        icrc::fill(&ip, &udp, &mut packet).unwrap();
+        packet
+    };
+    let mut buf = vec![0u8; 256];
+    for target in [&any_id, &id_zero] {
+        let to = target.local();
+        let mut corrupted = packet_for(to, 3, 0xFFFF);
+        corrupted[20] ^= 0x10; // a payload bit
+        let mut no_df = send_only(4, b"ICRC over the sender's real IP header");
+        let (ip, udp) = ipv4_headers(from, to, 0x1234, no_df.len());
+        let IpHeaderInfo::V4 {
+            src,
+            dst,
+            tos,
+            ttl,
+            id,
+            total_len,
+            ..
+        } = ip
+        else {
+            unreachable!()
+        };
+        let without_df = IpHeaderInfo::V4 {
+            src,
+            dst,
+            tos,
+            ttl,
+            id,
+            flags_frag: 0,
+            total_len,
+        };
+        icrc::fill(&without_df, &udp, &mut no_df).unwrap();
+        for datagram in [
+            packet_for(to, 1, 0x1F4B), // rxe's ID in rocev2 interop captures
+            corrupted,
+            no_df,
+            packet_for(to, 2, 0),
+        ] {
+            plain.send_to(&datagram, to.socket_addr()).unwrap();
+        }
+        let mut ids = Vec::new();
+        while let Some(received) = target
+            .recv(&mut buf, Some(Duration::from_millis(200)))
+            .unwrap()
+        {
+            assert!(received.icrc_checked);
+            let psn = PacketRepr::parse(&buf[..received.len]).unwrap().0.bth.psn;
+            ids.push((psn.value(), received_id(&received)));
+            assert_eq!(
+                icrc::verify(&received.ip, &received.udp, &buf[..received.len]),
+                Ok(()),
+                "Received::ip is the header the ICRC was computed over"
+            );
+        }
+        let c = target.counters();
+        if std::ptr::eq(target, &any_id) {
+            assert_eq!(ids, [(1, 0x1F4B), (2, 0)]);
+            assert_eq!((c.received_packets, c.dropped_bad_icrc), (2, 2), "{c}");
+        } else {
+            assert_eq!(ids, [(2, 0)]);
+            assert_eq!((c.received_packets, c.dropped_bad_icrc), (1, 3), "{c}");
+        }
+        assert_eq!(c.icrc_unchecked, 0, "{c}");
+    }
+}
+
+// The same through the kernel, as rxe sends: a raw IPv4 socket (IP_HDRINCL) writes a real
+// header with ID 0x1F4B and DF from a 127.0.0.x address nobody has bound; the device's
+// plain socket never sees that ID, accepts the packet and reports the ID.
+#[test]
+fn kernel_delivered_ipv4_packet_with_nonzero_ip_id_is_accepted() {
+    let raw = Socket::new(
+        Domain::IPV4,
+        Type::RAW,
+        Some(Protocol::from(libc::IPPROTO_RAW)),
+    )
+    .unwrap_or_else(|error| {
+        panic!("this test needs a raw socket (CAP_NET_RAW, root in CI): {error}")
+    });
+    let target = bind("127.0.0.20");
+    let from = Endpoint::new("127.0.0.21".parse().unwrap(), 0xC1A9);
+    let mut packet = send_only(21, b"from a raw socket with IP ID 0x1F4B");
+    let (ip, udp) = ipv4_headers(from, target.local(), 0x1F4B, packet.len());
+    icrc::fill(&ip, &udp, &mut packet).unwrap();
+    let mut datagram = vec![0u8; 28];
+    ip.emit(&mut datagram).unwrap();
+    udp.emit(&mut datagram[20..]).unwrap(); // UDP checksum 0, as rxe sends (§1.1)
+    datagram.extend_from_slice(&packet);
+    let to = SocketAddr::new(target.local().addr(), 0);
+    raw.send_to(&datagram, &to.into()).unwrap();
+    let mut buf = [0u8; 256];
+    let received = recv_one(&target, &mut buf, "raw IPv4 datagram with ID 0x1F4B");
+    assert_eq!(&buf[..received.len], &packet[..]);
+    assert_eq!(received.from, from);
+    assert!(received.icrc_checked);
+    assert_eq!(received_id(&received), 0x1F4B);
+    assert_eq!(received.ip, ip);
+}
