@@ -239,13 +239,14 @@ pub struct Received {
     pub to: Endpoint,
     /// Length of the IB transport packet (BTH … ICRC) at the front of the buffer.
     pub len: usize,
-    /// The IP header as far as the receiver knows it (see the transport's documentation
-    /// for fields a socket cannot see, such as the IPv4 ID).
+    /// The IP header as far as the receiver knows it. A socket cannot see the IPv4 ID:
+    /// the UDP transport recovers it from the ICRC (`icrc::verify_any_ipv4_id`), so it is
+    /// the sender's (0 from softverbs peers, rxe's own numbering from rxe).
     pub ip: IpHeaderInfo,
     /// The UDP header.
     pub udp: UdpHeaderInfo,
-    /// True if the ICRC was verified; false only where the transport was configured to
-    /// accept packets whose ICRC it cannot check (IPv4 from non-softverbs peers, §5.3).
+    /// True if the ICRC was verified; false only where the transport was configured not
+    /// to check it (`SOFTVERBS_IPV4_ICRC=skip`).
     pub icrc_checked: bool,
 }
 
