@@ -584,15 +584,13 @@ pub unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     // SAFETY: per the contract.
-    let state = match unsafe { qp_state(qp) } {
-        Ok(s) => s,
-        Err(e) => return post_list(wr, bad_wr, |w| w.next, |_| Err(e)),
-    };
+    let state = unsafe { qp_state(qp) };
     post_list(
         wr,
         bad_wr,
         |w| w.next,
         |w| {
+            let state = state?;
             // SAFETY: per the contract.
             let request = unsafe { send_wr(w, state) }?;
             state
@@ -629,15 +627,13 @@ pub unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: per the contract.
-    let state = match unsafe { qp_state(qp) } {
-        Ok(s) => s,
-        Err(e) => return post_list(wr, bad_wr, |w| w.next, |_| Err(e)),
-    };
+    let state = unsafe { qp_state(qp) };
     post_list(
         wr,
         bad_wr,
         |w| w.next,
         |w| {
+            let state = state?;
             // SAFETY: per the contract.
             let request = unsafe { recv_wr(w, state.caps.max_recv_sge) }?;
             state
