@@ -14,42 +14,14 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 fn compile(source: &str, name: &str) -> std::path::PathBuf {
-    assert!(
-        Path::new("/usr/include/infiniband/verbs.h").exists(),
-        "verbs.h is missing: install the Debian package libibverbs-dev"
-    );
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c")
-        .join(source);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-capi-c");
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(name);
-    let out = Command::new("gcc")
-        .args([
-            "-std=gnu11",
-            "-Wall",
-            "-Werror",
-            "-g",
-            "-fsanitize=address,undefined",
-        ])
-        .arg("-fno-sanitize-recover=all")
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("run gcc: install the Debian package gcc");
-    assert!(
-        out.status.success(),
-        "gcc {} failed:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    common::compile_c(
+        source,
+        name,
+        &["-fsanitize=address,undefined", "-fno-sanitize-recover=all"],
+    )
 }
 
 #[test]

@@ -41,30 +41,7 @@ const RULES: [&str; 11] = [
 
 /// Compiles `tests/c/cq_rules.c` into `name` with the extra `flags`.
 fn compile(name: &str, flags: &[&str]) -> PathBuf {
-    assert!(
-        Path::new("/usr/include/infiniband/verbs.h").exists(),
-        "verbs.h is missing: install the Debian package libibverbs-dev"
-    );
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cq_rules.c");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-capi-c");
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join(name);
-    let out = Command::new("gcc")
-        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-pthread"])
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("run gcc: install the Debian package gcc");
-    assert!(
-        out.status.success(),
-        "gcc {} failed:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    common::compile_c("cq_rules.c", name, flags)
 }
 
 /// Runs `program args` on the drop-in in `lib` with the device at `addr`.

@@ -61,3 +61,43 @@ pub fn run_on_drop_in(
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Compiles our C test program `tests/c/<source>` into `<name>` with gcc against the
+/// installed `<infiniband/verbs.h>`, warnings as errors, plus `flags` (sanitizers,
+/// optimisation). It links Debian's libibverbs at build time, so the program carries its
+/// versioned references; it runs on whatever `LD_LIBRARY_PATH` names.
+pub fn compile_c(source: &str, name: &str, flags: &[&str]) -> PathBuf {
+    assert!(
+        Path::new("/usr/include/infiniband/verbs.h").exists(),
+        "verbs.h is missing: install the Debian package libibverbs-dev"
+    );
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(source);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-capi-c");
+    std::fs::create_dir_all(&dir).expect("create the build directory");
+    let exe = dir.join(name);
+    let out = Command::new("gcc")
+        .args([
+            "-std=gnu11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+            "-g",
+        ])
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run gcc: install the Debian package gcc");
+    assert!(
+        out.status.success(),
+        "gcc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
