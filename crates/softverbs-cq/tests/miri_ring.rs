@@ -9,11 +9,30 @@
 //! so the interpreter finishes in seconds. The same tests run natively with the rest.
 
 use softverbs_cq::{
-    CompletionQueue, CqBuilder, OverrunPolicy, PollError, PushError, RawFields, WcExtra, WcFields,
-    WorkCompletion,
+    CompletionQueue, CqBuilder, CqProducer, OverrunPolicy, PollError, PushError, RawFields,
+    WcExtra, WcFields, WorkCompletion,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
+
+/// How many times a thread of the threaded scenarios retries (pushing into a full queue, or
+/// polling for entries still to come) before the test fails as stuck. Far above what any
+/// schedule needs, so only a lost or withheld entry reaches it; every loop stays bounded.
+const MAX_ROUNDS: u32 = 1_000_000;
+
+/// Pushes `wc` under the backpressure policy, yielding while the queue is full.
+fn push_when_room(p: &CqProducer, mut wc: WorkCompletion) {
+    for _ in 0..MAX_ROUNDS {
+        match p.push(wc, false) {
+            Ok(()) => return,
+            Err(PushError::Full(back)) => wc = back,
+            Err(e) => panic!("push failed: {e}"),
+        }
+        thread::yield_now();
+    }
+    panic!("stuck: the queue stayed full for {MAX_ROUNDS} attempts");
+}
 
 /// Completion `i` with every field derived from `i`, so a torn or misplaced entry shows.
 fn numbered(i: u64) -> WorkCompletion {
@@ -224,23 +243,23 @@ fn two_producers_and_a_consumer_lose_nothing_and_keep_per_producer_order() {
             let p = cq.producer();
             thread::spawn(move || {
                 for i in 0..EACH {
-                    let mut wc = numbered(k * 100 + i);
-                    while let Err(PushError::Full(back)) = p.push(wc, false) {
-                        wc = back;
-                        thread::yield_now();
-                    }
+                    push_when_room(&p, numbered(k * 100 + i));
                 }
             })
         })
         .collect();
     let mut got = Vec::new();
-    while got.len() < 2 * EACH as usize {
+    for _ in 0..MAX_ROUNDS {
+        if got.len() == 2 * EACH as usize {
+            break;
+        }
         let polled = drain(&cq);
         if polled.is_empty() {
             thread::yield_now();
         }
         got.extend(polled);
     }
+    assert_eq!(got.len(), 2 * EACH as usize, "stuck: entries never arrived");
     for t in producers {
         t.join().unwrap();
     }
@@ -252,6 +271,9 @@ fn two_producers_and_a_consumer_lose_nothing_and_keep_per_producer_order() {
 
 #[test]
 fn two_consumers_and_a_producer_duplicate_nothing() {
+    // Both consumers poll until every entry has been taken by one of them. (They used to
+    // poll a fixed number of rounds and then wait for the producer: on a loaded machine the
+    // rounds could run out while the producer still waited for room, and the test hung.)
     const N: u64 = 16;
     let cq = Arc::new(
         CqBuilder::new(4)
@@ -259,35 +281,34 @@ fn two_consumers_and_a_producer_duplicate_nothing() {
             .build()
             .unwrap(),
     );
-    let p = cq.producer();
-    let producer = thread::spawn(move || {
-        for i in 0..N {
-            let mut wc = numbered(i);
-            while let Err(PushError::Full(back)) = p.push(wc, false) {
-                wc = back;
-                thread::yield_now();
-            }
-        }
-    });
-    let consumer = {
-        let cq = cq.clone();
-        thread::spawn(move || {
+    let taken = Arc::new(AtomicU64::new(0));
+    let consume = |cq: Arc<CompletionQueue>, taken: Arc<AtomicU64>| {
+        move || {
             let mut got = Vec::new();
-            for _ in 0..40 {
-                got.extend(drain(&cq));
+            for _ in 0..MAX_ROUNDS {
+                if taken.load(Ordering::Acquire) == N {
+                    break;
+                }
+                let polled = drain(&cq);
+                taken.fetch_add(polled.len() as u64, Ordering::AcqRel);
+                got.extend(polled);
                 thread::yield_now();
             }
             got
-        })
+        }
     };
-    let mut mine = Vec::new();
-    for _ in 0..40 {
-        mine.extend(drain(&cq));
-        thread::yield_now();
-    }
+    let p = cq.producer();
+    let producer = thread::spawn(move || {
+        for i in 0..N {
+            push_when_room(&p, numbered(i));
+        }
+    });
+    let consumer = thread::spawn(consume(cq.clone(), taken.clone()));
+    let mut mine = consume(cq.clone(), taken)();
     producer.join().unwrap();
     let theirs = consumer.join().unwrap();
     mine.extend(drain(&cq));
+    assert!(mine.windows(2).all(|w| w[0] < w[1]));
     assert!(theirs.windows(2).all(|w| w[0] < w[1]));
     let mut all: Vec<_> = mine.into_iter().chain(theirs).collect();
     all.sort_unstable();
