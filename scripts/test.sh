@@ -7,6 +7,19 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf '\nFAILED: %s\n' "$*" >&2; exit 1; }
+# Runs a stage under a time limit (minutes), so that a hang fails loudly naming the stage
+# instead of eating CI's whole budget. The limits are several times what a stage takes on
+# a loaded 2-core machine; the whole suite takes about 15 minutes there.
+limit() {
+  local minutes=$1 rc=0
+  shift
+  timeout --kill-after=30s "${minutes}m" "$@" || rc=$?
+  case $rc in
+    0) ;;
+    124 | 137) die "stage exceeded its ${minutes}-minute limit (a hang?): $*" ;;
+    *) die "stage failed (exit $rc): $*" ;;
+  esac
+}
 
 # Debian packages: verbs.h and the real libibverbs (layout and status-string tests), the man
 # pages the tests cite, the unmodified programs the drop-in must load (ibverbs-utils,
@@ -39,30 +52,30 @@ rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1 \
 export CARGO_TERM_COLOR=never
 
 step "format"
-cargo fmt --all -- --check
+limit 5 cargo fmt --all -- --check
 
 step "clippy"
-cargo clippy --locked --workspace --all-targets -- -D warnings
+limit 20 cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "docs"
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps
+RUSTDOCFLAGS="-D warnings" limit 15 cargo doc --locked --workspace --no-deps
 
 step "tests"
-cargo test --locked --workspace
+limit 30 cargo test --locked --workspace
 
 step "loom models (softverbs-cq)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-  cargo test --locked --release -p softverbs-cq --test loom
+  limit 15 cargo test --locked --release -p softverbs-cq --test loom
 
 step "Miri (softverbs-cq ring, small counts)"
 MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance}" CARGO_TARGET_DIR=target/miri \
-  cargo +nightly miri test --locked -p softverbs-cq --test miri_ring
+  limit 15 cargo +nightly miri test --locked -p softverbs-cq --test miri_ring
 
 step "benchmarks compile and run once (smoke; figures come from scripts/bench.sh)"
-cargo bench --locked --workspace -- --test
+limit 20 cargo bench --locked --workspace -- --test
 
 step "interop with the kernel's Soft-RoCE (rdma_rxe in a QEMU guest; interop/README.md)"
-scripts/interop.sh
+limit 25 scripts/interop.sh
 
 echo
 echo "all stages passed"
