@@ -336,8 +336,9 @@ impl Default for EndpointConfig {
     fn default() -> Self {
         EndpointConfig {
             port_mtu: Mtu::Mtu4096,
-            max_qp_rd_atom: 16,
-            max_qp_init_rd_atom: 16,
+            // rxe's limits: perftest without `-o` asks for the peer's max_qp_rd_atom.
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
             max_qp_wr: 16384,
             max_sge: 32,
             max_inline_data: 1024,
