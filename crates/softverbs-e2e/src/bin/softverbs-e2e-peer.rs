@@ -15,7 +15,7 @@
 use softverbs::*;
 use softverbs_e2e::{op_of, pattern, size_of_message, Op, DONE_IMM};
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -142,6 +142,41 @@ fn next_completion(cq: &Cq, deadline: Instant) -> Result<WorkCompletion, Failure
     }
 }
 
+/// Accepts one connection on `listener`, giving up (a timeout, exit 4) after `limit`.
+fn accept_within(listener: &TcpListener, limit: Duration) -> Result<TcpStream, Failure> {
+    let deadline = Instant::now() + limit;
+    listener.set_nonblocking(true)?;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false)?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(Failure::Verify(
+                        "no client connected before the deadline".into(),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Reads one line of the TCP exchange. A read that timed out (the stream's timeout comes
+/// from the deadline) is a timeout (exit 4), not a setup error.
+fn read_line(reader: &mut BufReader<TcpStream>, line: &mut String) -> Result<(), Failure> {
+    match reader.read_line(line) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Err(
+            Failure::Verify("the peer sent nothing before the deadline".into()),
+        ),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn connect(conn: &Conn, peer: RemoteInfo, o: &Options) -> Result<(), Failure> {
     conn.qp.to_rtr(peer)?;
     conn.qp.to_rts(
@@ -178,11 +213,14 @@ fn server(o: &Options) -> Result<String, Failure> {
     let listener = TcpListener::bind(("0.0.0.0", o.port))?;
     writeln!(std::io::stdout(), "port {}", listener.local_addr()?.port())?;
     std::io::stdout().flush()?;
-    let (mut stream, _) = listener.accept()?;
+    // Every wait is bounded by the deadline, the exchange's too: a client that never comes
+    // or never answers (its test failed, or it was killed) ends this server.
+    let mut stream = accept_within(&listener, o.deadline)?;
+    stream.set_read_timeout(Some(o.deadline))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     writeln!(stream, "{} {}", conn.qp.local_info(PSN), target.remote())?;
     let mut line = String::new();
-    reader.read_line(&mut line)?;
+    read_line(&mut reader, &mut line)?;
     let peer: RemoteInfo = line.trim().parse()?;
     for slot in 0..RX_DEPTH {
         conn.qp.post_recv(RecvRequest::new(
@@ -268,9 +306,11 @@ fn client(o: &Options) -> Result<String, Failure> {
     let local = pd.reg_mr(2 * w * SLOT + w * 8 + SLOT, AccessFlags::LOCAL_WRITE)?;
     let (land_base, atomic_base, ok_base) = (w * SLOT, 2 * w * SLOT, 2 * w * SLOT + w * 8);
     let mut stream = TcpStream::connect((o.host.as_str(), o.port))?;
+    // Bounded: a server that stops answering ends this client too.
+    stream.set_read_timeout(Some(o.deadline))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
-    reader.read_line(&mut line)?;
+    read_line(&mut reader, &mut line)?;
     let mut parts = line.split_whitespace();
     let peer: RemoteInfo = parts.next().ok_or("no QP info")?.parse()?;
     let target: RemoteAddr = parts.next().ok_or("no region")?.parse()?;
@@ -281,7 +321,7 @@ fn client(o: &Options) -> Result<String, Failure> {
     ))?;
     connect(&conn, peer, o)?;
     line.clear();
-    reader.read_line(&mut line)?;
+    read_line(&mut reader, &mut line)?;
     if line.trim() != "ready" {
         return Err(Failure::Setup(format!("server said {line:?}, not ready")));
     }
@@ -428,7 +468,7 @@ fn client(o: &Options) -> Result<String, Failure> {
             .max(Duration::from_secs(1)),
     ))?;
     line.clear();
-    reader.read_line(&mut line)?;
+    read_line(&mut reader, &mut line)?;
     if line.trim() != "bye" {
         return Err(Failure::Setup(format!("server said {line:?}, not bye")));
     }
