@@ -227,20 +227,26 @@ fn softverbs_pcap_capture_of_a_program_is_complete_when_the_program_exits() {
         .spawn()
         .expect("/usr/bin/ibv_rc_pingpong is missing: install the Debian package ibverbs-utils");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let client = pingpong("127.0.0.74", Some("127.0.0.1"))
-        .env("SOFTVERBS_PCAP", &file)
-        .output()
-        .expect("run the client");
-    let server = server.wait_with_output().expect("wait for the server");
-    let text = |o: &std::process::Output| {
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
+    // Both sides bounded: a server whose client never connected (it started too early, or
+    // failed) waits for one forever, and is killed instead.
+    let limit = std::time::Duration::from_secs(60);
+    let client = common::run_bounded(
+        pingpong("127.0.0.74", Some("127.0.0.1")).env("SOFTVERBS_PCAP", &file),
+        limit,
+    );
+    let server = common::wait_bounded(server, limit);
+    let ok = |(status, _, _): &(Option<std::process::ExitStatus>, String, String)| {
+        status.is_some_and(|s| s.success())
     };
-    assert!(client.status.success(), "client: {}", text(&client));
-    assert!(server.status.success(), "server: {}", text(&server));
+    let text = |(status, stdout, stderr): &(Option<std::process::ExitStatus>, String, String)| {
+        let status = status.map_or_else(
+            || format!("stuck: killed after {limit:?}"),
+            |s| s.to_string(),
+        );
+        format!("{status}\n{stdout}{stderr}")
+    };
+    assert!(ok(&client), "client: {}", text(&client));
+    assert!(ok(&server), "server: {}", text(&server));
     let records = softverbs_device::pcap::read_capture(&file).expect("a readable pcap file");
     // Five round trips of one SEND each way, each ACKed: 20 packets, all of them there.
     assert_eq!(records.len(), 20, "{records:?}");

@@ -20,53 +20,15 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const PYTHON: &str = "/usr/bin/python3";
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// The device address of the script's process (127.0.0.100–200 are this crate's
 /// program tests' addresses; 4791 is the RoCEv2 port its QPs send to).
 const DEVICE_ADDR: &str = "127.0.0.190:4791";
-
-/// Runs `command` to completion or kills it after `timeout`; returns (exit status or
-/// None when killed, stdout, stderr).
-fn run_bounded(mut command: Command, timeout: Duration) -> (Option<i32>, String, String) {
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
-    let collect = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = pipe.read_to_end(&mut buf);
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    };
-    let out = collect(Box::new(child.stdout.take().expect("piped stdout")));
-    let err = collect(Box::new(child.stderr.take().expect("piped stderr")));
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("wait for python3") {
-            break Some(status.code().unwrap_or(-1));
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        code,
-        out.join().unwrap_or_default(),
-        err.join().unwrap_or_default(),
-    )
-}
 
 /// pyverbs drives CQs, an extended CQ and a completion channel over real RC and UD traffic
 /// on the drop-in (rdma-core `pyverbs/cq.pyx`: `CQ.poll`, `CQEX.start_poll` /
@@ -93,7 +55,8 @@ fn pyverbs_moves_rc_and_ud_traffic_through_a_cq_an_extended_cq_and_a_channel() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("PYTHONPATH")
         .env_remove("PYTHONHOME");
-    let (code, stdout, stderr) = run_bounded(command, TIMEOUT);
+    let (status, stdout, stderr) = common::run_bounded(&mut command, TIMEOUT);
+    let code = status.map(|s| s.code().unwrap_or(-1));
     let report = format!(
         "SOFTVERBS_ADDR={DEVICE_ADDR} LD_LIBRARY_PATH={} {PYTHON} {}\n----- status: {}\n\
          ----- stdout:\n{stdout}\n----- stderr:\n{stderr}",

@@ -140,10 +140,20 @@ fn start_server(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>, 
         .spawn()
         .expect("start the server");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout
-        .read_line(&mut line)
-        .expect("the server's first line");
+    // The first line is read on a thread of its own, so a server that never announces its
+    // port fails the test after LIMIT instead of blocking it in read_line forever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let read = stdout.read_line(&mut line).map(|_| line);
+        let _ = tx.send((read, stdout));
+    });
+    let Ok((line, stdout)) = rx.recv_timeout(LIMIT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("stuck: the server announced no TCP port within {LIMIT:?}");
+    };
+    let line = line.expect("the server's first line");
     let port = line
         .trim()
         .strip_prefix("waiting for a client on TCP port ")

@@ -70,6 +70,8 @@ const CAPACITY: u32 = 4096;
 const BURST: u64 = 16;
 /// The consumer batch sizes of benchmark 1.
 const BATCHES: [usize; 3] = [1, 16, 64];
+/// Longest the `--test` smoke run may take before it fails as stuck.
+const SMOKE_LIMIT: Duration = Duration::from_secs(300);
 
 // ------------------------------------------------------------------ options and helpers
 
@@ -1234,6 +1236,17 @@ fn report_load(name: &str, before: Option<OtherLoad>, warnings: &mut Vec<String>
 fn main() {
     let options = Options::from_args();
     let started = Instant::now();
+    if options.test {
+        // The smoke run (a fraction of a second) is bounded as a test is. Its threads hand
+        // completions and events to each other with no deadline of their own (a clock read
+        // in those loops would disturb what the full run measures), so a lost one, or a
+        // thread that panicked, would leave its partner spinning or blocked forever.
+        std::thread::spawn(|| {
+            std::thread::sleep(SMOKE_LIMIT);
+            eprintln!("stuck: the --test run did not finish within {SMOKE_LIMIT:?}");
+            std::process::exit(1);
+        });
+    }
     let mut rows = Vec::new();
     let mut warnings = Vec::new();
     if options.wants("throughput") {

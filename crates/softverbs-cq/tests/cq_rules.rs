@@ -2,12 +2,16 @@
 //! One test per CQ rule of the libibverbs man pages, each citing the sentence it checks.
 
 use softverbs_cq::{
-    CompletionChannel, CqAsyncEvent, CqBuilder, DestroyError, FieldNotRequested, Moderation,
-    OverrunPolicy, PollError, PushError, ResizeError, WcExtra, WcFields, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion, MAX_CQE,
+    CompletionChannel, CqAsyncEvent, CqBuilder, CqEvent, DestroyError, FieldNotRequested,
+    Moderation, OverrunPolicy, PollError, PushError, ResizeError, WcExtra, WcFields, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion, MAX_CQE,
 };
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Longest a test waits for another thread (far above what any schedule needs, so only a
+/// lost completion or event reaches it).
+const PATIENCE: Duration = Duration::from_secs(60);
 
 fn send(wr_id: u64) -> WorkCompletion {
     WorkCompletion::success(wr_id, WcOpcode::Send, 0x11).with_byte_len(8)
@@ -15,6 +19,16 @@ fn send(wr_id: u64) -> WorkCompletion {
 
 fn recv(wr_id: u64) -> WorkCompletion {
     WorkCompletion::success(wr_id, WcOpcode::Recv, 0x11).with_byte_len(64)
+}
+
+/// Takes, with the blocking `get_event`, an event that must already be queued: on an empty
+/// channel `get_event` would wait forever, hanging the test instead of failing it.
+fn queued_event(ch: &CompletionChannel) -> CqEvent {
+    assert!(
+        ch.pending() > 0,
+        "stuck: no event queued for get_event to take"
+    );
+    ch.get_event().unwrap()
 }
 
 fn poll_all(cq: &softverbs_cq::CompletionQueue) -> Vec<WorkCompletion> {
@@ -351,8 +365,8 @@ fn one_channel_serves_many_cqs_and_each_event_names_its_cq_and_context() {
     b.req_notify(false);
     b.producer().push(send(1), false).unwrap();
     a.producer().push(send(2), false).unwrap();
-    let first = ch.get_event().unwrap();
-    let second = ch.get_event().unwrap();
+    let first = queued_event(&ch);
+    let second = queued_event(&ch);
     assert!(first.is_for(b.id()) && first.user_context() == 0xb);
     assert!(second.is_for(a.id()) && second.user_context() == 0xa);
 }
@@ -405,7 +419,17 @@ fn blocking_get_event_wakes_when_a_completion_arrives() {
         std::thread::sleep(Duration::from_millis(20));
         producer.push(send(1), false).unwrap();
     });
-    let ev = ch.get_event().unwrap();
+    // The blocking wait runs on its own thread, so a lost wake-up fails the test after
+    // PATIENCE instead of blocking it forever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = ch.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(waiter.get_event());
+    });
+    let ev = rx
+        .recv_timeout(PATIENCE)
+        .expect("stuck: the blocked get_event was never woken")
+        .unwrap();
     assert!(ev.is_for(cq.id()));
     pusher.join().unwrap();
 }
@@ -419,7 +443,7 @@ fn destroy_refuses_while_an_event_is_unacknowledged_and_succeeds_after_ack() {
     let cq = CqBuilder::new(4).channel(&ch).build().unwrap();
     cq.req_notify(false);
     cq.producer().push(send(1), false).unwrap();
-    let ev = ch.get_event().unwrap();
+    let ev = queued_event(&ch);
     let (cq, err) = cq.destroy().unwrap_err();
     assert_eq!(err, DestroyError::UnacknowledgedEvents(1));
     assert_eq!(err.errno(), 16);
@@ -437,7 +461,7 @@ fn destroy_wait_returns_once_another_thread_acknowledges() {
     let cq = CqBuilder::new(4).channel(&ch).build().unwrap();
     cq.req_notify(false);
     cq.producer().push(send(1), false).unwrap();
-    let ev = ch.get_event().unwrap();
+    let ev = queued_event(&ch);
     let acker = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(20));
         drop(ev);
@@ -698,6 +722,8 @@ fn many_producers_and_consumers_lose_and_duplicate_nothing_and_keep_per_producer
             std::thread::spawn(move || {
                 let mut seen = Vec::new();
                 let mut wcs = [WorkCompletion::default(); 16];
+                // Bounded like the producers: a CQ that never empties fails the test.
+                let deadline = Instant::now() + PATIENCE;
                 loop {
                     let n = cq.poll(&mut wcs).unwrap();
                     seen.extend(wcs[..n].iter().map(|w| w.wr_id()));
@@ -705,6 +731,7 @@ fn many_producers_and_consumers_lose_and_duplicate_nothing_and_keep_per_producer
                         if done.load(std::sync::atomic::Ordering::Acquire) && cq.is_empty() {
                             return seen;
                         }
+                        assert!(Instant::now() < deadline, "stuck: the CQ never drained");
                         std::thread::yield_now();
                     }
                 }

@@ -176,8 +176,9 @@ mod tests {
         let mut fds = [rustix::event::PollFd::new(&q, rustix::event::PollFlags::IN)];
         assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 1);
         assert_eq!(q.try_next(), Some(AsyncEvent::QpFatal { qpn: 5 }));
+        // Bounded: were the queued event lost, `next(None)` would wait forever.
         assert_eq!(
-            q.next(None).unwrap(),
+            q.next(Some(Duration::from_secs(60))).unwrap(),
             Some(AsyncEvent::PortActive { port: 1 })
         );
         let mut fds = [rustix::event::PollFd::new(&q, rustix::event::PollFlags::IN)];

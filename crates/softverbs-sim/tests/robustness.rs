@@ -282,8 +282,16 @@ fn random_verb_sequences_keep_the_state_machine_legal() {
                     }
                     _ => {
                         let now = step * 1000;
+                        // Loop our own packets back. Each may answer with another, so the
+                        // exchange is bounded (as `Sim::step` bounds a burst): a livelock
+                        // fails the test instead of hanging it.
+                        let mut looped = 0;
                         while let Some(t) = ep.poll_transmit(now, &mut buf, &mem) {
-                            // Loop our own packets back.
+                            looped += 1;
+                            assert!(
+                                looped <= 1_000_000,
+                                "stuck: seed {seed} step {step}: packets looped back endlessly"
+                            );
                             let pkt = buf[..t.len].to_vec();
                             ep.handle_packet(now, &pkt, None, &mut mem);
                         }

@@ -71,7 +71,10 @@ fn async_device_events_arrive_as_futures() {
         let ctx = in_process();
         let events = AsyncEvents::new(&ctx).unwrap();
         assert_eq!(
-            events.next_event().await.unwrap(),
+            tokio::time::timeout(PATIENCE, events.next_event())
+                .await
+                .expect("stuck: no PORT_ACTIVE event")
+                .unwrap(),
             AsyncEvent::PortActive { port: 1 }
         );
         let pending = tokio::time::timeout(Duration::from_millis(5), events.next_event()).await;

@@ -250,10 +250,17 @@ fn a_cq_polled_from_four_threads_delivers_each_completion_once() {
                 }
             });
         }
+        // Bounded like the pollers: were they to stop (or completions to stop coming), the
+        // waits for room below would otherwise spin forever.
+        let deadline = std::time::Instant::now() + PATIENCE;
         for i in 0..N {
             // ibv_create_cq(3): the CQ must have room for every completion not yet
             // polled, so keep fewer than its capacity outstanding.
             while i - polled.lock().unwrap().len() as u64 >= 200 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "stuck: completions before {i} never polled"
+                );
                 std::thread::yield_now();
             }
             loop {
@@ -263,6 +270,10 @@ fn a_cq_polled_from_four_threads_delivers_each_completion_once() {
                 {
                     Ok(()) => break,
                     Err(PostError::Verbs(softverbs::error::VerbsError::NoRoom(_))) => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "stuck: no room in the send queue for {i}"
+                        );
                         std::thread::yield_now()
                     }
                     Err(e) => panic!("{e}"),

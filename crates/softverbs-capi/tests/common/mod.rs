@@ -1,10 +1,13 @@
 //! Helpers shared by the integration tests: the built cdylib and a directory where it is
-//! named `libibverbs.so.1`.
+//! named `libibverbs.so.1`, and running programs bounded in time.
 
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// The cdylib cargo built for this test run (`libsoftverbs_capi.so`).
 pub fn cdylib() -> PathBuf {
@@ -100,4 +103,53 @@ pub fn compile_c(source: &str, name: &str, flags: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
+}
+
+/// Reads `pipe` to its end on a thread of its own.
+fn collect(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// Waits for `child` (stdout and stderr piped) to exit, or kills it once it has been waited
+/// for `timeout`; returns its exit status (`None` when killed), stdout and stderr. The pipes
+/// are read meanwhile, so a child never blocks on a full one.
+pub fn wait_bounded(mut child: Child, timeout: Duration) -> (Option<ExitStatus>, String, String) {
+    let out = collect(child.stdout.take().expect("piped stdout"));
+    let err = collect(child.stderr.take().expect("piped stderr"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for a child") {
+            break Some(status);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
+
+/// Runs `command` (stdin closed, output captured) to completion, or kills it after
+/// `timeout`: [`wait_bounded`] for a program started here.
+pub fn run_bounded(
+    command: &mut Command,
+    timeout: Duration,
+) -> (Option<ExitStatus>, String, String) {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
+    wait_bounded(child, timeout)
 }

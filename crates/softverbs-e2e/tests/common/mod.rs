@@ -17,7 +17,11 @@ pub struct Server {
     pub stdout: BufReader<std::process::ChildStdout>,
 }
 
-/// Starts `command` (a `--server` invocation) and reads the port it announces.
+/// Longest a server may take to announce its port.
+const ANNOUNCE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts `command` (a `--server` invocation) and reads the port it announces (within
+/// [`ANNOUNCE_LIMIT`], killing it and failing past that).
 pub fn start_server(mut command: Command) -> Server {
     let mut child = command
         .stdout(Stdio::piped())
@@ -25,8 +29,20 @@ pub fn start_server(mut command: Command) -> Server {
         .spawn()
         .expect("start the server");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("the server's port line");
+    // The line is read on a thread of its own: a server that never announces its port
+    // fails the test instead of blocking it in read_line forever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let read = stdout.read_line(&mut line).map(|_| line);
+        let _ = tx.send((read, stdout));
+    });
+    let Ok((line, stdout)) = rx.recv_timeout(ANNOUNCE_LIMIT) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("stuck: the server announced no port within {ANNOUNCE_LIMIT:?}");
+    };
+    let line = line.expect("the server's port line");
     let port = line
         .trim()
         .strip_prefix("port ")
