@@ -55,13 +55,13 @@ step "format"
 limit 5 cargo fmt --all -- --check
 
 step "clippy"
-limit 20 cargo clippy --locked --workspace --all-targets -- -D warnings
+limit 20 cargo clippy --locked --workspace --all-features --all-targets -- -D warnings
 
 step "docs"
-RUSTDOCFLAGS="-D warnings" limit 15 cargo doc --locked --workspace --no-deps
+RUSTDOCFLAGS="-D warnings" limit 15 cargo doc --locked --workspace --all-features --no-deps
 
 step "tests"
-limit 30 cargo test --locked --workspace
+limit 30 cargo test --locked --workspace --all-features
 
 step "loom models (softverbs-cq)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
