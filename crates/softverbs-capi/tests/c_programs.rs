@@ -3,8 +3,8 @@
 //! its versioned references), run with `LD_LIBRARY_PATH` pointing at the drop-in, under
 //! AddressSanitizer and UndefinedBehaviorSanitizer.
 //!
-//! `tests/c/first_slice.c` drives everything this slice implements through the exported
-//! symbols and through the `verbs.h` inline functions that reach the library only through
+//! `tests/c/exports_and_inlines.c` drives device, port and GID queries, PDs and CQs through
+//! the exported symbols and through the `verbs.h` inline functions that reach the library only through
 //! the extended context (`ibv_query_port`, `ibv_query_device_ex`,
 //! `ibv_query_rt_values_ex`, `ibv_create_cq_ex`, `ibv_query_gid_ex`), plus the documented
 //! failures and NULL handling.
@@ -25,21 +25,21 @@ fn compile(source: &str, name: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn the_first_slice_works_through_exports_and_inlines_under_sanitizers() {
-    let exe = compile("first_slice.c", "first_slice");
-    let lib = common::library_dir("c-first-slice");
+fn queries_pds_and_cqs_work_through_exports_and_inlines_under_sanitizers() {
+    let exe = compile("exports_and_inlines.c", "exports_and_inlines");
+    let lib = common::library_dir("c-exports-and-inlines");
     let out = Command::new(&exe)
         .env("LD_LIBRARY_PATH", &lib)
         .env("LD_BIND_NOW", "1")
         .env("SOFTVERBS_ADDR", "127.0.0.79:0")
         .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
         .output()
-        .expect("run first_slice");
+        .expect("run exports_and_inlines");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.starts_with("ok "),
-        "first_slice failed ({}):\n{stdout}{stderr}",
+        "exports_and_inlines failed ({}):\n{stdout}{stderr}",
         out.status
     );
     assert!(!stderr.contains("Sanitizer"), "sanitizer report:\n{stderr}");

@@ -1,6 +1,6 @@
 /*
- * The first slice of the drop-in, driven the way C programs drive it: through the
- * exported symbols *and* the verbs.h inline functions (ibv_query_port,
+ * Device, port and GID queries, PDs and CQs on the drop-in, driven the way C programs
+ * drive them: through the exported symbols *and* the verbs.h inline functions (ibv_query_port,
  * ibv_query_device_ex, ibv_query_rt_values_ex, ibv_create_cq_ex, ibv_query_gid_ex), which
  * reach the library only through the extended context's memory layout.
  *
