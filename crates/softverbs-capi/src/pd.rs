@@ -5,7 +5,9 @@
 //! | `ibv_alloc_pd`, `ibv_dealloc_pd` | 1.1 | real |
 //!
 //! `ibv_dealloc_pd` refuses (`EBUSY`) a PD that MRs, QPs, SRQs or AHs still use, as the
-//! kernel does. (The responder does not check that a remote key's PD matches the QP's.)
+//! kernel does. A QP reaches only memory regions of its own PD: an L_Key or R_Key of a
+//! region in another PD is refused like an invalid key (`IBV_WC_LOC_PROT_ERR` locally,
+//! `IBV_WC_REM_ACCESS_ERR` at the requester for a remote access), as rxe and hardware do.
 
 use crate::abi::*;
 use crate::boundary::Errno;

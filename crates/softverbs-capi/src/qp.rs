@@ -136,8 +136,8 @@ unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno>
     let QpRequest { pd, attr, send_ops } = request;
     // SAFETY: per the contract.
     let hold = unsafe { PdUse::acquire(pd) }?;
-    // SAFETY: a live PD's field, and its open context.
-    let context = unsafe { (*pd).context };
+    // SAFETY: a live PD's fields, and its open context.
+    let (context, pd_handle) = unsafe { ((*pd).context, (*pd).handle) };
     // SAFETY: as above.
     let ctx = unsafe { ContextBlock::from_ptr(context) }?;
     let qp_type = qp_type(attr.qp_type)?;
@@ -182,6 +182,9 @@ unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno>
         caps,
         sq_sig_all: attr.sq_sig_all != 0,
         srq,
+        // The device's PD number (`ibv_alloc_pd` set `pd->handle` to it, as `ibv_reg_mr`
+        // reads it): every L_Key and R_Key the QP uses must be of a region of this PD.
+        pd: pd_handle,
     };
     let qpn = device
         .create_qp(init, send_cq.cq.producer(), recv_cq.cq.producer())

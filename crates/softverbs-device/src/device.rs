@@ -652,7 +652,10 @@ impl Device {
             .ok_or(DeviceError::NoSuch("memory region"))
     }
 
-    /// Creates a QP completing into `send_cq` and `recv_cq`; returns its number.
+    /// Creates a QP completing into `send_cq` and `recv_cq`; returns its number. The QP is
+    /// in protection domain `init.pd` (a number from [`Device::alloc_pd`]): it reaches only
+    /// regions registered in that PD, a key of another PD being refused like an invalid
+    /// one.
     pub fn create_qp(
         &self,
         init: QpInit,

@@ -3,10 +3,11 @@
 //!
 //! A region is a range of the process's memory that its owner promised (by the `unsafe`
 //! [`MemoryTable::register`]) to keep valid until it is deregistered. Every access goes
-//! through [`softverbs_proto::Memory`]: the key names the region, and the key, the bounds
-//! and the access flags are checked before a byte moves, so a remote request outside a
-//! region or without the right access is refused (the engine turns that into the NAK or
-//! completion status the spec requires) and never touches other memory.
+//! through [`softverbs_proto::Memory`]: the key names the region, and the key, the region's
+//! protection domain (it must be the PD of the QP making the access), the bounds and the
+//! access flags are checked before a byte moves, so a request naming a region of another
+//! PD, outside a region or without the right access is refused (the engine turns that into
+//! the NAK or completion status the spec requires) and never touches other memory.
 //!
 //! Keys are unguessable: 32 random bits from the operating system per key, never reused
 //! while registered (`ibv_reg_mr(3)`: lkey and rkey are the region's local and remote keys).
@@ -259,14 +260,21 @@ impl MemoryTable {
         self.regions[*index].as_ref().ok_or(MemError::InvalidKey)
     }
 
+    /// The region of `key` if it belongs to `pd` (a key of another PD is as good as none
+    /// for the QP asking, IBTA ch. 10 protection domains; rxe's MR lookup compares the PDs
+    /// the same way), grants `need` and holds `[va, va + len)`, with the offset of `va`.
     fn check(
         &self,
+        pd: u32,
         key: MemKey,
         va: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(&Region, usize), MemError> {
         let region = self.region(key)?;
+        if region.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
         if !region.access.contains(need) {
             return Err(MemError::AccessDenied);
         }
@@ -278,6 +286,7 @@ impl MemoryTable {
 impl Memory for MemoryTable {
     fn check_local(
         &self,
+        pd: u32,
         lkey: u32,
         addr: u64,
         len: u64,
@@ -286,11 +295,13 @@ impl Memory for MemoryTable {
         if len == 0 {
             return Ok(());
         }
-        self.check(MemKey::Local(lkey), addr, len, need).map(|_| ())
+        self.check(pd, MemKey::Local(lkey), addr, len, need)
+            .map(|_| ())
     }
 
     fn check_remote(
         &self,
+        pd: u32,
         rkey: u32,
         va: u64,
         len: u64,
@@ -299,10 +310,11 @@ impl Memory for MemoryTable {
         if len == 0 {
             return Ok(());
         }
-        self.check(MemKey::Remote(rkey), va, len, need).map(|_| ())
+        self.check(pd, MemKey::Remote(rkey), va, len, need)
+            .map(|_| ())
     }
 
-    fn read(&self, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+    fn read(&self, pd: u32, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -310,7 +322,7 @@ impl Memory for MemoryTable {
             MemKey::Local(_) => AccessFlags::empty(),
             MemKey::Remote(_) => AccessFlags::REMOTE_READ,
         };
-        let (region, offset) = self.check(key, addr, buf.len() as u64, need)?;
+        let (region, offset) = self.check(pd, key, addr, buf.len() as u64, need)?;
         // SAFETY: `check` proved `[offset, offset + buf.len())` lies inside the region, and
         // the registration contract keeps the region's memory valid while it is in the
         // table and accessed only atomically or through these copies.
@@ -318,7 +330,7 @@ impl Memory for MemoryTable {
         Ok(())
     }
 
-    fn write(&mut self, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
+    fn write(&mut self, pd: u32, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
         if data.is_empty() {
             return Ok(());
         }
@@ -326,19 +338,19 @@ impl Memory for MemoryTable {
             MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
             MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
         };
-        let (region, offset) = self.check(key, addr, data.len() as u64, need)?;
+        let (region, offset) = self.check(pd, key, addr, data.len() as u64, need)?;
         // SAFETY: as in `read`: the range is inside a registered region whose memory the
         // registration keeps valid; `data` is engine memory, not the region.
         unsafe { copy_to_shared(data, (region.addr as *mut u8).add(offset)) };
         Ok(())
     }
 
-    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         if !va.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         let (region, offset) =
-            self.check(MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
+            self.check(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
         let target = region.addr + offset;
         if !target.is_multiple_of(8) {
             return Err(MemError::Misaligned);
@@ -358,9 +370,13 @@ impl Memory for MemoryTable {
         Ok(original)
     }
 
-    fn invalidate(&mut self, rkey: u32) -> Result<(), MemError> {
+    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
         let index = *self.by_rkey.get(&rkey).ok_or(MemError::InvalidKey)?;
         let region = self.regions[index].as_mut().ok_or(MemError::InvalidKey)?;
+        if region.pd != pd {
+            // A peer may invalidate only keys of its QP's PD (rdmavt checks this too).
+            return Err(MemError::PdMismatch);
+        }
         // An invalidated rkey no longer grants remote access (IBTA 10.6.6 for memory
         // windows and FRMRs; our regions behave the same for SEND_WITH_INV).
         self.by_rkey.remove(&region.rkey);
@@ -437,21 +453,21 @@ mod tests {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
         );
         let mut out = [0u8; 8];
-        assert_eq!(t.read(MemKey::Remote(r.rkey), 0x1008, &mut out), Ok(()));
+        assert_eq!(t.read(1, MemKey::Remote(r.rkey), 0x1008, &mut out), Ok(()));
         assert_eq!(
-            t.read(MemKey::Remote(r.rkey), 0x100c, &mut out),
+            t.read(1, MemKey::Remote(r.rkey), 0x100c, &mut out),
             Err(MemError::OutOfBounds)
         );
         assert_eq!(
-            t.read(MemKey::Remote(r.rkey), 0x0ff8, &mut out),
+            t.read(1, MemKey::Remote(r.rkey), 0x0ff8, &mut out),
             Err(MemError::OutOfBounds)
         );
         assert_eq!(
-            t.write(MemKey::Remote(r.rkey), 0x1000, &[1, 2]),
+            t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1, 2]),
             Err(MemError::AccessDenied)
         );
         assert_eq!(
-            t.read(MemKey::Remote(r.rkey ^ 1), 0x1000, &mut out),
+            t.read(1, MemKey::Remote(r.rkey ^ 1), 0x1000, &mut out),
             Err(MemError::InvalidKey)
         );
         assert_eq!(buf, [7u8; 16]);
@@ -473,9 +489,10 @@ mod tests {
             )
         }
         .unwrap();
-        assert_eq!(t.atomic(r.rkey, 8, AtomicOp::FetchAdd { add: 5 }), Ok(0));
+        assert_eq!(t.atomic(1, r.rkey, 8, AtomicOp::FetchAdd { add: 5 }), Ok(0));
         assert_eq!(
             t.atomic(
+                1,
                 r.rkey,
                 8,
                 AtomicOp::CompareSwap {
@@ -486,11 +503,11 @@ mod tests {
             Ok(5)
         );
         assert_eq!(
-            t.atomic(r.rkey, 4, AtomicOp::FetchAdd { add: 1 }),
+            t.atomic(1, r.rkey, 4, AtomicOp::FetchAdd { add: 1 }),
             Err(MemError::Misaligned)
         );
         assert_eq!(
-            t.atomic(r.rkey, 16, AtomicOp::FetchAdd { add: 1 }),
+            t.atomic(1, r.rkey, 16, AtomicOp::FetchAdd { add: 1 }),
             Err(MemError::OutOfBounds)
         );
         assert_eq!(buf, [0, 9]);
@@ -526,17 +543,65 @@ mod tests {
             &mut buf,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         );
-        t.invalidate(r.rkey).unwrap();
+        t.invalidate(1, r.rkey).unwrap();
         assert_eq!(
-            t.write(MemKey::Remote(r.rkey), 0x1000, &[1]),
+            t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1]),
             Err(MemError::InvalidKey)
         );
-        assert!(t.write(MemKey::Local(r.lkey), 0x1000, &[1]).is_ok());
+        assert!(t.write(1, MemKey::Local(r.lkey), 0x1000, &[1]).is_ok());
         t.deregister(r.lkey).unwrap();
         assert_eq!(
-            t.write(MemKey::Local(r.lkey), 0x1000, &[1]),
+            t.write(1, MemKey::Local(r.lkey), 0x1000, &[1]),
             Err(MemError::InvalidKey)
         );
         assert!(t.is_empty());
+    }
+
+    /// IBTA vol. 1 ch. 10, protection domains: a key is valid for a QP only if its region
+    /// is in the QP's PD. Every access naming a key of a region in another PD is refused
+    /// (local and remote, read, write, atomic, invalidate, and the up-front checks) and
+    /// touches nothing; the region's own PD still reaches it.
+    #[test]
+    fn a_key_of_a_region_in_another_pd_is_refused_and_touches_nothing() {
+        let mut buf = [7u64; 2];
+        let all = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC;
+        let mut t = MemoryTable::new();
+        // SAFETY: `buf` outlives `t`.
+        let r = unsafe { t.register(1, buf.as_mut_ptr() as usize, 16, 0x1000, all) }.unwrap();
+        let other = 2;
+        let mut out = [0u8; 8];
+        let refused = Err(MemError::PdMismatch);
+        assert_eq!(t.check_local(other, r.lkey, 0x1000, 8, all), refused);
+        assert_eq!(t.check_remote(other, r.rkey, 0x1000, 8, all), refused);
+        assert_eq!(
+            t.read(other, MemKey::Local(r.lkey), 0x1000, &mut out),
+            refused
+        );
+        assert_eq!(
+            t.read(other, MemKey::Remote(r.rkey), 0x1000, &mut out),
+            refused
+        );
+        assert_eq!(t.write(other, MemKey::Local(r.lkey), 0x1000, &[1]), refused);
+        assert_eq!(
+            t.write(other, MemKey::Remote(r.rkey), 0x1000, &[1]),
+            refused
+        );
+        assert_eq!(
+            t.atomic(other, r.rkey, 0x1000, AtomicOp::FetchAdd { add: 1 }),
+            Err(MemError::PdMismatch)
+        );
+        assert_eq!(t.invalidate(other, r.rkey), refused);
+        assert_eq!(out, [0; 8]);
+        assert_eq!(buf, [7, 7]);
+        // Its own PD: everything works, and the R_Key survived the refused invalidate.
+        assert_eq!(t.check_remote(1, r.rkey, 0x1000, 16, all), Ok(()));
+        assert_eq!(
+            t.atomic(1, r.rkey, 0x1008, AtomicOp::FetchAdd { add: 1 }),
+            Ok(7)
+        );
+        assert_eq!(buf, [7, 8]);
     }
 }

@@ -21,13 +21,14 @@ struct Side {
 fn side(config: DeviceConfig) -> Side {
     let device = Device::open(config).unwrap();
     let cq = CqBuilder::new(256).build().unwrap();
-    let mut init = QpInit::new(QpType::Rc);
+    let pd = device.alloc_pd();
+    // The QP and its memory share a PD: a key of another PD is refused (IBTA ch. 10).
+    let mut init = QpInit::new(QpType::Rc).with_pd(pd);
     init.sq_sig_all = true;
     let qpn = device
         .create_qp(init, cq.producer(), cq.producer())
         .unwrap();
     let mut buf = vec![0u8; 64 * 1024];
-    let pd = device.alloc_pd();
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ

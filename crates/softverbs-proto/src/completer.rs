@@ -301,7 +301,7 @@ impl Qp {
             return true;
         }
         let placed = match &w.wr.gather {
-            Gather::Sges(sges) => scatter(mem, sges, offset, pkt.payload).is_ok(),
+            Gather::Sges(sges) => scatter(mem, self.init.pd, sges, offset, pkt.payload).is_ok(),
             Gather::Inline(_) => false,
         };
         if !placed {
@@ -343,7 +343,7 @@ impl Qp {
         }
         let orig = pkt.hdr.atomic_ack.unwrap_or(0);
         let placed = match &w.wr.gather {
-            Gather::Sges(sges) => scatter(mem, sges, 0, &orig.to_ne_bytes()).is_ok(),
+            Gather::Sges(sges) => scatter(mem, self.init.pd, sges, 0, &orig.to_ne_bytes()).is_ok(),
             Gather::Inline(_) => false,
         };
         if !placed {

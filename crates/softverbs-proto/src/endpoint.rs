@@ -345,11 +345,19 @@ mod tests {
     use crate::types::{AccessFlags, AddressVector, Mtu, QpType};
     use crate::wr::{SendOp, Sge};
 
-    /// Flat memory: one region, key 1, every access allowed.
+    /// Flat memory: one region, key 1, in protection domain 0, every access allowed.
     struct Flat(Vec<u8>);
 
     impl Flat {
-        fn range(&self, addr: u64, len: usize) -> Result<std::ops::Range<usize>, MemError> {
+        fn range(
+            &self,
+            pd: u32,
+            addr: u64,
+            len: usize,
+        ) -> Result<std::ops::Range<usize>, MemError> {
+            if pd != 0 {
+                return Err(MemError::PdMismatch);
+            }
             let start = usize::try_from(addr).map_err(|_| MemError::OutOfBounds)?;
             let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
             if end > self.0.len() {
@@ -362,6 +370,7 @@ mod tests {
     impl Memory for Flat {
         fn check_local(
             &self,
+            pd: u32,
             lkey: u32,
             addr: u64,
             len: u64,
@@ -370,37 +379,43 @@ mod tests {
             if lkey != 1 {
                 return Err(MemError::InvalidKey);
             }
-            self.range(addr, len as usize).map(|_| ())
+            self.range(pd, addr, len as usize).map(|_| ())
         }
         fn check_remote(
             &self,
+            pd: u32,
             rkey: u32,
             va: u64,
             len: u64,
             need: AccessFlags,
         ) -> Result<(), MemError> {
-            self.check_local(rkey, va, len, need)
+            self.check_local(pd, rkey, va, len, need)
         }
-        fn read(&self, _: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-            let r = self.range(addr, buf.len())?;
+        fn read(&self, pd: u32, _: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+            let r = self.range(pd, addr, buf.len())?;
             buf.copy_from_slice(&self.0[r]);
             Ok(())
         }
-        fn write(&mut self, _: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
-            let r = self.range(addr, data.len())?;
+        fn write(&mut self, pd: u32, _: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
+            let r = self.range(pd, addr, data.len())?;
             self.0[r].copy_from_slice(data);
             Ok(())
         }
-        fn atomic(&mut self, _: u32, va: u64, _: AtomicOp) -> Result<u64, MemError> {
-            self.range(va, 8).map(|_| 0)
+        fn atomic(&mut self, pd: u32, _: u32, va: u64, _: AtomicOp) -> Result<u64, MemError> {
+            self.range(pd, va, 8).map(|_| 0)
         }
-        fn invalidate(&mut self, _: u32) -> Result<(), MemError> {
-            Ok(())
+        fn invalidate(&mut self, pd: u32, _: u32) -> Result<(), MemError> {
+            self.range(pd, 0, 0).map(|_| ())
         }
     }
 
     fn rts(ep: &mut Endpoint, qp_type: QpType, mtu: Mtu, psn: u32) -> u32 {
-        let qpn = ep.create_qp(QpInit::new(qp_type)).unwrap();
+        rts_with(ep, QpInit::new(qp_type), mtu, psn)
+    }
+
+    fn rts_with(ep: &mut Endpoint, init: QpInit, mtu: Mtu, psn: u32) -> u32 {
+        let qp_type = init.qp_type;
+        let qpn = ep.create_qp(init).unwrap();
         let mut attr = QpAttr {
             qp_state: QpState::Init,
             port_num: 1,
@@ -637,5 +652,44 @@ mod tests {
             rkey: 1,
         };
         assert!(ep2.post_send(uc, SendWr::new(1, read, vec![])).is_err());
+    }
+
+    /// A QP's protection domain is kept and reported (`ibv_query_qp(3)` returns the init
+    /// attributes, the PD with them); `QpInit::new` is in PD 0.
+    #[test]
+    fn query_qp_reports_the_protection_domain() {
+        let mut ep = Endpoint::new(EndpointConfig::default());
+        let qpn = ep.create_qp(QpInit::new(QpType::Rc).with_pd(7)).unwrap();
+        assert_eq!(ep.query_qp(qpn).unwrap().1.pd, 7);
+        assert_eq!(QpInit::new(QpType::Ud).pd, 0);
+    }
+
+    /// IBTA vol. 1 ch. 10 (protection domains): an L_Key is valid for a QP only if its
+    /// region is in the QP's PD. A SEND from a QP of PD 3 naming an L_Key of PD 0 fails
+    /// with `LOC_PROT_ERR` (as a bad L_Key does) and sends nothing; the same WR from a QP
+    /// of PD 0 goes out.
+    #[test]
+    fn send_with_lkey_of_another_pd_fails_loc_prot_err_and_sends_nothing() {
+        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mem = Flat(vec![9; 4096]);
+        let other = rts_with(&mut ep, QpInit::new(QpType::Rc).with_pd(3), Mtu::Mtu1024, 0);
+        let sge = Sge {
+            addr: 0,
+            length: 64,
+            lkey: 1,
+        };
+        ep.post_send(other, SendWr::new(1, SendOp::Send, vec![sge]))
+            .unwrap();
+        assert!(drain(&mut ep, &mem).is_empty(), "nothing sent");
+        let c = ep.poll_completion().expect("an error completion");
+        assert_eq!(c.wc.status(), softverbs_cq::WcStatus::LocProtErr);
+        assert_eq!((c.wc.wr_id(), c.wc.qp_num()), (1, other));
+
+        let same = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0);
+        ep.post_send(same, SendWr::new(2, SendOp::Send, vec![sge]))
+            .unwrap();
+        let pkts = drain(&mut ep, &mem);
+        assert_eq!(pkts.len(), 1);
+        assert_eq!(codec::parse(&pkts[0]).unwrap().payload, &[9u8; 64][..]);
     }
 }

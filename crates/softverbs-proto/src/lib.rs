@@ -3,10 +3,11 @@
 //! [`Endpoint`] holds the RC, UC and UD queue pairs and shared receive queues of one device
 //! port and runs the RoCEv2 transport for them (reference `rocev2.md` §1.5–§4.2): the
 //! `ibv_modify_qp(3)` state machine, the requester (segmentation, PSNs, read/atomic budget,
-//! fences), the responder (receive queues, RDMA write / read / atomics with key and access
-//! checks, RNR NAK, duplicate replay, invalidate), the completer (cumulative ACKs,
-//! go-back-N, `retry_cnt` / `rnr_retry`, error statuses) and the error/flush path, and it
-//! produces `ibv_wc`-layout completions ([`softverbs_cq::WorkCompletion`]).
+//! fences), the responder (receive queues, RDMA write / read / atomics with key,
+//! protection-domain and access checks, RNR NAK, duplicate replay, invalidate), the
+//! completer (cumulative ACKs, go-back-N, `retry_cnt` / `rnr_retry`, error statuses) and
+//! the error/flush path, and it produces `ibv_wc`-layout completions
+//! ([`softverbs_cq::WorkCompletion`]).
 //!
 //! There is no clock, socket, thread or global RNG: inputs are
 //! [`Endpoint::handle_packet`] / [`Endpoint::handle_timeout`] with an explicit `now`, and
@@ -59,6 +60,11 @@
 //!   (no APM); `CAP` and `RATE_LIMIT` are refused. Only P_Key index 0 and port 1 exist.
 //! - Responder resources are a ring of `max_dest_rd_atomic` entries recycled oldest
 //!   first, as rxe (without rounding up to a power of two).
+//! - Every L_Key and R_Key is checked against the protection domain of the QP using it
+//!   ([`QpInit::pd`]); a region of another PD is refused exactly as an invalid key (same NAK
+//!   and statuses). Receive WQEs from an SRQ are checked against the QP's PD, as rxe does.
+//!   A SEND WITH INVALIDATE naming a key of another PD is refused like an unknown key
+//!   (rdmavt checks the PD there; rxe does not).
 #![forbid(unsafe_code)]
 
 mod codec;

@@ -7,7 +7,7 @@
 use softverbs_cq::WcStatus;
 
 use crate::codec::{self, op, Aeth, AtomicEth, Bth, Deth, Headers, Reth, SYNDROME_ACK};
-use crate::memory::{MemError, MemKey, Memory};
+use crate::memory::{traced, MemError, MemKey, Memory};
 use crate::output::{Event, Transmit};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, Qp, RespOut};
@@ -20,9 +20,11 @@ pub(crate) const DEFAULT_PKEY: u16 = 0xFFFF;
 /// Request packets between two AckReq bits inside a long message (reference §1.9).
 const ACK_REQ_EVERY: u32 = 64;
 
-/// Copies `dst.len()` bytes of the message at byte `offset` out of its gather list.
+/// Copies `dst.len()` bytes of the message at byte `offset` out of its gather list, whose
+/// L_Keys must be of protection domain `pd`.
 pub(crate) fn gather(
     mem: &impl Memory,
+    pd: u32,
     g: &Gather,
     offset: u64,
     dst: &mut [u8],
@@ -40,6 +42,7 @@ pub(crate) fn gather(
             let mut pos = 0usize;
             for_each_piece(sges, offset, dst.len(), |sge, at, n| {
                 let r = mem.read(
+                    pd,
                     MemKey::Local(sge.lkey),
                     sge.addr + at,
                     &mut dst[pos..pos + n],
@@ -51,16 +54,23 @@ pub(crate) fn gather(
     }
 }
 
-/// Copies `data` into the scatter list `sges` at message byte `offset`.
+/// Copies `data` into the scatter list `sges` at message byte `offset`; its L_Keys must be
+/// of protection domain `pd`.
 pub(crate) fn scatter(
     mem: &mut impl Memory,
+    pd: u32,
     sges: &[Sge],
     offset: u64,
     data: &[u8],
 ) -> Result<(), MemError> {
     let mut pos = 0usize;
     for_each_piece(sges, offset, data.len(), |sge, at, n| {
-        let r = mem.write(MemKey::Local(sge.lkey), sge.addr + at, &data[pos..pos + n]);
+        let r = mem.write(
+            pd,
+            MemKey::Local(sge.lkey),
+            sge.addr + at,
+            &data[pos..pos + n],
+        );
         pos += n;
         r
     })
@@ -189,6 +199,7 @@ impl Qp {
                     let (start, len) = codec::emit_headers(&hdr, n as usize, buf)?;
                     if mem
                         .read(
+                            self.init.pd,
                             MemKey::Remote(rkey),
                             va,
                             &mut buf[start..start + n as usize],
@@ -245,7 +256,8 @@ impl Qp {
         }
     }
 
-    /// Local checks when a WQE starts: L_Keys and bounds of its buffers, UD size.
+    /// Local checks when a WQE starts: L_Keys (of the QP's PD) and bounds of its buffers,
+    /// UD size.
     fn check_local(&self, index: usize, mtu: u32, mem: &impl Memory) -> Result<(), WcStatus> {
         let w = &self.sq[index];
         if self.init.qp_type == QpType::Ud && w.len > u64::from(mtu) {
@@ -258,8 +270,9 @@ impl Qp {
                 AccessFlags::empty()
             };
             for s in sges.iter().filter(|s| s.length > 0) {
-                mem.check_local(s.lkey, s.addr, u64::from(s.length), need)
-                    .map_err(|_| WcStatus::LocProtErr)?;
+                let checked =
+                    mem.check_local(self.init.pd, s.lkey, s.addr, u64::from(s.length), need);
+                traced(self.qpn, "local SGE", checked).map_err(|_| WcStatus::LocProtErr)?;
             }
         }
         Ok(())
@@ -495,6 +508,7 @@ impl Qp {
             if payload_len > 0
                 && gather(
                     mem,
+                    self.init.pd,
                     &w.wr.gather,
                     offset,
                     &mut buf[start..start + payload_len],

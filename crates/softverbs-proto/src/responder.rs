@@ -8,7 +8,7 @@
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::codec::{self, Kind, Packet, SYNDROME_ACK, SYNDROME_RNR};
-use crate::memory::{AtomicOp, MemKey, Memory};
+use crate::memory::{traced, AtomicOp, MemKey, Memory};
 use crate::output::{Completion, CqTarget, DropReason, Event};
 use crate::psn;
 use crate::qp::{Ctx, CurMsg, Qp, Resource, RespOut};
@@ -104,6 +104,8 @@ impl Qp {
     }
 
     fn rc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
+        // Every key is checked against the QP's own PD (SRQ receives included).
+        let pd = self.init.pd;
         let psn = pkt.hdr.bth.psn;
         let d = psn::diff(psn, self.epsn);
         if d > 0 {
@@ -188,7 +190,8 @@ impl Qp {
                     self.rc_fault(psn, fault, None, ctx);
                     return;
                 }
-                if scatter(mem, &wqe.sg_list, *offset, pkt.payload).is_err() {
+                let placed = scatter(mem, pd, &wqe.sg_list, *offset, pkt.payload);
+                if traced(self.qpn, "receive WQE", placed).is_err() {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_OPERATIONAL,
                         recv_status: WcStatus::LocProtErr,
@@ -208,7 +211,8 @@ impl Qp {
                         wc = wc.with_imm(imm);
                     }
                     if let Some(rkey) = pkt.hdr.ieth {
-                        if mem.invalidate(rkey).is_err() {
+                        let invalidated = mem.invalidate(pd, rkey);
+                        if traced(self.qpn, "R_Key to invalidate", invalidated).is_err() {
                             self.rc_fault(psn, INVALID, Some(wqe), ctx);
                             return;
                         }
@@ -230,10 +234,14 @@ impl Qp {
                         self.rc_fault(psn, INVALID, None, ctx);
                         return;
                     }
+                    let need = AccessFlags::REMOTE_WRITE;
                     if total > 0
-                        && mem
-                            .check_remote(reth.rkey, reth.va, total, AccessFlags::REMOTE_WRITE)
-                            .is_err()
+                        && traced(
+                            self.qpn,
+                            "RDMA WRITE target",
+                            mem.check_remote(pd, reth.rkey, reth.va, total, need),
+                        )
+                        .is_err()
                     {
                         // A write with immediate consumes (and fails) its receive WQE:
                         // IBTA's "local access error" on the responder.
@@ -266,7 +274,11 @@ impl Qp {
                     self.rc_fault(psn, INVALID, None, ctx);
                     return;
                 }
-                if len > 0 && mem.write(MemKey::Remote(*rkey), *va, pkt.payload).is_err() {
+                if len > 0
+                    && mem
+                        .write(pd, MemKey::Remote(*rkey), *va, pkt.payload)
+                        .is_err()
+                {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_ACCESS,
                         recv_status: WcStatus::LocAccessErr,
@@ -304,10 +316,14 @@ impl Qp {
                     self.rc_fault(psn, INVALID, None, ctx);
                     return;
                 }
+                let need = AccessFlags::REMOTE_READ;
                 if total > 0
-                    && mem
-                        .check_remote(reth.rkey, reth.va, total, AccessFlags::REMOTE_READ)
-                        .is_err()
+                    && traced(
+                        self.qpn,
+                        "RDMA READ source",
+                        mem.check_remote(pd, reth.rkey, reth.va, total, need),
+                    )
+                    .is_err()
                 {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_ACCESS,
@@ -343,9 +359,13 @@ impl Qp {
                     self.rc_fault(psn, INVALID, None, ctx);
                     return;
                 }
-                if mem
-                    .check_remote(a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)
-                    .is_err()
+                let need = AccessFlags::REMOTE_ATOMIC;
+                if traced(
+                    self.qpn,
+                    "atomic target",
+                    mem.check_remote(pd, a.rkey, a.va, 8, need),
+                )
+                .is_err()
                 {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_ACCESS,
@@ -363,7 +383,7 @@ impl Qp {
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add }
                 };
-                let orig = match mem.atomic(a.rkey, a.va, op) {
+                let orig = match mem.atomic(pd, a.rkey, a.va, op) {
                     Ok(v) => v,
                     Err(_) => {
                         let fault = Fault {
@@ -480,6 +500,8 @@ impl Qp {
     }
 
     fn uc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
+        // Every key is checked against the QP's own PD (SRQ receives included).
+        let pd = self.init.pd;
         let psn = pkt.hdr.bth.psn;
         let info = pkt.info;
         if psn::diff(psn, self.epsn) < 0 {
@@ -555,7 +577,7 @@ impl Qp {
                     return;
                 };
                 if *offset + len > wqe.capacity()
-                    || scatter(mem, &wqe.sg_list, *offset, pkt.payload).is_err()
+                    || scatter(mem, pd, &wqe.sg_list, *offset, pkt.payload).is_err()
                 {
                     drop_msg(self, ctx);
                     return;
@@ -571,7 +593,7 @@ impl Qp {
                         wc = wc.with_imm(imm);
                     }
                     if let Some(rkey) = pkt.hdr.ieth {
-                        if mem.invalidate(rkey).is_err() {
+                        if mem.invalidate(pd, rkey).is_err() {
                             self.untake_recv(wqe, ctx);
                             ctx.counters.drop_packet(DropReason::UcMessageDropped);
                             return;
@@ -595,7 +617,13 @@ impl Qp {
                         .contains(AccessFlags::REMOTE_WRITE)
                         && (total == 0
                             || mem
-                                .check_remote(reth.rkey, reth.va, total, AccessFlags::REMOTE_WRITE)
+                                .check_remote(
+                                    pd,
+                                    reth.rkey,
+                                    reth.va,
+                                    total,
+                                    AccessFlags::REMOTE_WRITE,
+                                )
                                 .is_ok());
                     if !ok {
                         drop_msg(self, ctx);
@@ -619,7 +647,10 @@ impl Qp {
                 };
                 if len > *remaining
                     || (info.last && len != *remaining)
-                    || (len > 0 && mem.write(MemKey::Remote(*rkey), *va, pkt.payload).is_err())
+                    || (len > 0
+                        && mem
+                            .write(pd, MemKey::Remote(*rkey), *va, pkt.payload)
+                            .is_err())
                 {
                     drop_msg(self, ctx);
                     return;
@@ -657,6 +688,7 @@ impl Qp {
         mem: &mut impl Memory,
         ctx: &mut Ctx<'_>,
     ) {
+        let pd = self.init.pd;
         let Some(deth) = pkt.hdr.deth else {
             ctx.counters.drop_packet(DropReason::Malformed);
             return;
@@ -680,8 +712,8 @@ impl Qp {
         }
         let zero = [0u8; 40];
         let grh = grh.unwrap_or(&zero);
-        if scatter(mem, &wqe.sg_list, 0, grh).is_err()
-            || scatter(mem, &wqe.sg_list, 40, pkt.payload).is_err()
+        if scatter(mem, pd, &wqe.sg_list, 0, grh).is_err()
+            || scatter(mem, pd, &wqe.sg_list, 40, pkt.payload).is_err()
         {
             self.fail_recv(&wqe, WcStatus::LocProtErr, WcOpcode::Recv, ctx);
             return;

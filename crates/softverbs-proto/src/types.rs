@@ -281,7 +281,7 @@ impl Default for QpCaps {
 
 /// What a new QP is created with (`struct ibv_qp_init_attr`, minus the CQs, which the
 /// device owns: the engine only says whether a completion belongs to the send or the
-/// receive CQ).
+/// receive CQ), plus the protection domain `ibv_create_qp(3)` takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpInit {
     /// Transport service type.
@@ -292,17 +292,30 @@ pub struct QpInit {
     pub sq_sig_all: bool,
     /// Shared receive queue to consume from instead of an own receive queue.
     pub srq: Option<SrqId>,
+    /// The protection domain the QP belongs to (the device's PD number). Every L_Key and
+    /// R_Key the QP uses is checked against it through [`Memory`](crate::Memory): a
+    /// region of another PD is refused like an invalid key. Receive WQEs taken from an
+    /// SRQ are checked against this PD too (rxe's behaviour).
+    pub pd: u32,
 }
 
 impl QpInit {
-    /// A QP of `qp_type` with default caps, no `sq_sig_all`, no SRQ.
+    /// A QP of `qp_type` with default caps, no `sq_sig_all`, no SRQ, in protection
+    /// domain 0.
     pub fn new(qp_type: QpType) -> Self {
         QpInit {
             qp_type,
             caps: QpCaps::default(),
             sq_sig_all: false,
             srq: None,
+            pd: 0,
         }
+    }
+
+    /// The same, in protection domain `pd`.
+    pub fn with_pd(mut self, pd: u32) -> Self {
+        self.pd = pd;
+        self
     }
 }
 

@@ -109,6 +109,7 @@ impl Pair {
             caps,
             sq_sig_all: false,
             srq: None,
+            pd: 0,
         };
         let qa = a.create_qp(init).unwrap();
         let qb = b.create_qp(init).unwrap();

@@ -1,5 +1,8 @@
 //! [`SimMemory`]: in-memory registered regions implementing the engine's [`Memory`] trait,
-//! with exact key, bounds and access checks (a failed check touches nothing).
+//! with exact key, protection-domain, bounds and access checks (a failed check touches
+//! nothing). Regions registered with [`SimMemory::register`] are in protection domain 0,
+//! the PD of QPs whose [`QpParams`](crate::QpParams) do not name one;
+//! [`SimMemory::register_in`] names the PD.
 
 use softverbs_proto::{AccessFlags, AtomicOp, MemError, MemKey, Memory};
 
@@ -16,6 +19,8 @@ pub struct Region {
     pub rkey: u32,
     /// Access rights granted at registration.
     pub access: AccessFlags,
+    /// The protection domain it belongs to.
+    pub pd: u32,
     /// Not invalidated / deregistered.
     pub valid: bool,
 }
@@ -31,6 +36,8 @@ pub struct Mr {
     pub lkey: u32,
     /// R_Key.
     pub rkey: u32,
+    /// The protection domain it belongs to.
+    pub pd: u32,
 }
 
 /// The registered memory of one simulated node.
@@ -51,8 +58,13 @@ impl SimMemory {
         }
     }
 
-    /// Registers a zeroed region of `len` bytes with `access`.
+    /// Registers a zeroed region of `len` bytes with `access` in protection domain 0.
     pub fn register(&mut self, len: usize, access: AccessFlags) -> Mr {
+        self.register_in(0, len, access)
+    }
+
+    /// Registers a zeroed region of `len` bytes with `access` in protection domain `pd`.
+    pub fn register_in(&mut self, pd: u32, len: usize, access: AccessFlags) -> Mr {
         let addr = self.next_addr;
         // Leave a gap so off-by-one accesses never land in a neighbour.
         self.next_addr += (len as u64).div_ceil(4096) * 4096 + 4096;
@@ -65,6 +77,7 @@ impl SimMemory {
             lkey,
             rkey,
             access,
+            pd,
             valid: true,
         });
         Mr {
@@ -72,6 +85,7 @@ impl SimMemory {
             len: len as u64,
             lkey,
             rkey,
+            pd,
         }
     }
 
@@ -119,6 +133,7 @@ impl SimMemory {
 
     fn check(
         &self,
+        pd: u32,
         key: MemKey,
         addr: u64,
         len: u64,
@@ -126,6 +141,9 @@ impl SimMemory {
     ) -> Result<usize, MemError> {
         let i = self.find(key)?;
         let r = &self.regions[i];
+        if r.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
         let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
         if addr < r.addr || end > r.addr + r.data.len() as u64 {
             return Err(MemError::OutOfBounds);
@@ -140,25 +158,29 @@ impl SimMemory {
 impl Memory for SimMemory {
     fn check_local(
         &self,
+        pd: u32,
         lkey: u32,
         addr: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(), MemError> {
-        self.check(MemKey::Local(lkey), addr, len, need).map(|_| ())
+        self.check(pd, MemKey::Local(lkey), addr, len, need)
+            .map(|_| ())
     }
 
     fn check_remote(
         &self,
+        pd: u32,
         rkey: u32,
         va: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(), MemError> {
-        self.check(MemKey::Remote(rkey), va, len, need).map(|_| ())
+        self.check(pd, MemKey::Remote(rkey), va, len, need)
+            .map(|_| ())
     }
 
-    fn read(&self, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+    fn read(&self, pd: u32, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
         if buf.is_empty() {
             return Ok(());
         }
@@ -166,14 +188,14 @@ impl Memory for SimMemory {
             MemKey::Local(_) => AccessFlags::empty(),
             MemKey::Remote(_) => AccessFlags::REMOTE_READ,
         };
-        let i = self.check(key, addr, buf.len() as u64, need)?;
+        let i = self.check(pd, key, addr, buf.len() as u64, need)?;
         let r = &self.regions[i];
         let at = (addr - r.addr) as usize;
         buf.copy_from_slice(&r.data[at..at + buf.len()]);
         Ok(())
     }
 
-    fn write(&mut self, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
+    fn write(&mut self, pd: u32, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
         if data.is_empty() {
             return Ok(());
         }
@@ -181,18 +203,18 @@ impl Memory for SimMemory {
             MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
             MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
         };
-        let i = self.check(key, addr, data.len() as u64, need)?;
+        let i = self.check(pd, key, addr, data.len() as u64, need)?;
         let r = &mut self.regions[i];
         let at = (addr - r.addr) as usize;
         r.data[at..at + data.len()].copy_from_slice(data);
         Ok(())
     }
 
-    fn atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         if !va.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
-        let i = self.check(MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let i = self.check(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
         let r = &mut self.regions[i];
         let at = (va - r.addr) as usize;
         let word: [u8; 8] = r.data[at..at + 8]
@@ -213,8 +235,11 @@ impl Memory for SimMemory {
         Ok(orig)
     }
 
-    fn invalidate(&mut self, rkey: u32) -> Result<(), MemError> {
+    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
         let i = self.find(MemKey::Remote(rkey))?;
+        if self.regions[i].pd != pd {
+            return Err(MemError::PdMismatch);
+        }
         self.regions[i].valid = false;
         Ok(())
     }

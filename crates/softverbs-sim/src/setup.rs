@@ -32,6 +32,10 @@ pub struct QpParams {
     pub caps: QpCaps,
     /// UD Q_Key.
     pub qkey: u32,
+    /// Protection domain of the QPs (regions of [`SimMemory::register`] are in PD 0).
+    ///
+    /// [`SimMemory::register`]: crate::SimMemory::register
+    pub pd: u32,
     /// Initial send PSN of the first QP; the second uses `psn ^ 0x5A5A5A`. Close to the
     /// 2^24 wrap by default so every run crosses it.
     pub psn: u32,
@@ -57,6 +61,7 @@ impl Default for QpParams {
                 ..QpCaps::default()
             },
             qkey: 0x1111_1111,
+            pd: 0,
             psn: 0xFF_FFF0,
         }
     }
@@ -83,6 +88,7 @@ pub fn create_qp(
         caps: p.caps,
         sq_sig_all: p.sq_sig_all,
         srq,
+        pd: p.pd,
     };
     let r = sim.nodes[node].ep.create_qp(init);
     let qpn = verb(sim, r)?;

@@ -97,7 +97,13 @@ fn success_fields_for_send_with_imm_and_with_invalidate() {
             use softverbs_proto::Memory;
             assert!(sim.nodes[1]
                 .mem
-                .check_remote(victim.rkey, victim.addr, 8, AccessFlags::REMOTE_WRITE)
+                .check_remote(
+                    victim.pd,
+                    victim.rkey,
+                    victim.addr,
+                    8,
+                    AccessFlags::REMOTE_WRITE
+                )
                 .is_err());
             Ok(())
         },

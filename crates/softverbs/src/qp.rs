@@ -145,7 +145,9 @@ impl Pd {
     ) -> QpBuilder {
         QpBuilder {
             pd: self.clone(),
-            init: QpInit::new(qp_type),
+            // The QP reaches only memory regions of this PD (IBTA ch. 10 protection
+            // domains): an L_Key or R_Key of another PD's region is refused.
+            init: QpInit::new(qp_type).with_pd(self.inner.handle),
             send_cq: send_cq.link().0,
             recv_cq: recv_cq.link().0,
             srq: None,
