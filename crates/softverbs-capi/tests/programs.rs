@@ -223,13 +223,16 @@ fn softverbs_pcap_capture_of_a_program_is_complete_when_the_program_exits() {
             .stderr(std::process::Stdio::piped());
         c
     };
-    let server = pingpong("127.0.0.73", None)
+    let mut server = pingpong("127.0.0.73", None)
         .spawn()
         .expect("/usr/bin/ibv_rc_pingpong is missing: install the Debian package ibverbs-utils");
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    // Both sides bounded: a server whose client never connected (it started too early, or
-    // failed) waits for one forever, and is killed instead.
+    // Both sides bounded: a server whose client never connected (it failed) waits for one
+    // forever, and is killed instead.
     let limit = std::time::Duration::from_secs(60);
+    if let Err(why) = common::wait_until_listening(&mut server, 18571, limit) {
+        let (_, out, err) = common::wait_bounded(server, std::time::Duration::from_secs(1));
+        panic!("{why}\n{out}{err}");
+    }
     let client = common::run_bounded(
         pingpong("127.0.0.74", Some("127.0.0.1")).env("SOFTVERBS_PCAP", &file),
         limit,

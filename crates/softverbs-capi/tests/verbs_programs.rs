@@ -242,47 +242,6 @@ impl Running {
     }
 }
 
-/// Socket inodes in LISTEN state on local TCP port `port` (IPv4 and IPv6).
-fn listening_inodes(port: u16) -> Vec<String> {
-    let mut inodes = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() < 10 {
-                continue;
-            }
-            let local_port = fields[1]
-                .rsplit(':')
-                .next()
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if local_port == Some(port) && fields[3] == "0A" {
-                inodes.push(fields[9].to_string());
-            }
-        }
-    }
-    inodes
-}
-
-/// Whether process `pid` holds a socket listening on TCP port `port`.
-fn listens(pid: u32, port: u16) -> bool {
-    let inodes = listening_inodes(port);
-    if inodes.is_empty() {
-        return false;
-    }
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.filter_map(Result::ok).any(|fd| {
-        std::fs::read_link(fd.path()).is_ok_and(|target| {
-            let target = target.to_string_lossy().into_owned();
-            inodes.iter().any(|i| target == format!("socket:[{i}]"))
-        })
-    })
-}
-
 impl Pair {
     fn new(
         program: &'static str,
@@ -340,7 +299,7 @@ impl Pair {
         };
         // Bounded wait for the server's listening socket (or its early exit).
         let pid = server.child.id();
-        while !listens(pid, self.tcp_port) {
+        while !common::listens(pid, self.tcp_port) {
             if server.poll() || start.elapsed() > LISTEN_TIMEOUT {
                 let problem = if server.side.status.is_some() {
                     "the server exited before listening on its TCP port".to_string()

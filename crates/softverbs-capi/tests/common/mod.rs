@@ -153,3 +153,65 @@ pub fn run_bounded(
         .unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
     wait_bounded(child, timeout)
 }
+
+/// Socket inodes in LISTEN state on local TCP port `port` (IPv4 and IPv6).
+fn listening_inodes(port: u16) -> Vec<String> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 10 {
+                continue;
+            }
+            let local_port = fields[1]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) && fields[3] == "0A" {
+                inodes.push(fields[9].to_string());
+            }
+        }
+    }
+    inodes
+}
+
+/// Whether process `pid` holds a socket listening on TCP port `port`.
+pub fn listens(pid: u32, port: u16) -> bool {
+    let inodes = listening_inodes(port);
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok).any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            let target = target.to_string_lossy().into_owned();
+            inodes.iter().any(|i| target == format!("socket:[{i}]"))
+        })
+    })
+}
+
+/// Waits (bounded by `limit`) until `server` listens on TCP port `port`; an `Err` says why
+/// not (it exited first, or the time ran out). A client started before that would find no
+/// server, and a pause of fixed length is too short on a loaded machine.
+pub fn wait_until_listening(server: &mut Child, port: u16, limit: Duration) -> Result<(), String> {
+    let start = Instant::now();
+    while !listens(server.id(), port) {
+        if let Ok(Some(status)) = server.try_wait() {
+            return Err(format!(
+                "the server exited ({status}) before listening on TCP port {port}"
+            ));
+        }
+        if start.elapsed() > limit {
+            return Err(format!(
+                "stuck: the server did not listen on TCP port {port} within {limit:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
