@@ -38,64 +38,7 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-/* ------------------------------------------------------------------ reporting */
-
-static const char *volatile rule = "setup";
-static int checks;
-
-static void fail(const char *file, int line, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4), noreturn));
-
-static void fail(const char *file, int line, const char *fmt, ...)
-{
-	int saved = errno;
-	va_list ap;
-	fprintf(stderr, "FAIL rule %s: %s:%d: ", rule, file, line);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, " (errno %d: %s)\n", saved, strerror(saved));
-	exit(1);
-}
-
-#define FAIL(...) fail(__FILE__, __LINE__, __VA_ARGS__)
-
-#define CHECK(cond)                                                                   \
-	do {                                                                          \
-		checks++;                                                             \
-		if (!(cond))                                                          \
-			FAIL("check failed: %s", #cond);                              \
-	} while (0)
-
-#define CHECKF(cond, ...)                                                             \
-	do {                                                                          \
-		checks++;                                                             \
-		if (!(cond))                                                          \
-			FAIL(__VA_ARGS__);                                            \
-	} while (0)
-
-/* Seconds a rule may take before the watchdog ends the program (valgrind is slow). */
-#define RULE_SECONDS 120
-
-static void watchdog(int sig)
-{
-	(void)sig;
-	/* async-signal-safe: write + _exit */
-	static const char a[] = "FAIL rule ";
-	static const char b[] = ": watchdog: a call blocked (or the rule ran) for more than "
-				"the rule's time limit\n";
-	const char *r = rule;
-	if (write(2, a, sizeof(a) - 1) < 0 || write(2, r, strlen(r)) < 0 ||
-	    write(2, b, sizeof(b) - 1) < 0)
-		_exit(3);
-	_exit(2);
-}
-
-static void start_rule(const char *name)
-{
-	rule = name;
-	alarm(RULE_SECONDS);
-}
+#include "rules.h"
 
 static void rule_ok(void)
 {
@@ -105,20 +48,6 @@ static void rule_ok(void)
 }
 
 /* ------------------------------------------------------------------ time, waits */
-
-/* A positive wait (something must happen) gives up after this long. */
-#define WAIT_MS 10000
-/* A negative wait (nothing may happen) looks this long. */
-#define QUIET_MS 200
-/* Every polling loop also stops after this many iterations. */
-#define MAX_ITERS 2000000
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void set_nonblocking(int fd)
 {
@@ -147,27 +76,6 @@ static int fd_readable(int fd, int timeout_ms)
 			return 0;
 	}
 	return 0;
-}
-
-/*
- * Collects exactly `want` completions from cq into out (bounded). Returns the number
- * collected (fewer on timeout), or the negative value ibv_poll_cq returned.
- */
-static int poll_until(struct ibv_cq *cq, int want, struct ibv_wc *out, int timeout_ms)
-{
-	int got = 0;
-	int64_t deadline = now_ms() + timeout_ms;
-	for (int iter = 0; iter < MAX_ITERS && got < want; iter++) {
-		int n = ibv_poll_cq(cq, want - got, out + got);
-		if (n < 0)
-			return n;
-		got += n;
-		if (got >= want || now_ms() >= deadline)
-			break;
-		if (n == 0)
-			usleep(50); /* let the device's progress thread run (valgrind serialises) */
-	}
-	return got;
 }
 
 /* Polls the completions of one QP's signalled sends: all must succeed, in order. */
@@ -267,43 +175,7 @@ static struct ibv_qp *create_rc(struct ibv_cq *send_cq, struct ibv_cq *recv_cq, 
 /* RESET -> INIT -> RTR -> RTS towards `remote` (a QP of the same device). */
 static void connect_qp(struct ibv_qp *qp, uint32_t remote)
 {
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.pkey_index = 0,
-		.port_num = 1,
-		.qp_access_flags = 0,
-	};
-	CHECKF(ibv_modify_qp(qp, &a,
-			     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
-	       "modify QP %u to INIT", qp->qp_num);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.sgid_index = 0;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	CHECKF(ibv_modify_qp(qp, &a,
-			     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				     IBV_QP_MIN_RNR_TIMER) == 0,
-	       "modify QP %u to RTR", qp->qp_num);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	CHECKF(ibv_modify_qp(qp, &a,
-			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0,
-	       "modify QP %u to RTS", qp->qp_num);
+	connect_rc(qp, remote, &gid, 0);
 }
 
 /* Two connected RC QPs: a sends, b receives. */

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod rules;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
