@@ -117,7 +117,21 @@ static int poll_until(struct ibv_cq *cq, int want, struct ibv_wc *out, int timeo
 	return got;
 }
 
-/* ------------------------------------------------------------------ QPs */
+/* ------------------------------------------------------------------ device, QPs */
+
+/* Opens the one device the drop-in lists, softverbs0. */
+static struct ibv_context *open_softverbs0(void)
+{
+	int num = 0;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	CHECK(list != NULL);
+	CHECKF(num == 1 && strcmp(ibv_get_device_name(list[0]), "softverbs0") == 0,
+	       "expected the one device softverbs0, got %d devices", num);
+	struct ibv_context *context = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	CHECK(context != NULL);
+	return context;
+}
 
 /*
  * RESET -> INIT -> RTR -> RTS towards `remote`, a QP of the same device reached at `gid`
