@@ -269,6 +269,15 @@ fn server(o: &Options) -> Result<String, Failure> {
             // arrived, a lost ACK of "OK" would leave this side retransmitting to a
             // closed QP until RETRY_EXC_ERR (the closing exchange of ibv_rc_pingpong).
             writeln!(stream, "bye")?;
+            // And this side keeps its QP until the client has its completion for "DONE":
+            // had the ACK of "DONE" been lost, the client retransmits it, and only a live
+            // QP here answers (a duplicate, re-ACKed); a closed one would end the client
+            // with RETRY_EXC_ERR.
+            line.clear();
+            read_line(&mut reader, &mut line)?;
+            if line.trim() != "done" {
+                return Err(Failure::Setup(format!("client said {line:?}, not done")));
+            }
             return Ok(format!(
                 "server: {n} messages, {sends_seen} sends verified, counter {sum}, cas {cas}"
             ));
@@ -472,6 +481,8 @@ fn client(o: &Options) -> Result<String, Failure> {
     if line.trim() != "bye" {
         return Err(Failure::Setup(format!("server said {line:?}, not bye")));
     }
+    // Both completions are in: the server may now close its QP.
+    writeln!(stream, "done")?;
     let counters = ctx.device().counters();
     Ok(format!(
         "client: {} messages verified in {:.2} s; retransmitted packets {}, timeouts {}, naks received {}",
