@@ -227,7 +227,26 @@ fn side_run(
         print_address("local address: ", &mine);
         print_address("remote address:", &peer);
     }
-    run_loop(&side, client, args, rx_posted)
+    let result = run_loop(&side, client, args, rx_posted)?;
+    close_exchange(&mut stream);
+    Ok(result)
+}
+
+/// How long a side waits for its peer's closing word.
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
+
+/// Keeps this side's QP until the peer has its last completion too: the last ACK of
+/// either side may be lost, and only a live QP answers the retransmission (a QP closed
+/// early leaves the peer retrying until RETRY_EXC_ERR, IBTA 9.7.5.1). Each side says
+/// "fin" once its own completions are in and waits for the peer's. `ibv_rc_pingpong` does
+/// not do this (it closes its socket after the set-up exchange), so an error or an end of
+/// stream here is not a failure: the run itself has succeeded.
+fn close_exchange(stream: &mut TcpStream) {
+    if stream.write_all(b"fin\0").is_err() || stream.set_read_timeout(Some(CLOSE_WAIT)).is_err() {
+        return;
+    }
+    let mut word = [0u8; 4];
+    let _ = stream.read_exact(&mut word);
 }
 
 /// Runs `softverbs pingpong`.
