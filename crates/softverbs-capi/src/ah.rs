@@ -20,6 +20,8 @@ const WC_GRH: u32 = 1 << 0;
 pub struct AhState {
     /// Where it points.
     pub av: AddressVector,
+    /// The handle of its protection domain (a UD QP of another PD refuses it).
+    pub pd: u32,
     _pd: PdUse,
 }
 
@@ -83,15 +85,19 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         // SAFETY: readable per the contract.
         let av = address_vector(&unsafe { attr.read() })?;
-        // SAFETY: a live PD's field.
-        let context = unsafe { (*pd).context };
+        // SAFETY: a live PD's fields.
+        let (context, pd_handle) = unsafe { ((*pd).context, (*pd).handle) };
         Ok(AhBlock::allocate(
             ibv_ah {
                 context,
                 pd,
                 handle: 0,
             },
-            AhState { av, _pd: hold },
+            AhState {
+                av,
+                pd: pd_handle,
+                _pd: hold,
+            },
         ))
     })
 }

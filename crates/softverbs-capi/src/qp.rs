@@ -531,6 +531,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, Errno> {
             av: ah.av,
             remote_qpn: ud.remote_qpn,
             remote_qkey: ud.remote_qkey,
+            pd: ah.pd,
         })
     } else {
         None
@@ -1019,13 +1020,14 @@ unsafe extern "C" fn wr_set_ud_addr(
     remote_qkey: u32,
 ) {
     // SAFETY: the AH is NULL or live (the builder's contract).
-    let av = unsafe { AhBlock::state(ah) }.map(|a| a.av);
+    let av = unsafe { AhBlock::state(ah) }.map(|a| (a.av, a.pd));
     with_batch(qpx, |_, batch| match (batch.requests.last_mut(), av) {
-        (Some(wr), Ok(av)) => {
+        (Some(wr), Ok((av, pd))) => {
             wr.ud = Some(UdDest {
                 av,
                 remote_qpn,
                 remote_qkey,
+                pd,
             })
         }
         (_, Err(e)) => {

@@ -7,7 +7,8 @@
 //! `ibv_post_send` and by `ibv_wr_rdma_write`) and leaves that region unchanged, a SEND
 //! whose lkey is of the other PD completes with `IBV_WC_LOC_PROT_ERR` and sends nothing,
 //! and the same operations within the QP's PD work, for QPs made by `ibv_create_qp` and
-//! by `ibv_create_qp_ex` alike.
+//! by `ibv_create_qp_ex` alike; and a UD send whose address handle is of the other PD is
+//! refused by `ibv_post_send` with `EINVAL` (IBTA 10.2.3), nothing sent.
 //!
 //! As `cq_rules.rs` does, it runs twice, under AddressSanitizer/UndefinedBehaviorSanitizer
 //! and under valgrind memcheck (`tests/common/rules.rs`). Each run must exit 0, print every
@@ -19,13 +20,14 @@ mod common;
 use common::rules::{assert_rules_hold, Checker};
 
 /// The lines the program prints, one per rule, in order.
-const RULES: [&str; 7] = [
+const RULES: [&str; 8] = [
     "rule setup: ",
     "rule 1: ",
     "rule 2: ",
     "rule 3: ",
     "rule 4: ",
     "rule 5: ",
+    "rule 6: ",
     "rule teardown: ",
 ];
 

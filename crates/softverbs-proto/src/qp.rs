@@ -531,8 +531,14 @@ impl Qp {
         if wr.op.is_atomic() && len != 8 {
             return Err(bad("atomic needs exactly 8 bytes of local buffer"));
         }
-        if qp_type == QpType::Ud && wr.ud.is_none() {
-            return Err(bad("UD send without address handle"));
+        match &wr.ud {
+            None if qp_type == QpType::Ud => return Err(bad("UD send without address handle")),
+            Some(ud) if qp_type == QpType::Ud && ud.pd != self.init.pd => {
+                return Err(bad(
+                    "address handle of another protection domain than the QP's",
+                ));
+            }
+            _ => {}
         }
         if self.sq.len() >= self.init.caps.max_send_wr as usize {
             return Err(VerbsError::NoRoom("send queue full"));

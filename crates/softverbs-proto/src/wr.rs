@@ -143,6 +143,10 @@ pub struct UdDest {
     pub remote_qpn: u32,
     /// Q_Key; a value with the top bit set means "use this QP's own Q_Key" (IBTA C10-15).
     pub remote_qkey: u32,
+    /// The protection domain of the address handle: it must be the QP's
+    /// ([`QpInit::pd`](crate::QpInit::pd)), or the post is refused (IBTA 10.2.3: an
+    /// address handle is used only by QPs of its own protection domain).
+    pub pd: u32,
 }
 
 /// A send work request (`struct ibv_send_wr`).

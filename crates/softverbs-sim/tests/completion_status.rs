@@ -174,6 +174,7 @@ fn loc_len_err_for_ud_message_larger_than_mtu() {
             },
             remote_qpn: 0x99,
             remote_qkey: p.qkey,
+            pd: p.pd,
         };
         sim.post_send(
             0,

@@ -14,10 +14,11 @@ mod common;
 use common::{assert_status, recv, sge, two_nodes, ALL_ACCESS};
 use softverbs_cq::WcStatus;
 use softverbs_proto::{
-    AccessFlags, CqTarget, Event, Memory, QpState, QpType, SendOp, SendWr, SrqInit,
+    AccessFlags, AddressVector, CqTarget, Event, Memory, QpState, QpType, SendOp, SendWr, SrqInit,
+    UdDest, VerbsError,
 };
 use softverbs_sim::{
-    bring_up, connect, create_qp, run_seeds, FaultRules, Mr, QpParams, Sim, SimError,
+    bring_up, connect, create_qp, run_seeds, FaultRules, Mr, QpParams, Sim, SimError, SimErrorKind,
 };
 
 const STEPS: u64 = 200_000;
@@ -409,4 +410,77 @@ fn qp_pd_is_reported_and_pd_zero_is_the_default() {
     assert_eq!(sim.nodes[0].ep.query_qp(qa).unwrap().1.pd, QP_PD);
     assert_eq!(sim.nodes[0].ep.query_qp(qd).unwrap().1.pd, 0);
     assert_eq!(sim.nodes[0].mem.register(64, ALL_ACCESS).pd, 0);
+}
+
+/// A UD send names its destination by an address handle, and an address handle belongs to
+/// a protection domain: a UD QP uses only those of its own PD (IBTA 10.2.3; rdmavt checks
+/// it in its post_send, EINVAL). The post is refused at once (the `EINVAL` of
+/// `ibv_post_send(3)`), nothing is sent and no completion appears on either side; the
+/// same send with an address handle of the QP's PD is delivered.
+#[test]
+fn ud_send_with_address_handle_of_another_pd_is_refused_at_post() {
+    run_seeds(
+        "ud_send_with_address_handle_of_another_pd_is_refused_at_post",
+        &[1, 2],
+        |seed| {
+            let mut sim = two_nodes(seed, FaultRules::perfect());
+            let p = params();
+            let qa = create_qp(&mut sim, 0, QpType::Ud, &p, None)?;
+            let qb = create_qp(&mut sim, 1, QpType::Ud, &p, None)?;
+            bring_up(&mut sim, 0, qa, QpType::Ud, None, &p, (100, 0))?;
+            bring_up(&mut sim, 1, qb, QpType::Ud, None, &p, (200, 0))?;
+            let a = sim.nodes[0].mem.register_in(QP_PD, 4096, ALL_ACCESS);
+            let b = sim.nodes[1].mem.register_in(QP_PD, 4096, ALL_ACCESS);
+            let dest = |pd| UdDest {
+                av: AddressVector {
+                    dgid: sim.nodes[1].gid,
+                    ..Default::default()
+                },
+                remote_qpn: qb,
+                remote_qkey: p.qkey,
+                pd,
+            };
+            let (theirs, ours) = (dest(OTHER_PD), dest(QP_PD));
+            sim.post_recv(1, qb, recv(1, &b, 0, 1024))?;
+            let refused = sim.post_send(
+                0,
+                qa,
+                SendWr::new(10, SendOp::Send, vec![sge(&a, 0, 9)]).with_ud(theirs),
+            );
+            assert!(
+                matches!(
+                    refused,
+                    Err(SimError {
+                        kind: SimErrorKind::Verb(VerbsError::InvalidArgument(_)),
+                        ..
+                    })
+                ),
+                "{refused:?}"
+            );
+            sim.run_idle(STEPS)?;
+            assert!(
+                sim.completions(0).is_empty(),
+                "a refused post completes nothing"
+            );
+            assert!(
+                sim.completions(1).is_empty(),
+                "a refused post sends nothing"
+            );
+            sim.post_send(
+                0,
+                qa,
+                SendWr::new(11, SendOp::Send, vec![sge(&a, 0, 9)]).with_ud(ours),
+            )?;
+            sim.run_idle(STEPS)?;
+            let sent = sim.completions(0);
+            assert_eq!(sent.len(), 1);
+            assert_eq!(sent[0].wc.wr_id(), 11);
+            assert_status(&sent[0], WcStatus::Success);
+            let got = sim.completions(1);
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].wc.wr_id(), 1);
+            assert_status(&got[0], WcStatus::Success);
+            Ok(())
+        },
+    );
 }

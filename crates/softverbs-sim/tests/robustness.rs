@@ -275,6 +275,7 @@ fn random_verb_sequences_keep_the_state_machine_legal() {
                                 av: Default::default(),
                                 remote_qpn: qps[2],
                                 remote_qkey: rng.gen(),
+                                pd: rng.gen_range(0..2),
                             });
                         }
                         let _ = ep.post_send(qpn, wr);

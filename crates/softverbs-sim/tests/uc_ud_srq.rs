@@ -130,6 +130,7 @@ fn ud_grh_area_qkey_check_and_src_qp() {
             },
             remote_qpn: qb,
             remote_qkey: qkey,
+            pd: p.pd,
         };
         let d_ok = dest(p.qkey);
         let d_own = dest(0x8000_0000);

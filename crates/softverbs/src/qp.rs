@@ -619,6 +619,12 @@ impl Qp {
             }
             _ => {}
         }
+        if wr.wr.ud.as_ref().is_some_and(|ud| ud.pd != self.init.pd) {
+            // IBTA 10.2.3: a QP uses only address handles of its own protection domain.
+            return Err(PostError::InvalidRequest(
+                "the address handle is of another protection domain than the QP's",
+            ));
+        }
         if wr.wr.op.is_read_or_atomic() {
             if qp_type != QpType::Rc {
                 return Err(PostError::InvalidRequest(

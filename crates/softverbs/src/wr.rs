@@ -173,6 +173,7 @@ impl SendRequest {
             av: ah.av,
             remote_qpn,
             remote_qkey,
+            pd: ah.pd().handle(),
         });
         self
     }

@@ -65,3 +65,32 @@ fn ud_over_udp_loopback_delivers_after_the_grh() {
     ud_send_lands_after_the_40_byte_grh(&a, &b);
     ud_send_with_a_wrong_qkey_is_dropped(&a, &b);
 }
+
+/// IBTA 10.2.3: a UD QP uses only address handles of its own protection domain (rdmavt
+/// refuses another's in its post_send, `EINVAL`). The post is refused with nothing sent,
+/// and the QP goes on working: the same send with an address handle of its own PD lands.
+#[test]
+fn ud_send_with_an_address_handle_of_another_pd_is_refused() {
+    let (a, b) = (ud_side(in_process()), ud_side(in_process()));
+    b.qp.post_recv(RecvRequest::new(5, &[b.mr.slice(0..2048).unwrap()]))
+        .unwrap();
+    let other_pd = a.ctx.alloc_pd();
+    let foreign = other_pd
+        .create_ah(&AhAttr::new(b.ctx.gid(0).unwrap()))
+        .unwrap();
+    let refused =
+        a.qp.post_send(SendRequest::send_inline(6, b"x").to(&foreign, b.qp.qpn(), QKEY));
+    assert!(
+        matches!(refused, Err(PostError::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    assert_nothing_for(&a.cq, std::time::Duration::from_millis(50));
+    assert_nothing_for(&b.cq, std::time::Duration::from_millis(50));
+    let own = a.pd.create_ah(&AhAttr::new(b.ctx.gid(0).unwrap())).unwrap();
+    a.qp.post_send(SendRequest::send_inline(7, b"y").to(&own, b.qp.qpn(), QKEY))
+        .unwrap();
+    assert_eq!(wait_for(&a.cq, 1)[0].status(), WcStatus::Success);
+    let got = wait_for(&b.cq, 1);
+    assert_eq!((got[0].wr_id(), got[0].status()), (5, WcStatus::Success));
+    assert_eq!(b.mr.read_vec(40..41).unwrap(), b"y");
+}

@@ -18,6 +18,10 @@
  *   3 SEND gathering from region A (same PD) is received
  *   4 SEND whose lkey is region B's: IBV_WC_LOC_PROT_ERR, nothing received
  *   5 ibv_wr_rdma_write (extended post) naming region B's rkey: IBV_WC_REM_ACCESS_ERR
+ *   6 a UD send whose address handle is of pd_b: ibv_post_send returns EINVAL with *bad_wr
+ *     naming it and nothing is sent (IBTA 10.2.3: a QP uses only address handles of its
+ *     own PD; rdmavt refuses it the same way); with an address handle of pd_a it is
+ *     received
  *
  * Prints one "rule N ... ok" line per rule and "ok <checks> checks" at the end; exits 1
  * with "FAIL rule N (...)" on stderr at the first failed check. Every wait is bounded (a
@@ -328,6 +332,96 @@ static void rule_wr_rdma_write(void)
 	destroy_pair(p);
 }
 
+/* A UD QP in pd_a, in RTS, with Q_Key UD_QKEY, completing into cq. */
+#define UD_QKEY 0x11110000u
+static struct ibv_qp *create_ud(struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr init = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_UD,
+		.sq_sig_all = 1,
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd_a, &init);
+	CHECKF(qp != NULL, "ibv_create_qp(UD)");
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+				    .qkey = UD_QKEY };
+	CHECK(ibv_modify_qp(qp, &attr,
+			    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+	attr.qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE) == 0);
+	attr.qp_state = IBV_QPS_RTS;
+	attr.sq_psn = 0;
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+	return qp;
+}
+
+/* An address handle in `pd` for this device's own GID. */
+static struct ibv_ah *own_ah(struct ibv_pd *pd)
+{
+	struct ibv_ah_attr attr = { .is_global = 1, .port_num = 1 };
+	attr.grh.dgid = gid;
+	attr.grh.hop_limit = 64;
+	struct ibv_ah *ah = ibv_create_ah(pd, &attr);
+	CHECKF(ah != NULL, "ibv_create_ah");
+	CHECK(ah->pd == pd);
+	return ah;
+}
+
+/* 6: UD sends name their destination by an address handle, which belongs to a PD. */
+static void rule_ud_address_handle(void)
+{
+	struct ibv_cq *scq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_cq *rcq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(scq != NULL && rcq != NULL);
+	struct ibv_qp *sender = create_ud(scq);
+	struct ibv_qp *receiver = create_ud(rcq);
+	struct ibv_ah *foreign = own_ah(pd_b), *own = own_ah(pd_a);
+
+	start_rule("6");
+	memset(buf_a + DST, 0, 40 + LEN);
+	struct ibv_sge rsge = { .addr = (uintptr_t)(buf_a + DST), .length = 40 + LEN,
+				.lkey = mr_a->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 60, .sg_list = &rsge, .num_sge = 1 };
+	struct ibv_recv_wr *rbad = NULL;
+	CHECK(ibv_post_recv(receiver, &rwr, &rbad) == 0);
+	struct ibv_sge sge = { .addr = (uintptr_t)(buf_a + SRC), .length = LEN,
+			       .lkey = mr_a->lkey };
+	struct ibv_send_wr wr = {
+		.wr_id = 61,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+	wr.wr.ud.ah = foreign;
+	wr.wr.ud.remote_qpn = receiver->qp_num;
+	wr.wr.ud.remote_qkey = UD_QKEY;
+	struct ibv_send_wr *bad = NULL;
+	int rc = ibv_post_send(sender, &wr, &bad);
+	CHECKF(rc == EINVAL, "ibv_post_send with an AH of another PD returned %d, not EINVAL", rc);
+	CHECKF(bad == &wr, "*bad_wr does not name the refused request");
+	expect_none(scq);
+	expect_none(rcq);
+	wr.wr_id = 62;
+	wr.wr.ud.ah = own;
+	bad = NULL;
+	CHECKF(ibv_post_send(sender, &wr, &bad) == 0, "ibv_post_send with an AH of the QP's PD");
+	expect_one(scq, IBV_WC_SUCCESS, 62, sender->qp_num);
+	expect_one(rcq, IBV_WC_SUCCESS, 60, receiver->qp_num);
+	CHECKF(all_bytes(buf_a + DST + 40, MARK_A, LEN), "the datagram's payload differs");
+	rule_ok("UD send with an address handle of another PD: EINVAL, nothing sent");
+
+	CHECK(ibv_destroy_ah(foreign) == 0);
+	CHECK(ibv_destroy_ah(own) == 0);
+	CHECK(ibv_destroy_qp(sender) == 0);
+	CHECK(ibv_destroy_qp(receiver) == 0);
+	CHECK(ibv_destroy_cq(scq) == 0);
+	CHECK(ibv_destroy_cq(rcq) == 0);
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -338,6 +432,7 @@ int main(void)
 	rules_rdma_write();
 	rules_send();
 	rule_wr_rdma_write();
+	rule_ud_address_handle();
 	start_rule("teardown");
 	close_device();
 	rule_ok("everything freed");
