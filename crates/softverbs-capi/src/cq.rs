@@ -15,7 +15,10 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, guarded, infallible, minus_one, pointer, Errno};
-use crate::handles::{Block, ChannelBlock, ChannelState, ContextBlock, DeviceEntry, Tagged};
+use crate::handles::{
+    once_acknowledged, with_registry, Block, ChannelBlock, ChannelState, ContextBlock, DeviceEntry,
+    Tagged, DESTROY_ACK_WAIT,
+};
 use softverbs_cq::{
     AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqBuilder, Moderation,
     OverrunPolicy, PollBatch,
@@ -26,7 +29,6 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
@@ -40,10 +42,6 @@ const CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 2;
 const CQ_MODERATE: u32 = 1;
 /// `IBV_CREATE_CQ_SUP_WC_FLAGS`: the `wc_flags` rdma-core 44 defines.
 const CREATE_CQ_SUP_WC_FLAGS: u64 = 0xfff;
-
-/// How long `ibv_destroy_cq` waits for delivered events to be acknowledged. libibverbs
-/// waits forever; a day is forever for a test and still lets a stuck program be diagnosed.
-const DESTROY_ACK_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// The library's part of a CQ.
 pub struct CqState {
@@ -161,6 +159,7 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
     let state = unsafe { CqBlock::state(ptr) }?;
     // Events and async events name the CQ by the pointer C knows.
     state.cq.set_user_context(ptr as u64);
+    with_registry(|r| r.cqs.insert(ptr as usize));
     if !request.channel.is_null() {
         // SAFETY: `refcnt` is a live int of the channel; libibverbs updates it under the
         // context mutex, we update it atomically.
@@ -363,12 +362,16 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if state.cq.attached_qps() > 0 {
             return Err(libc::EBUSY);
         }
+        // Its delivered async events acknowledged (IBV_EVENT_CQ_ERR), it leaves the
+        // registry: no later event names it.
+        let object = cq as usize;
+        once_acknowledged(object, DESTROY_ACK_WAIT, |r| r.cqs.remove(&object))?;
         // Wait for the delivered events to be acknowledged while the block is still alive:
         // the acknowledgements come through it (`ibv_ack_cq_events` from other threads).
-        state
-            .cq
-            .destroy_wait_in_place(DESTROY_ACK_WAIT)
-            .map_err(|e| e.errno())?;
+        if let Err(e) = state.cq.destroy_wait_in_place(DESTROY_ACK_WAIT) {
+            with_registry(|r| r.cqs.insert(object));
+            return Err(e.errno());
+        }
         let channel = state.channel;
         // SAFETY: destroyed; the caller gives the CQ up (a poll in progress on another
         // thread would be the caller's use-after-destroy).

@@ -8,9 +8,9 @@
 //! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2) |
 //! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd` | `ibv_dealloc_pd` | |
 //! | `struct ibv_comp_channel *` | a [`ChannelBlock`] | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
-//! | `struct ibv_cq *`, `struct ibv_cq_ex *` | a [`CqBlock`](crate::cq::CqBlock) (an `ibv_cq_ex` for both kinds) | `ibv_create_cq`, `ibv_create_cq_ex` | `ibv_destroy_cq` | the CQ's user context is this pointer: events and `IBV_EVENT_CQ_ERR` name the CQ by it |
+//! | `struct ibv_cq *`, `struct ibv_cq_ex *` | a [`CqBlock`](crate::cq::CqBlock) (an `ibv_cq_ex` for both kinds) | `ibv_create_cq`, `ibv_create_cq_ex` | `ibv_destroy_cq` | the CQ's user context is this pointer: events and `IBV_EVENT_CQ_ERR` name the CQ by it; listed in the [`Registry`] |
 //! | `struct ibv_mr *` | an [`MrBlock`](crate::mr::MrBlock) | `ibv_reg_mr*` | `ibv_dereg_mr` | |
-//! | `struct ibv_qp *`, `struct ibv_qp_ex *` | a [`QpBlock`](crate::qp::QpBlock) (an `ibv_qp_ex` for both kinds) | `ibv_create_qp`, `ibv_create_qp_ex` | `ibv_destroy_qp` | listed in the [`Registry`] by QPN for async events |
+//! | `struct ibv_qp *`, `struct ibv_qp_ex *` | a [`QpBlock`](crate::qp::QpBlock) (an `ibv_qp_ex` for both kinds) | `ibv_create_qp`, `ibv_create_qp_ex` | `ibv_destroy_qp` | listed in the [`Registry`] by QPN for async events; its destroy waits for their acknowledgement |
 //! | `struct ibv_srq *` | an [`SrqBlock`](crate::srq::SrqBlock) | `ibv_create_srq` | `ibv_destroy_srq` | listed in the [`Registry`] by handle |
 //! | `struct ibv_ah *` | an [`AhBlock`](crate::ah::AhBlock) | `ibv_create_ah*` | `ibv_destroy_ah` | |
 //! | `const char *` from `*_str`, `ibv_get_device_name`, `ibv_get_sysfs_path` | static data | – | never | |
@@ -28,7 +28,8 @@ use crate::boundary::Errno;
 use softverbs_cq::CompletionChannel;
 use softverbs_device::{Device, DeviceConfig};
 use std::ffi::c_char;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// The name of the one device.
 pub const DEVICE_NAME: &str = "softverbs0";
@@ -320,21 +321,78 @@ impl<C, S: Tagged> Block<C, S> {
     }
 }
 
-/// C objects the device names by number in asynchronous events (QPs by QPN, SRQs by
-/// handle) and the pointers C knows them by, so `ibv_get_async_event` can fill
-/// `event.element`.
+/// C objects the device names in asynchronous events (QPs by QPN, SRQs by handle, CQs by
+/// their pointer) and the pointers C knows them by, so `ibv_get_async_event` can fill
+/// `event.element`; and the ledger of delivered, unacknowledged events per object, which
+/// a destroy waits on (`ibv_get_async_event(3)`: "destroying an object (CQ, SRQ or QP)
+/// will wait for all affiliated events for the object to be acknowledged").
 #[derive(Default)]
 pub struct Registry {
     /// QPN → `struct ibv_qp *`.
     pub qps: std::collections::HashMap<u32, usize>,
     /// SRQ handle → `struct ibv_srq *`.
     pub srqs: std::collections::HashMap<u32, usize>,
+    /// Live `struct ibv_cq *`s.
+    pub cqs: std::collections::HashSet<usize>,
+    /// Object pointer → async events `ibv_get_async_event` delivered naming it and
+    /// `ibv_ack_async_event` has not acknowledged yet (absent: none).
+    pub unacked: std::collections::HashMap<usize, u32>,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+
+/// How long a destroy waits for delivered events (completion or async) to be
+/// acknowledged. libibverbs waits forever; a day is forever for a test and still lets a
+/// stuck program be diagnosed.
+pub const DESTROY_ACK_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// Signalled by every acknowledgement of an async event.
+static ACKNOWLEDGED: Condvar = Condvar::new();
 
 /// Runs `f` on the process's registry.
 pub fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     let mut slot = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     f(slot.get_or_insert_with(Registry::default))
+}
+
+/// Counts an async event naming `object` as acknowledged (and wakes the destroys waiting
+/// for it); `false` if no delivered event of `object` was outstanding.
+pub fn acknowledge(object: usize) -> bool {
+    with_registry(|r| {
+        let Some(n) = r.unacked.get_mut(&object) else {
+            return false;
+        };
+        *n -= 1;
+        if *n == 0 {
+            r.unacked.remove(&object);
+        }
+        ACKNOWLEDGED.notify_all();
+        true
+    })
+}
+
+/// Waits until every async event delivered naming `object` is acknowledged, then runs `f`
+/// on the registry under the same lock (so no event for it is delivered in between: `f`
+/// removes the object). `EBUSY` if `limit` passes first (libibverbs waits forever).
+pub fn once_acknowledged<T>(
+    object: usize,
+    limit: Duration,
+    f: impl FnOnce(&mut Registry) -> T,
+) -> Result<T, Errno> {
+    let deadline = Instant::now() + limit;
+    let mut slot = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let registry = slot.get_or_insert_with(Registry::default);
+        if !registry.unacked.contains_key(&object) {
+            return Ok(f(registry));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(libc::EBUSY);
+        }
+        slot = ACKNOWLEDGED
+            .wait_timeout(slot, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
 }

@@ -13,14 +13,14 @@
 //! | `ibv_get_sysfs_path` | 1.0 | `"/sys"` (`SYSFS_PATH` honoured, as rdma-core does) |
 //! | `ibv_read_sysfs_file` | 1.0 | documented failure: -1, `errno = ENOENT` (the soft device has no sysfs entries) |
 //! | `ibv_copy_qp_attr_from_kern`, `ibv_copy_ah_attr_from_kern`, `ibv_copy_path_rec_from_kern`, `ibv_copy_path_rec_to_kern` | 1.0 / 1.1 | documented failure: do nothing (void; no kernel structs exist here; only librdmacm's kernel path calls them) |
-//! | `ibv_get_async_event` | 1.1 | real: CQ errors, QP fatal / request / access errors, communication established, SQ drained, last WQE reached, SRQ limit, port active, device fatal; `context->async_fd` is the device's pollable event fd (honours `O_NONBLOCK`) |
-//! | `ibv_ack_async_event` | 1.1 | real: nothing to release |
+//! | `ibv_get_async_event` | 1.1 | real: CQ errors, QP fatal / request / access errors, communication established, SQ drained, last WQE reached, SRQ limit, port active, device fatal; `context->async_fd` is the device's pollable event fd (honours `O_NONBLOCK`); an event of an object destroyed before it was read is dropped |
+//! | `ibv_ack_async_event` | 1.1 | real: counted in the object's `events_completed`; `ibv_destroy_qp` / `_srq` / `_cq` wait for every delivered event of the object to be acknowledged |
 //! | `ibv_import_device`, `ibv_import_pd`, `ibv_import_dm` | 1.10 / 1.13 | documented failure (`NULL`, `EOPNOTSUPP`): no shared command fd |
 //! | `ibv_unimport_pd`, `ibv_unimport_dm` | 1.10 / 1.13 | do nothing |
 
 use crate::abi::*;
-use crate::boundary::{minus_one, set_errno};
-use crate::handles::{with_registry, ContextBlock};
+use crate::boundary::{infallible, minus_one, set_errno};
+use crate::handles::{acknowledge, with_registry, ContextBlock, Registry};
 use softverbs_device::AsyncEvent;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
@@ -275,7 +275,10 @@ unsupported! {
 /// `ibv_get_async_event(3)`: waits for the device's next asynchronous event (or fails
 /// with `EAGAIN` when `context->async_fd` is non-blocking and none is queued) and names its
 /// object by the pointer C knows: the CQ, QP or SRQ, or the port number. 0, or -1 with
-/// errno.
+/// errno. An event of an object destroyed before it was taken is dropped, as the kernel
+/// drops the unread events of a destroyed object: no event names freed memory. Every event
+/// naming an object counts until `ibv_ack_async_event`, which that object's destroy waits
+/// for.
 ///
 /// # Safety
 ///
@@ -291,52 +294,147 @@ pub unsafe extern "C" fn ibv_get_async_event(
             return Err(libc::EINVAL);
         }
         let queue = ctx.entry.device.async_events();
-        // SAFETY: F_GETFL on the queue's own open fd.
-        let flags = unsafe { libc::fcntl(queue.as_fd().as_raw_fd(), libc::F_GETFL) };
-        let next = if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-            queue.try_next()
-        } else {
-            queue
-                .next(None)
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
-        };
-        let next = next.ok_or(libc::EAGAIN)?;
-        let element = match next {
-            AsyncEvent::CqError { user_context, .. } => ibv_async_event_element {
-                // The CQ's user context is its C pointer (set at creation).
-                cq: user_context as *mut ibv_cq,
-            },
-            AsyncEvent::QpFatal { qpn }
-            | AsyncEvent::QpRequestError { qpn }
-            | AsyncEvent::QpAccessError { qpn }
-            | AsyncEvent::CommEst { qpn }
-            | AsyncEvent::SqDrained { qpn }
-            | AsyncEvent::QpLastWqeReached { qpn } => ibv_async_event_element {
-                qp: with_registry(|r| r.qps.get(&qpn).copied()).unwrap_or(0) as *mut ibv_qp,
-            },
-            AsyncEvent::SrqLimitReached { srq } => ibv_async_event_element {
-                srq: with_registry(|r| r.srqs.get(&srq).copied()).unwrap_or(0) as *mut ibv_srq,
-            },
-            AsyncEvent::PortActive { port } => ibv_async_event_element {
-                port_num: c_int::from(port),
-            },
-            AsyncEvent::DeviceFatal => ibv_async_event_element { port_num: 0 },
-        };
-        // SAFETY: writable per the contract.
-        unsafe {
-            event.write(ibv_async_event {
-                element,
-                event_type: next.raw_type(),
-            })
-        };
-        Ok(0)
+        loop {
+            // SAFETY: F_GETFL on the queue's own open fd.
+            let flags = unsafe { libc::fcntl(queue.as_fd().as_raw_fd(), libc::F_GETFL) };
+            let next = if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                queue.try_next()
+            } else {
+                queue
+                    .next(None)
+                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
+            };
+            let next = next.ok_or(libc::EAGAIN)?;
+            let Some(element) = with_registry(|r| deliver(r, &next)) else {
+                continue;
+            };
+            // SAFETY: writable per the contract.
+            unsafe {
+                event.write(ibv_async_event {
+                    element,
+                    event_type: next.raw_type(),
+                })
+            };
+            return Ok(0);
+        }
     })
 }
 symver!(ibv_get_async_event, "IBVERBS_1.1");
 
-/// `ibv_ack_async_event(3)`: nothing to release (destroying an object does not wait for
-/// its async events here; the event names the object only until it is destroyed).
-pub extern "C" fn ibv_ack_async_event(_: *mut ibv_async_event) {}
+/// The element of `event` as C knows it, counted as delivered and unacknowledged if it
+/// names an object; `None` if that object no longer exists.
+fn deliver(r: &mut Registry, event: &AsyncEvent) -> Option<ibv_async_event_element> {
+    let (element, object) = match *event {
+        // The CQ's user context is its C pointer (set at creation).
+        AsyncEvent::CqError { user_context, .. } => {
+            let cq = user_context as usize;
+            (
+                ibv_async_event_element {
+                    cq: cq as *mut ibv_cq,
+                },
+                r.cqs.get(&cq).copied(),
+            )
+        }
+        AsyncEvent::QpFatal { qpn }
+        | AsyncEvent::QpRequestError { qpn }
+        | AsyncEvent::QpAccessError { qpn }
+        | AsyncEvent::CommEst { qpn }
+        | AsyncEvent::SqDrained { qpn }
+        | AsyncEvent::QpLastWqeReached { qpn } => {
+            let qp = r.qps.get(&qpn).copied();
+            (
+                ibv_async_event_element {
+                    qp: qp.unwrap_or(0) as *mut ibv_qp,
+                },
+                qp,
+            )
+        }
+        AsyncEvent::SrqLimitReached { srq } => {
+            let srq = r.srqs.get(&srq).copied();
+            (
+                ibv_async_event_element {
+                    srq: srq.unwrap_or(0) as *mut ibv_srq,
+                },
+                srq,
+            )
+        }
+        AsyncEvent::PortActive { port } => {
+            let element = ibv_async_event_element {
+                port_num: c_int::from(port),
+            };
+            return Some(element);
+        }
+        AsyncEvent::DeviceFatal => return Some(ibv_async_event_element { port_num: 0 }),
+    };
+    let object = object?;
+    *r.unacked.entry(object).or_default() += 1;
+    Some(element)
+}
+
+/// Event types whose element is a CQ, a QP or an SRQ (`enum ibv_event_type`).
+const CQ_EVENTS: [u32; 1] = [0];
+const QP_EVENTS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 16];
+const SRQ_EVENTS: [u32; 2] = [14, 15];
+
+/// What an event's element is.
+enum Affiliated {
+    Cq,
+    Qp,
+    Srq,
+}
+
+/// `ibv_ack_async_event(3)`: acknowledges an event `ibv_get_async_event` returned; the
+/// destroy of the object it names waits for this. The object's `events_completed`
+/// (`async_events_completed` of a CQ) counts it, as in libibverbs. An event that names no
+/// object, or that was never delivered (or is acknowledged twice), changes nothing.
+///
+/// # Safety
+///
+/// `event` is NULL or readable.
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    infallible((), || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: readable per the contract.
+        let event = unsafe { event.read() };
+        let kind = if CQ_EVENTS.contains(&event.event_type) {
+            Affiliated::Cq
+        } else if QP_EVENTS.contains(&event.event_type) {
+            Affiliated::Qp
+        } else if SRQ_EVENTS.contains(&event.event_type) {
+            Affiliated::Srq
+        } else {
+            return;
+        };
+        // SAFETY: the union member per the event type.
+        let object = unsafe {
+            match kind {
+                Affiliated::Cq => event.element.cq as usize,
+                Affiliated::Qp => event.element.qp as usize,
+                Affiliated::Srq => event.element.srq as usize,
+            }
+        };
+        // The object is alive while a delivered event of it is unacknowledged (its destroy
+        // waits for that under this lock), so its counter is written only then.
+        with_registry(|r| {
+            if r.unacked.contains_key(&object) {
+                // SAFETY: a live object's field, written under the registry's lock.
+                unsafe {
+                    let counter = match kind {
+                        Affiliated::Cq => {
+                            &raw mut (*(object as *mut ibv_cq)).async_events_completed
+                        }
+                        Affiliated::Qp => &raw mut (*(object as *mut ibv_qp)).events_completed,
+                        Affiliated::Srq => &raw mut (*(object as *mut ibv_srq)).events_completed,
+                    };
+                    *counter = (*counter).wrapping_add(1);
+                }
+            }
+        });
+        acknowledge(object);
+    })
+}
 symver!(ibv_ack_async_event, "IBVERBS_1.1");
 unsupported! {
     /// `ibv_import_device(3)`.

@@ -21,7 +21,9 @@ use crate::abi::*;
 use crate::ah::{address_vector, ah_attr, AhBlock};
 use crate::boundary::{errno_code, guarded, pointer, Errno};
 use crate::cq::cq_state;
-use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, Tagged};
+use crate::handles::{
+    once_acknowledged, with_registry, Block, ContextBlock, DeviceEntry, Tagged, DESTROY_ACK_WAIT,
+};
 use crate::pd::PdUse;
 use crate::srq::srq_state;
 use softverbs_proto::{
@@ -267,12 +269,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     errno_code(|| {
         // SAFETY: per the contract.
         let state = unsafe { qp_state(qp) }?;
-        state
-            .entry
-            .device
-            .destroy_qp(state.qpn)
-            .map_err(|e| e.errno())?;
-        with_registry(|r| r.qps.remove(&state.qpn));
+        // Its delivered async events acknowledged, it leaves the registry: no later event
+        // names it (`ibv_get_async_event(3)`).
+        once_acknowledged(qp as usize, DESTROY_ACK_WAIT, |r| r.qps.remove(&state.qpn))?;
+        if let Err(e) = state.entry.device.destroy_qp(state.qpn) {
+            with_registry(|r| r.qps.insert(state.qpn, qp as usize));
+            return Err(e.errno());
+        }
         // SAFETY: checked; the caller gives it up.
         unsafe { QpBlock::free(qp.cast()) };
         Ok(())

@@ -9,7 +9,9 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer, Errno};
-use crate::handles::{with_registry, Block, ContextBlock, DeviceEntry, Tagged};
+use crate::handles::{
+    once_acknowledged, with_registry, Block, ContextBlock, DeviceEntry, Tagged, DESTROY_ACK_WAIT,
+};
 use crate::pd::PdUse;
 use crate::qp::recv_wr;
 use softverbs_proto::{SrqId, SrqInit};
@@ -122,12 +124,15 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     errno_code(|| {
         // SAFETY: per the contract.
         let state = unsafe { srq_state(srq) }?;
-        state
-            .entry
-            .device
-            .destroy_srq(state.id)
-            .map_err(|e| e.errno())?;
-        with_registry(|r| r.srqs.remove(&state.id.0));
+        // Its delivered async events acknowledged, it leaves the registry: no later event
+        // names it (`ibv_get_async_event(3)`).
+        once_acknowledged(srq as usize, DESTROY_ACK_WAIT, |r| {
+            r.srqs.remove(&state.id.0)
+        })?;
+        if let Err(e) = state.entry.device.destroy_srq(state.id) {
+            with_registry(|r| r.srqs.insert(state.id.0, srq as usize));
+            return Err(e.errno());
+        }
         // SAFETY: checked; the caller gives it up.
         unsafe { SrqBlock::free(srq) };
         Ok(())
