@@ -237,9 +237,14 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 ) -> *mut ibv_comp_channel {
     pointer(|| {
         // SAFETY: per the contract.
-        unsafe { ContextBlock::from_ptr(context) }?;
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
         let inner =
             CompletionChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
+        // A thread blocked in ibv_get_cq_event receives the device's packets itself.
+        let entry: &'static DeviceEntry = ctx.entry;
+        if let Some(fd) = entry.device.readiness_fd() {
+            inner.set_wait_progress(fd, move || entry.device.progress());
+        }
         let channel = ibv_comp_channel {
             context,
             fd: inner.as_raw_fd(),

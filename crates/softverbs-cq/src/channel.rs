@@ -56,6 +56,17 @@ pub(crate) struct ChannelInner {
     /// behind; a getter that consumes one finds the queue empty and waits again.)
     pub(crate) attached: AtomicUsize,
     spin_ns: AtomicU64,
+    /// What a blocked getter does besides watching the fd
+    /// ([`CompletionChannel::set_wait_progress`]).
+    #[cfg(not(loom))]
+    progress: std::sync::OnceLock<WaitProgress>,
+}
+
+/// A second fd a blocked getter watches, and the work it does when that fd is readable.
+#[cfg(not(loom))]
+struct WaitProgress {
+    fd: OwnedFd,
+    run: Box<dyn Fn() + Send + Sync>,
 }
 
 impl ChannelInner {
@@ -177,6 +188,8 @@ impl CompletionChannel {
                 queued: AtomicUsize::new(0),
                 attached: AtomicUsize::new(0),
                 spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
+                #[cfg(not(loom))]
+                progress: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -248,20 +261,49 @@ impl CompletionChannel {
         }
     }
 
-    /// Waits until the fd is readable (an event's count is there) or `timeout` passes.
+    /// Makes a blocking [`CompletionChannel::get_event`] (and
+    /// [`CompletionChannel::get_event_timeout`]) sleep on `fd` too, calling `run` whenever
+    /// it is readable. A device gives its receive socket and its non-blocking progress step
+    /// here, so the thread waiting for an event receives the packet that makes the
+    /// completion itself instead of sleeping until the thread that received it wakes it:
+    /// one wake-up per event instead of two. (The spin phase does not call `run`: a system
+    /// call per spin round made a loaded machine slower than no spin at all.) `run` must
+    /// not block. Set once: `false` (and nothing changed) if the channel already has one.
+    pub fn set_wait_progress(&self, fd: OwnedFd, run: impl Fn() + Send + Sync + 'static) -> bool {
+        self.inner
+            .progress
+            .set(WaitProgress {
+                fd,
+                run: Box::new(run),
+            })
+            .is_ok()
+    }
+
+    /// Waits until the fd is readable (an event's count is there) or `timeout` passes;
+    /// with a [wait progress](CompletionChannel::set_wait_progress), also until its fd is
+    /// readable, and then runs it.
     fn wait_readable(&self, timeout: Option<Duration>) -> io::Result<()> {
+        use rustix::event::{PollFd, PollFlags};
         let ts = timeout.map(|left| rustix::time::Timespec {
             tv_sec: left.as_secs() as i64,
             tv_nsec: i64::from(left.subsec_nanos()),
         });
-        let mut fds = [rustix::event::PollFd::new(
-            &self.inner.fd,
-            rustix::event::PollFlags::IN,
-        )];
-        match rustix::event::poll(&mut fds, ts.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(e) => Err(e.into()),
+        let progress = self.inner.progress.get();
+        let mut fds = [
+            PollFd::new(&self.inner.fd, PollFlags::IN),
+            PollFd::new(progress.map_or(&self.inner.fd, |p| &p.fd), PollFlags::IN),
+        ];
+        let watched = if progress.is_some() { 2 } else { 1 };
+        match rustix::event::poll(&mut fds[..watched], ts.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
+        if let Some(progress) = progress {
+            if !fds[1].revents().is_empty() {
+                (progress.run)();
+            }
+        }
+        Ok(())
     }
 
     /// Sets or clears `O_NONBLOCK` on the channel's fd.

@@ -434,6 +434,56 @@ fn blocking_get_event_wakes_when_a_completion_arrives() {
     pusher.join().unwrap();
 }
 
+/// A device whose packets arrive on a socket gives the channel that socket and its
+/// progress step (`set_wait_progress`): a thread blocked in `get_event` then receives the
+/// packet that makes its completion itself. Here an eventfd stands for the socket and the
+/// step pushes the completion: nobody else does, so the event can only come from the
+/// blocked getter running the step once the fd became readable.
+#[test]
+fn a_blocked_get_event_runs_its_wait_progress_when_that_fd_is_readable() {
+    use rustix::event::{eventfd, EventfdFlags};
+    let ch = CompletionChannel::new().unwrap();
+    ch.set_spin(Duration::ZERO);
+    let cq = CqBuilder::new(4).channel(&ch).build().unwrap();
+    cq.req_notify(false);
+    let socket = Arc::new(eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).unwrap());
+    let producer = Mutex::new(cq.producer());
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (step_socket, step_runs) = (socket.clone(), runs.clone());
+    let installed = ch.set_wait_progress(socket.try_clone().unwrap(), move || {
+        step_runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut count = [0u8; 8];
+        if rustix::io::read(&*step_socket, &mut count).is_ok() {
+            producer.lock().unwrap().push(recv(9), false).unwrap();
+        }
+    });
+    assert!(installed);
+    assert!(
+        !ch.set_wait_progress(socket.try_clone().unwrap(), || {}),
+        "set once"
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = ch.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(waiter.get_event());
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "fd not readable yet"
+    );
+    rustix::io::write(&*socket, &1u64.to_ne_bytes()).unwrap();
+    let ev = rx
+        .recv_timeout(PATIENCE)
+        .expect("stuck: the blocked get_event did not run its wait progress")
+        .unwrap();
+    assert!(ev.is_for(cq.id()));
+    assert!(runs.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    drop(ev);
+    assert_eq!(poll_all(&cq)[0].wr_id(), 9);
+}
+
 #[test]
 fn destroy_refuses_while_an_event_is_unacknowledged_and_succeeds_after_ack() {
     // ibv_get_cq_event(3): "To avoid races, destroying a CQ will wait for all completion

@@ -37,6 +37,7 @@
 //! Everything done is counted ([`FaultCounters`]).
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -392,6 +393,12 @@ impl<T: Transport> Transport for FaultTransport<T> {
             timeout
         };
         self.inner.wait_readable(timeout)
+    }
+
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        // Packets this layer holds back (delay, reorder) do not show on it; the device's
+        // progress thread releases those.
+        self.inner.readiness_fd()
     }
 
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {

@@ -42,6 +42,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -361,6 +362,10 @@ impl<T: Transport> Transport for PcapTransport<T> {
 
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
         self.inner.wait_readable(timeout)
+    }
+
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.readiness_fd()
     }
 
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {

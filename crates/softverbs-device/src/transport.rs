@@ -29,6 +29,7 @@
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -428,6 +429,14 @@ pub trait Transport: Send + Sync {
         Ok(())
     }
 
+    /// A file descriptor that polls readable (`POLLIN`) when a packet may be there to
+    /// receive, for a thread that waits on it together with other fds (a blocked
+    /// `get_event` that receives its CQ's packets itself). `None` if the transport has no
+    /// such fd; [`Transport::wait_readable`] is then the only way to wait.
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
     /// A snapshot of the counters.
     fn counters(&self) -> TransportCounters;
 }
@@ -463,6 +472,9 @@ macro_rules! forward_transport {
             }
             fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
                 (**self).wait_readable(timeout)
+            }
+            fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+                (**self).readiness_fd()
             }
             fn counters(&self) -> TransportCounters {
                 (**self).counters()

@@ -68,7 +68,7 @@ use std::collections::HashMap;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -665,6 +665,10 @@ impl Transport for UdpTransport {
 
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
         wait_readable(&self.socket, Some(timeout)).map(|_| ())
+    }
+
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.socket.as_fd())
     }
 }
 

@@ -438,9 +438,20 @@ impl std::fmt::Debug for CompChannel {
 
 impl CompChannel {
     pub(crate) fn new(ctx: &Context) -> Result<CompChannel, EventError> {
+        let channel = CompletionChannel::new()?;
+        // A thread blocked in get_event receives the device's packets itself (one wake-up
+        // per event, not two). Weak: the channel must not keep the device open.
+        if let Some(fd) = ctx.device().readiness_fd() {
+            let device = std::sync::Arc::downgrade(&ctx.inner);
+            channel.set_wait_progress(fd, move || {
+                if let Some(inner) = device.upgrade() {
+                    inner.device.progress();
+                }
+            });
+        }
         Ok(CompChannel {
             ctx: ctx.clone(),
-            channel: CompletionChannel::new()?,
+            channel,
         })
     }
 
