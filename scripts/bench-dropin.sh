@@ -9,6 +9,8 @@
 #   2. ib_write_bw -s 65536 and -s 4096, tx-depth 128: RDMA write bandwidth, against
 #      softverbs perf write bw -t 128                                 target >= 1/1.1x
 #      and the best UDP stream two processes reach (udp-baseline)
+#   3. ib_send_lat -s 8 -e: the round trip when both sides sleep on completion events,
+#      against the same program busy polling (row 1)                 (no target)
 #
 # Usage: scripts/bench-dropin.sh [--json] [--reps N]
 #   --json    print the results as one JSON document on stdout (progress goes to stderr)
@@ -137,6 +139,12 @@ dropin_lat() {
     record dropin_lat_rtt_med "$(perftest_col "$WORK/dropin_lat.out" 't_typical[usec]' 2)" || return 1
     record dropin_lat_rtt_p99 "$(perftest_col "$WORK/dropin_lat.out" '99% percentile[usec]' 2)" || return 1
 }
+# The same with -e: each side sleeps in ibv_get_cq_event (completion channel) for every
+# completion instead of busy polling.
+dropin_lat_ev() {
+    dropin_pair dropin_lat_ev ib_send_lat -s 8 -n "$LAT_ITERS" -F -e || return 1
+    record dropin_lat_ev_rtt_med "$(perftest_col "$WORK/dropin_lat_ev.out" 't_typical[usec]' 2)" || return 1
+}
 dropin_bw() { # SIZE
     dropin_pair dropin_bw ib_write_bw -s "$1" -n "$(bw_iters "$1")" -t 128 -F || return 1
     record "dropin_bw_$1" "$(perftest_col "$WORK/dropin_bw.out" 'BW average[MB/sec]' "$MIB_TO_GBIT")" || return 1
@@ -164,6 +172,8 @@ for rep in $(seq "$REPS"); do
         if [ "$first" = safe ]; then try "drop-in ib_write_bw $s" dropin_bw "$s"; fi
     done
     try "UDP stream" udp_stream_best
+    log "  3. 8-byte send latency sleeping on completion events (-e)"
+    try "drop-in ib_send_lat -e" dropin_lat_ev
 done
 bench_done
 
@@ -182,6 +192,7 @@ row("1. send 8 B RTT p99 vs bare UDP", "dropin_lat_rtt_p99", "udp_pp_rtt_p99", "
 for s in SIZES:
     row(f"2. write bw {size_name(s)} vs safe API", f"dropin_bw_{s}", f"sv_xp_bw_{s}", "Gbit/s", False, ("ratio>=", 1 / 1.1), SAFE_BW)
     row(f"2. write bw {size_name(s)} vs UDP stream", f"dropin_bw_{s}", "udp_stream_best", "Gbit/s", False, None, UDP_STREAM)
+row("3. send 8 B RTT median, -e vs polling", "dropin_lat_ev_rtt_med", "dropin_lat_rtt_med", "us", True, None, "ib_send_lat busy-polling (drop-in, row 1)")
 
 def ratio(a, b):
     return med[a] / med[b] if a in med and med.get(b) else None
