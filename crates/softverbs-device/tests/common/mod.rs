@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod rc;
+
 use std::time::Duration;
 
 use softverbs_device::{Endpoint, Received, Transport};

@@ -1,0 +1,152 @@
+//! An RC pair of devices for the device tests: each side a device, one CQ, one RC QP
+//! and 64 KiB of registered memory with every access right, connected as
+//! `ibv_rc_pingpong` connects (INIT, RTR, RTS; PSNs start at 100), and a bounded wait for
+//! completions that drives progress as a busy-polling application does.
+
+use softverbs_cq::{CompletionQueue, CqBuilder, WorkCompletion};
+use softverbs_device::{Device, DeviceConfig};
+use softverbs_proto::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpInit, QpState, QpType};
+use std::time::{Duration, Instant};
+
+/// The first PSN of both directions.
+pub const FIRST_PSN: u32 = 100;
+
+/// One side of an RC connection.
+pub struct Side {
+    pub device: Device,
+    pub cq: CompletionQueue,
+    pub qpn: u32,
+    pub buf: Vec<u8>,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+pub fn side(config: DeviceConfig) -> Side {
+    let device = Device::open(config).unwrap();
+    let cq = CqBuilder::new(256).build().unwrap();
+    let pd = device.alloc_pd();
+    // The QP and its memory share a PD: a key of another PD is refused (IBTA ch. 10).
+    let mut init = QpInit::new(QpType::Rc).with_pd(pd);
+    init.sq_sig_all = true;
+    let qpn = device
+        .create_qp(init, cq.producer(), cq.producer())
+        .unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    // SAFETY: `buf` lives in `Side` beside the device and is deregistered implicitly when
+    // both drop together; nothing else touches it while the device may.
+    let region = unsafe {
+        device.reg_mr(
+            pd,
+            buf.as_mut_ptr() as usize,
+            buf.len() as u64,
+            buf.as_mut_ptr() as u64,
+            access,
+        )
+    }
+    .unwrap();
+    Side {
+        device,
+        cq,
+        qpn,
+        buf,
+        lkey: region.lkey,
+        rkey: region.rkey,
+    }
+}
+
+pub fn connect(a: &Side, b: &Side) {
+    for (me, peer) in [(a, b), (b, a)] {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        };
+        me.device
+            .modify_qp(
+                me.qpn,
+                &init,
+                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+            )
+            .unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: peer.qpn,
+            rq_psn: FIRST_PSN,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 1,
+            ah_attr: AddressVector {
+                dgid: peer.device.gid(0).unwrap().0,
+                is_global: true,
+                hop_limit: 64,
+                port_num: 1,
+                ..AddressVector::default()
+            },
+            ..QpAttr::default()
+        };
+        me.device
+            .modify_qp(
+                me.qpn,
+                &rtr,
+                AttrMask::STATE
+                    | AttrMask::AV
+                    | AttrMask::PATH_MTU
+                    | AttrMask::DEST_QPN
+                    | AttrMask::RQ_PSN
+                    | AttrMask::MAX_DEST_RD_ATOMIC
+                    | AttrMask::MIN_RNR_TIMER,
+            )
+            .unwrap();
+    }
+    for me in [a, b] {
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: FIRST_PSN,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            ..QpAttr::default()
+        };
+        me.device
+            .modify_qp(
+                me.qpn,
+                &rts,
+                AttrMask::STATE
+                    | AttrMask::SQ_PSN
+                    | AttrMask::TIMEOUT
+                    | AttrMask::RETRY_CNT
+                    | AttrMask::RNR_RETRY
+                    | AttrMask::MAX_QP_RD_ATOMIC,
+            )
+            .unwrap();
+    }
+}
+
+/// Polls until `n` completions arrived, driving progress as a busy-polling application
+/// does; bounded in time.
+pub fn wait_for(side: &Side, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = Vec::new();
+    let mut wcs = [WorkCompletion::default(); 16];
+    while got.len() < n {
+        let k = side.cq.poll(&mut wcs).unwrap();
+        got.extend_from_slice(&wcs[..k]);
+        if k == 0 {
+            side.device.progress();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions",
+            got.len()
+        );
+    }
+    got
+}
