@@ -9,7 +9,7 @@ use crate::memory::Memory;
 use crate::output::{Completion, Counters, DropReason, Event, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
-use crate::types::{AttrMask, EndpointConfig, QpAttr, QpInit, QpState, SrqId, VerbsError};
+use crate::types::{AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType, SrqId, VerbsError};
 use crate::wr::{RecvWr, SendWr};
 
 /// The queue-pair engine of one device: every QP and SRQ, no I/O.
@@ -266,6 +266,16 @@ impl Endpoint {
             self.counters.drop_packet(DropReason::UnknownQp);
             return;
         };
+        if let Some(grh) = grh {
+            if qp.init.qp_type != QpType::Ud && !from_path(grh, &qp.attr.ah_attr.dgid) {
+                // Only the connected peer may reach an RC or UC QP (IBTA 9.6.1.5: the
+                // source address must be the QP's remote address; rxe's `check_addr`).
+                // Checked before the QP sees the packet, so a forged request, response,
+                // ACK or NAK moves no PSN, no timer and no byte.
+                self.counters.drop_packet(DropReason::OffPath);
+                return;
+            }
+        }
         let mut ctx = ctx!(self);
         if pkt.info.is_response() {
             qp.on_response(now, &pkt, mem, &mut ctx);
@@ -331,6 +341,21 @@ impl Endpoint {
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
+}
+
+/// Whether the GRH area of a received packet (the form a UD receive gets: an IPv6 header,
+/// or 20 zero bytes then the IPv4 header) names `dgid` as its source. An IPv4 source is
+/// compared as the IPv4-mapped GID `::ffff:a.b.c.d`, the form RoCEv2 GIDs take.
+fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
+    let mut source = [0u8; 16];
+    if grh[0] >> 4 == 6 {
+        source.copy_from_slice(&grh[8..24]);
+    } else {
+        source[10] = 0xff;
+        source[11] = 0xff;
+        source[12..16].copy_from_slice(&grh[32..36]);
+    }
+    &source == dgid
 }
 
 #[cfg(test)]
@@ -691,5 +716,85 @@ mod tests {
         let pkts = drain(&mut ep, &mem);
         assert_eq!(pkts.len(), 1);
         assert_eq!(codec::parse(&pkts[0]).unwrap().payload, &[9u8; 64][..]);
+    }
+
+    /// IBTA 9.6.1.5 (rxe's `check_addr`): a packet for an RC or UC QP whose source is not
+    /// the QP's remote address is dropped as `OffPath` before the QP sees it (no ACK, no
+    /// receive, no PSN moved); the same packet from the path is accepted.
+    #[test]
+    fn connected_qps_take_packets_only_from_their_path() {
+        for qp_type in [QpType::Rc, QpType::Uc] {
+            let mut ep = Endpoint::new(EndpointConfig::default());
+            let mut mem = Flat(vec![0; 4096]);
+            let qpn = rts(&mut ep, qp_type, Mtu::Mtu1024, 0);
+            ep.post_recv(
+                qpn,
+                RecvWr {
+                    wr_id: 1,
+                    sg_list: vec![Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: 1,
+                    }],
+                },
+            )
+            .unwrap();
+            let opcode = match qp_type {
+                QpType::Rc => codec::op::SEND_ONLY,
+                _ => codec::op::SEND_ONLY | 0x20,
+            };
+            let send = codec::Headers {
+                bth: codec::Bth {
+                    opcode,
+                    pkey: 0xFFFF,
+                    dest_qp: qpn,
+                    psn: 0,
+                    ack_req: true,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut buf = [0u8; 64];
+            let n = codec::emit(&send, b"hi", &mut buf).unwrap();
+            // The QP's path is the all-zero GID (`rts`); an IPv6 GRH area from ::1.
+            let mut grh = [0u8; 40];
+            grh[0] = 0x60;
+            grh[23] = 1;
+            ep.handle_packet(1, &buf[..n], Some(&grh), &mut mem);
+            assert_eq!(ep.counters().drops(DropReason::OffPath), 1, "{qp_type:?}");
+            assert!(ep.poll_completion().is_none());
+            assert!(drain(&mut ep, &mem).is_empty(), "no reply off the path");
+            grh[23] = 0;
+            ep.handle_packet(2, &buf[..n], Some(&grh), &mut mem);
+            assert_eq!(ep.counters().drops(DropReason::OffPath), 1);
+            let wc = ep
+                .poll_completion()
+                .expect("the peer's SEND is received")
+                .wc;
+            assert_eq!(wc.result().map(|w| w.byte_len()), Ok(2), "{qp_type:?}");
+        }
+    }
+
+    /// The GRH area's source is read in both forms a receive gets it (reference §3.4): an
+    /// IPv4 header at bytes 20..40 (compared as `::ffff:a.b.c.d`) and an IPv6 header.
+    #[test]
+    fn the_path_check_reads_ipv4_and_ipv6_sources() {
+        let mut v4 = [0u8; 40];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[127, 0, 0, 3]);
+        let mapped = |d: u8| {
+            let mut gid = [0u8; 16];
+            gid[10..12].copy_from_slice(&[0xff, 0xff]);
+            gid[12..].copy_from_slice(&[127, 0, 0, d]);
+            gid
+        };
+        assert!(from_path(&v4, &mapped(3)));
+        assert!(!from_path(&v4, &mapped(9)));
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&mapped(3));
+        assert!(from_path(&v6, &mapped(3)));
+        v6[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert!(!from_path(&v6, &mapped(3)));
     }
 }

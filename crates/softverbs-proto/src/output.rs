@@ -120,11 +120,15 @@ pub enum DropReason {
     DuplicateNotFound,
     /// Reserved AETH syndrome.
     BadSyndrome,
+    /// A packet for an RC or UC QP whose source address is not the QP's path (its
+    /// destination GID): only the connected peer may talk to a connected QP (IBTA 9.6.1.5
+    /// header validation; rxe's `check_addr`).
+    OffPath,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::Malformed,
         DropReason::UnknownOpcode,
         DropReason::BadPkey,
@@ -142,6 +146,7 @@ impl DropReason {
         DropReason::UdTooLong,
         DropReason::DuplicateNotFound,
         DropReason::BadSyndrome,
+        DropReason::OffPath,
     ];
 
     fn index(self) -> usize {
