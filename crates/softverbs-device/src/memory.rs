@@ -371,16 +371,16 @@ impl Memory for MemoryTable {
     }
 
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        let index = *self.by_rkey.get(&rkey).ok_or(MemError::InvalidKey)?;
-        let region = self.regions[index].as_mut().ok_or(MemError::InvalidKey)?;
+        let region = self.region(MemKey::Remote(rkey))?;
         if region.pd != pd {
             // A peer may invalidate only keys of its QP's PD (rdmavt checks this too).
             return Err(MemError::PdMismatch);
         }
-        // An invalidated rkey no longer grants remote access (IBTA 10.6.6 for memory
-        // windows and FRMRs; our regions behave the same for SEND_WITH_INV).
-        self.by_rkey.remove(&region.rkey);
-        Ok(())
+        // Every region of this table comes from `ibv_reg_mr`; only memory windows and
+        // fast-registered regions can be invalidated (IBTA 10.6.6; rxe's
+        // `rxe_invalidate_mr` refuses any other type), so the R_Key stays valid and the
+        // request is refused.
+        Err(MemError::NotInvalidatable)
     }
 }
 
@@ -537,17 +537,15 @@ mod tests {
     }
 
     #[test]
-    fn deregistered_and_invalidated_keys_are_refused() {
+    fn deregistered_keys_are_refused_and_ordinary_regions_cannot_be_invalidated() {
         let mut buf = [0u8; 8];
         let (mut t, r) = table_with(
             &mut buf,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         );
-        t.invalidate(1, r.rkey).unwrap();
-        assert_eq!(
-            t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1]),
-            Err(MemError::InvalidKey)
-        );
+        // An ordinary region refuses invalidation and keeps its R_Key (IBTA 10.6.6).
+        assert_eq!(t.invalidate(1, r.rkey), Err(MemError::NotInvalidatable));
+        assert!(t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1]).is_ok());
         assert!(t.write(1, MemKey::Local(r.lkey), 0x1000, &[1]).is_ok());
         t.deregister(r.lkey).unwrap();
         assert_eq!(

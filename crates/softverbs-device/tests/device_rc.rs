@@ -219,3 +219,44 @@ fn rc_over_udp_recovers_from_injected_loss_and_the_capture_records_it() {
     assert!(records.iter().all(|r| r.packet.is_ok() && r.icrc.is_ok()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// IBTA 10.6.6 (and rxe's `rxe_invalidate_mr`): only memory windows and fast-registered
+/// regions can be invalidated. SEND WITH INVALIDATE naming the R_Key of an ordinary
+/// `ibv_reg_mr` region is an invalid request: the requester gets `REM_INV_REQ_ERR`, the
+/// receive is not completed as a success, and the region keeps its R_Key.
+#[test]
+fn send_with_invalidate_of_an_ordinary_region_is_refused_with_rem_inv_req_err() {
+    let a = side(DeviceConfig::in_process());
+    let b = side(DeviceConfig::in_process());
+    connect(&a, &b);
+    b.device
+        .post_recv(
+            b.qpn,
+            RecvWr {
+                wr_id: 3,
+                sg_list: vec![sge(&b, 0, 64)],
+            },
+        )
+        .unwrap();
+    a.device
+        .post_send(
+            a.qpn,
+            SendWr::new(
+                4,
+                SendOp::SendWithInv {
+                    invalidate_rkey: b.rkey,
+                },
+                vec![sge(&a, 0, 8)],
+            ),
+        )
+        .unwrap();
+    let sent = wait_for(&a, 1);
+    assert_eq!(sent[0].status(), WcStatus::RemInvReqErr, "{sent:?}");
+    let received = wait_for(&b, 1);
+    assert_eq!(received[0].status(), WcStatus::RemInvReqErr, "{received:?}");
+    let region = b
+        .device
+        .dereg_mr(b.lkey)
+        .expect("the region is still registered");
+    assert_eq!(region.rkey, b.rkey);
+}

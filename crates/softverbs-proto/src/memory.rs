@@ -40,6 +40,12 @@ pub enum MemError {
     /// An atomic address that is not 8-byte aligned.
     #[error("misaligned")]
     Misaligned,
+    /// SEND WITH INVALIDATE named the R_Key of a region that cannot be invalidated: only
+    /// memory windows and fast-registered regions can (IBTA vol. 1 10.6.6 and o10-37.2.x;
+    /// rxe refuses an ordinary `ibv_reg_mr` region). The engine treats it as an invalid
+    /// request (NAK invalid request; the requester sees `REM_INV_REQ_ERR`).
+    #[error("region cannot be invalidated")]
+    NotInvalidatable,
 }
 
 /// A key naming a region, as the engine presents it to [`Memory`].
