@@ -280,7 +280,7 @@ impl Endpoint {
         if pkt.info.is_response() {
             qp.on_response(now, &pkt, mem, &mut ctx);
         } else {
-            qp.on_request(&pkt, grh, mem, &mut ctx);
+            qp.on_request(now, &pkt, grh, mem, &mut ctx);
         }
     }
 

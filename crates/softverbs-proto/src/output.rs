@@ -211,6 +211,12 @@ pub struct Counters {
     pub rnr_naks_received: u64,
     /// Duplicate requests received (re-ACKed or replayed).
     pub duplicates_received: u64,
+    /// Replies the responder's limiter held back: ACKs and NAKs to duplicate or
+    /// out-of-sequence requests, read-data and AtomicAck replays to duplicate reads and
+    /// atomics, already answered within the window
+    /// ([`EndpointConfig::duplicate_reply_window_ns`](crate::EndpointConfig)) or already
+    /// queued.
+    pub duplicate_replies_suppressed: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -241,6 +247,10 @@ impl Counters {
             ("naks_received", self.naks_received),
             ("rnr_naks_received", self.rnr_naks_received),
             ("duplicates_received", self.duplicates_received),
+            (
+                "duplicate_replies_suppressed",
+                self.duplicate_replies_suppressed,
+            ),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))

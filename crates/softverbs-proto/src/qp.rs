@@ -159,6 +159,14 @@ pub(crate) struct Qp {
     pub cur: CurMsg,
     pub resources: VecDeque<Resource>,
     pub resp_out: VecDeque<RespOut>,
+    /// Reply limiter (see `EndpointConfig::duplicate_reply_window_ns`): the expected PSN
+    /// and time of the last ACK queued in answer to a duplicate request.
+    pub last_ack: Option<(u32, u64)>,
+    /// The expected PSN and time of the last NAK sequence error queued.
+    pub last_nak: Option<(u32, u64)>,
+    /// PSN and time of the recent read-data and AtomicAck replays (within the window; at
+    /// most one per responder resource).
+    pub replays: VecDeque<(u32, u64)>,
     pub comm_est_raised: bool,
     pub sq_drained_raised: bool,
 }
@@ -299,6 +307,9 @@ impl Qp {
             cur: CurMsg::Idle,
             resources: VecDeque::new(),
             resp_out: VecDeque::new(),
+            last_ack: None,
+            last_nak: None,
+            replays: VecDeque::new(),
             comm_est_raised: false,
             sq_drained_raised: false,
         }

@@ -3,7 +3,18 @@
 //! no receive WQE), lengths, R_Keys — places SEND data into receive WQEs (RQ or SRQ),
 //! executes RDMA writes, reads and atomics through [`Memory`], replays duplicates (re-ACK,
 //! read sub-range replay, atomic replay cache), and produces receive completions. UC drops
-//! broken messages; UD checks the Q_Key and writes the 40-byte GRH area.
+//! broken messages and resynchronises on any FIRST or ONLY packet; UD checks the Q_Key and
+//! writes the 40-byte GRH area.
+//!
+//! Replies to duplicate and out-of-sequence RC requests go through a limiter (issue #11):
+//! per QP and expected PSN at most one ACK and one NAK sequence error per window
+//! ([`EndpointConfig::duplicate_reply_window_ns`]), per PSN at most one read-data or
+//! AtomicAck replay per window (at most one per responder resource in all), none while
+//! the same AtomicAck is still queued, and none while the output queue holds more than
+//! its protocol bound — so a flood of copies of a packet neither reflects one packet per
+//! copy to the peer, nor amplifies into read data, nor grows `resp_out`.
+//!
+//! [`EndpointConfig::duplicate_reply_window_ns`]: crate::EndpointConfig
 
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -11,7 +22,7 @@ use crate::codec::{self, Kind, Packet, SYNDROME_ACK, SYNDROME_RNR};
 use crate::memory::{traced, AtomicOp, MemKey, Memory};
 use crate::output::{Completion, CqTarget, DropReason, Event};
 use crate::psn;
-use crate::qp::{Ctx, CurMsg, Qp, Resource, RespOut};
+use crate::qp::{ack_timeout_ns, Ctx, CurMsg, Qp, Resource, RespOut};
 use crate::requester::scatter;
 use crate::types::{AccessFlags, QpState, QpType};
 use crate::wr::RecvWr;
@@ -34,9 +45,10 @@ const INVALID: Fault = Fault {
 };
 
 impl Qp {
-    /// A request packet for this QP.
+    /// A request packet for this QP, received at `now`.
     pub(crate) fn on_request(
         &mut self,
+        now: u64,
         pkt: &Packet<'_>,
         grh: Option<&[u8; 40]>,
         mem: &mut impl Memory,
@@ -64,10 +76,52 @@ impl Qp {
             ctx.events.push_back(Event::CommEst { qpn: self.qpn });
         }
         match self.init.qp_type {
-            QpType::Rc => self.rc_request(pkt, mem, ctx),
+            QpType::Rc => self.rc_request(now, pkt, mem, ctx),
             QpType::Uc => self.uc_request(pkt, mem, ctx),
             QpType::Ud => self.ud_request(pkt, grh, mem, ctx),
         }
+    }
+
+    /// Whether the reply `last` records (the ACK or NAK last queued in answer to a
+    /// duplicate or out-of-sequence request) was for the current expected PSN and less
+    /// than a window before `now`. The ACK of a new request does not count: the first
+    /// duplicate after it is always answered.
+    fn answered_recently(&self, last: Option<(u32, u64)>, now: u64, ctx: &Ctx<'_>) -> bool {
+        let window = self.reply_window(ctx);
+        last.is_some_and(|(epsn, at)| epsn == self.epsn && now.saturating_sub(at) < window)
+    }
+
+    /// The reply limiter's window of this QP: half its local ACK timeout, at most
+    /// [`EndpointConfig::duplicate_reply_window_ns`](crate::EndpointConfig) (which an
+    /// infinite timeout gets).
+    pub(crate) fn reply_window(&self, ctx: &Ctx<'_>) -> u64 {
+        let cap = ctx.config.duplicate_reply_window_ns;
+        ack_timeout_ns(self.attr.timeout).map_or(cap, |t| (t / 2).min(cap))
+    }
+
+    /// `resp_out` holds as much as the protocol ever needs at once: each responder
+    /// resource's original response and one replay, plus a few ACKs / NAKs. Replies to
+    /// duplicates are held back beyond that, so a flood cannot grow the queue.
+    fn resp_out_full(&self) -> bool {
+        let resources = usize::from(self.attr.max_dest_rd_atomic.max(1));
+        self.resp_out.len() >= 2 * resources + 8
+    }
+
+    /// Records a read-data or AtomicAck replay of `psn` at `now` if none was made in the
+    /// window and the replays in the window are fewer than the responder resources;
+    /// returns whether the replay may go out.
+    fn replay_allowed(&mut self, psn: u32, now: u64, ctx: &Ctx<'_>) -> bool {
+        let window = self.reply_window(ctx);
+        self.replays
+            .retain(|&(_, at)| now.saturating_sub(at) < window);
+        let resources = usize::from(self.attr.max_dest_rd_atomic.max(1));
+        if self.replays.iter().any(|&(p, _)| p == psn) || self.replays.len() >= resources {
+            return false;
+        }
+        if window > 0 {
+            self.replays.push_back((psn, now));
+        }
+        true
     }
 
     fn queue_ack(&mut self, psn: u32, syndrome: u8) {
@@ -103,7 +157,7 @@ impl Qp {
         self.responder_error((fault.event)(self.qpn), ctx);
     }
 
-    fn rc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
+    fn rc_request(&mut self, now: u64, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
         // Every key is checked against the QP's own PD (SRQ receives included).
         let pd = self.init.pd;
         let psn = pkt.hdr.bth.psn;
@@ -111,13 +165,20 @@ impl Qp {
         if d > 0 {
             ctx.counters.drop_packet(DropReason::OutOfSequence);
             if !self.nak_sent {
+                // One NAK per gap; and one per window for the same expected PSN even when
+                // a request at it (an RNR NAK) re-armed the gap.
+                if self.answered_recently(self.last_nak, now, ctx) || self.resp_out_full() {
+                    ctx.counters.duplicate_replies_suppressed += 1;
+                    return;
+                }
                 self.nak_sent = true;
+                self.last_nak = Some((self.epsn, now));
                 self.queue_ack(self.epsn, codec::NAK_PSN_SEQ);
             }
             return;
         }
         if d < 0 {
-            self.rc_duplicate(pkt, ctx);
+            self.rc_duplicate(now, pkt, ctx);
             return;
         }
         self.nak_sent = false;
@@ -421,14 +482,21 @@ impl Qp {
         self.resources.push_back(r);
     }
 
-    /// Duplicate request (C9-105 family).
-    fn rc_duplicate(&mut self, pkt: &Packet<'_>, ctx: &mut Ctx<'_>) {
+    /// Duplicate request (C9-105 family), through the reply limiter (module doc).
+    fn rc_duplicate(&mut self, now: u64, pkt: &Packet<'_>, ctx: &mut Ctx<'_>) {
         ctx.counters.duplicates_received += 1;
         let psn = pkt.hdr.bth.psn;
         let mtu = u64::from(self.mtu(ctx.config));
         match pkt.info.kind {
             Kind::Send | Kind::Write => {
+                // The ACK of everything before the expected PSN answers every duplicate
+                // SEND / WRITE at once: one per window is enough.
+                if self.answered_recently(self.last_ack, now, ctx) || self.resp_out_full() {
+                    ctx.counters.duplicate_replies_suppressed += 1;
+                    return;
+                }
                 self.queue_ack(psn::add(self.epsn, psn::PSN_MASK), SYNDROME_ACK);
+                self.last_ack = Some((self.epsn, now));
             }
             Kind::ReadRequest => {
                 let Some(reth) = pkt.hdr.reth else { return };
@@ -457,10 +525,25 @@ impl Qp {
                     ctx.counters.drop_packet(DropReason::DuplicateNotFound);
                     return;
                 }
-                // Replace a replay of the same read still queued.
+                if self.resp_out_full() || !self.replay_allowed(psn, now, ctx) {
+                    ctx.counters.duplicate_replies_suppressed += 1;
+                    return;
+                }
+                // Replace a response of the same read still waiting to go out; one being
+                // sent (the head, past its first packet) goes on to its end, so copies of
+                // the request cannot keep restarting it.
+                let end_psn = psn::add(first_psn, len.div_ceil(mtu as u32).max(1));
+                let head_started = matches!(
+                    self.resp_out.front(),
+                    Some(RespOut::Read { first: false, .. })
+                );
+                let mut index = 0usize;
                 self.resp_out.retain(|r| {
-                    !matches!(r, RespOut::Read { psn: p, .. }
-                        if psn::diff(*p, first_psn) >= 0 && psn::diff(*p, psn::add(first_psn, len.div_ceil(mtu as u32).max(1))) < 0)
+                    let same_read = matches!(r, RespOut::Read { psn: p, .. }
+                        if psn::diff(*p, first_psn) >= 0 && psn::diff(*p, end_psn) < 0);
+                    let keep = !same_read || (index == 0 && head_started);
+                    index += 1;
+                    keep
                 });
                 self.resp_out.push_back(RespOut::Read {
                     psn,
@@ -476,14 +559,23 @@ impl Qp {
                     Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
                     _ => None,
                 });
-                match found {
-                    Some(orig) => self.resp_out.push_back(RespOut::AtomicAck {
-                        psn,
-                        orig,
-                        msn: self.msn,
-                    }),
-                    None => ctx.counters.drop_packet(DropReason::DuplicateNotFound),
+                let Some(orig) = found else {
+                    ctx.counters.drop_packet(DropReason::DuplicateNotFound);
+                    return;
+                };
+                let queued = self
+                    .resp_out
+                    .iter()
+                    .any(|r| matches!(r, RespOut::AtomicAck { psn: p, .. } if *p == psn));
+                if queued || self.resp_out_full() || !self.replay_allowed(psn, now, ctx) {
+                    ctx.counters.duplicate_replies_suppressed += 1;
+                    return;
                 }
+                self.resp_out.push_back(RespOut::AtomicAck {
+                    psn,
+                    orig,
+                    msn: self.msn,
+                });
             }
             _ => {}
         }
@@ -493,7 +585,8 @@ impl Qp {
     fn uc_abort(&mut self, ctx: &mut Ctx<'_>) {
         match std::mem::take(&mut self.cur) {
             CurMsg::Send { wqe, .. } => self.untake_recv(wqe, ctx),
-            CurMsg::Idle => return,
+            // Nothing in progress, or a message whose drop was counted already.
+            CurMsg::Idle | CurMsg::Dropping => return,
             _ => {}
         }
         ctx.counters.drop_packet(DropReason::UcMessageDropped);
@@ -504,16 +597,20 @@ impl Qp {
         let pd = self.init.pd;
         let psn = pkt.hdr.bth.psn;
         let info = pkt.info;
-        if psn::diff(psn, self.epsn) < 0 {
-            // Duplicate or late (reordered) packet of an earlier message: accepting it
-            // would deliver out of order or twice.
-            ctx.counters.duplicates_received += 1;
-            ctx.counters.drop_packet(DropReason::UcMessageDropped);
-            return;
-        }
         if psn != self.epsn {
-            // A gap: whatever message was in progress is lost (resynchronise on FIRST/ONLY).
+            // IBTA vol. 1 §9.8 (UC has no acknowledgements, retransmission or duplicate
+            // detection; rxe's `check_psn`): a PSN other than the expected one, ahead or
+            // behind, means packets were lost. The message in progress is lost with them;
+            // a MIDDLE or LAST is dropped with the rest of its message; a FIRST or ONLY
+            // starts a new message whatever its PSN — so no packet, real or forged, can
+            // leave the expected PSN where the peer's packets never match it again.
             self.uc_abort(ctx);
+            if !info.first {
+                self.epsn = psn::add(psn, 1);
+                self.cur = CurMsg::Dropping;
+                ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                return;
+            }
         }
         self.epsn = psn::add(psn, 1);
         if matches!(self.cur, CurMsg::Dropping) {

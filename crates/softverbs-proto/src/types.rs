@@ -343,6 +343,28 @@ pub struct EndpointConfig {
     pub first_qpn: u32,
     /// Largest number of unacknowledged PSNs a requester keeps in flight (reference §2.2).
     pub max_unacked_psns: u32,
+    /// Entries of the port's GID table (`ibv_port_attr.gid_tbl_len`): an address vector's
+    /// `sgid_index` must be below it.
+    pub gid_table_len: u32,
+    /// Longest window, in nanoseconds, of the responder's reply limiter (RC): a duplicate
+    /// or out-of-sequence request gets at most one ACK and at most one NAK per QP and
+    /// expected PSN within a window; a duplicate READ replays its data, a duplicate atomic
+    /// its AtomicAck, at most once per PSN within it. 0 turns the limiter off.
+    ///
+    /// A QP's window is half its own local ACK timeout (`QpAttr::timeout`, 4.096 µs ·
+    /// 2^timeout; the peer's is not known, and connected programs set both alike), at most
+    /// this value. An honest requester sends a PSN again no sooner than one local ACK
+    /// timeout after it last sent it, so each of its retransmissions is answered; at the
+    /// shortest timeout (1: 8.192 µs) the window is 4.096 µs. The first duplicate after a
+    /// request is always answered (the ACK of a new request does not count), and a
+    /// requester's re-reads after a lost read response ask each time for a PSN not asked
+    /// for before. A flood of copies of one packet is answered once per window instead of
+    /// once per copy.
+    ///
+    /// The default, 65 536 ns, is about a round trip of the UDP path between two processes
+    /// of one host (20–60 µs measured): a flood reflects at most about 15,000 replies a
+    /// second per QP, where it reflected one per packet.
+    pub duplicate_reply_window_ns: u64,
 }
 
 impl Default for EndpointConfig {
@@ -357,6 +379,8 @@ impl Default for EndpointConfig {
             max_inline_data: 1024,
             first_qpn: 0x11,
             max_unacked_psns: 128,
+            gid_table_len: 1,
+            duplicate_reply_window_ns: 65_536,
         }
     }
 }

@@ -325,6 +325,31 @@ impl Sim {
         self.collect()
     }
 
+    /// Lets every node transmit everything it has now, into the fabric, without delivering
+    /// a packet or moving the clock (the first half of [`Sim::step`]). A test that injects
+    /// packets one by one calls it between them, as a device drains `poll_transmit` after
+    /// every input. Returns the number of packets sent.
+    pub fn transmit(&mut self) -> Result<u64, SimError> {
+        let mut sent = 0u64;
+        for i in 0..self.nodes.len() {
+            loop {
+                let now = self.now;
+                let Node { ep, mem, .. } = &mut self.nodes[i];
+                let Some(t) = ep.poll_transmit(now, &mut self.buf, mem) else {
+                    break;
+                };
+                let bytes = self.buf[..t.len].to_vec();
+                self.send(i, t, &bytes);
+                sent += 1;
+                if sent > 1_000_000 {
+                    return Err(self.error(SimErrorKind::Livelock { steps: self.steps }));
+                }
+            }
+        }
+        self.collect()?;
+        Ok(sent)
+    }
+
     fn route(&self, gid: &[u8; 16]) -> Option<usize> {
         self.nodes.iter().position(|n| &n.gid == gid)
     }

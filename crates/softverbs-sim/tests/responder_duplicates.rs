@@ -175,7 +175,13 @@ fn duplicate_atomic_returns_saved_value_and_executes_once() {
                 .unwrap()
                 .1
                 .clone();
+            // Two retransmissions a reply window apart, as a requester's ACK timeouts space
+            // them: each is answered (two copies inside one window get one answer, see
+            // forged_packets.rs).
+            let window = sim.nodes[1].ep.config().duplicate_reply_window_ns;
             sim.inject(1, &req)?;
+            sim.run_idle(STEPS)?;
+            sim.now += window;
             sim.inject(1, &req)?;
             sim.run_idle(STEPS)?;
             let word = u64::from_ne_bytes(sim.nodes[1].mem.bytes(b.addr, 8).try_into().unwrap());
