@@ -8,7 +8,7 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, minus_one, pointer, Errno};
-use crate::handles::{Block, PdBlock, Tagged};
+use crate::handles::{Block, ContextBlock, PdBlock, Tagged};
 use crate::pd::PdUse;
 use softverbs_proto::AddressVector;
 use std::ffi::c_int;
@@ -87,6 +87,12 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         let av = address_vector(&unsafe { attr.read() })?;
         // SAFETY: a live PD's fields.
         let (context, pd_handle) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: a live PD's context is open.
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+        ctx.entry
+            .device
+            .check_address_vector(&av)
+            .map_err(|e| e.errno())?;
         Ok(AhBlock::allocate(
             ibv_ah {
                 context,

@@ -37,6 +37,10 @@ use std::ffi::{c_int, c_void};
 const QPT_RC: u32 = 2;
 const QPT_UC: u32 = 3;
 const QPT_UD: u32 = 4;
+const QPT_RAW_PACKET: u32 = 8;
+const QPT_XRC_SEND: u32 = 9;
+const QPT_XRC_RECV: u32 = 10;
+const QPT_DRIVER: u32 = 0xff;
 
 /// `enum ibv_wr_opcode` values.
 const WR_RDMA_WRITE: u32 = 0;
@@ -99,8 +103,11 @@ fn qp_type(raw: u32) -> Result<QpType, Errno> {
         QPT_RC => Ok(QpType::Rc),
         QPT_UC => Ok(QpType::Uc),
         QPT_UD => Ok(QpType::Ud),
-        // XRC, raw packet, driver QPs: not offered by the soft device.
-        _ => Err(libc::EOPNOTSUPP),
+        // Raw packet, XRC send and receive, driver QPs: types `verbs.h` defines that the
+        // soft device does not offer.
+        QPT_RAW_PACKET | QPT_XRC_SEND | QPT_XRC_RECV | QPT_DRIVER => Err(libc::EOPNOTSUPP),
+        // A value `verbs.h` does not define: the kernel's create_qp answers EINVAL.
+        _ => Err(libc::EINVAL),
     }
 }
 

@@ -24,8 +24,8 @@ use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid, Trans
 use crate::udp::{UdpConfig, UdpTransport};
 use softverbs_cq::{CqProducer, DeviceClock, PushError, MAX_CQE};
 use softverbs_proto::{
-    AccessFlags, AttrMask, Completion, CqTarget, Endpoint as Engine, EndpointConfig, Event, Mtu,
-    QpAttr, QpInit, QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
+    AccessFlags, AddressVector, AttrMask, Completion, CqTarget, Endpoint as Engine, EndpointConfig,
+    Event, Mtu, QpAttr, QpInit, QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -286,6 +286,9 @@ impl DeviceError {
     }
 }
 
+/// Entries of the port's GID table: the device's own address at index 0.
+const GID_TABLE_LEN: u32 = 1;
+
 /// Where a QP's completions go.
 struct Route {
     send: CqProducer,
@@ -502,6 +505,9 @@ impl Device {
                 engine_config.port_mtu = fits;
             }
         }
+        // One GID, the device's address (index 0); the engine checks every source GID
+        // index against this table.
+        engine_config.gid_table_len = GID_TABLE_LEN;
         let inner = Arc::new(DeviceInner {
             name: config.name,
             address,
@@ -555,7 +561,7 @@ impl Device {
 
     /// GID table entry `index` (only index 0 exists).
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        (index == 0).then_some(self.inner.gid)
+        (index < GID_TABLE_LEN).then_some(self.inner.gid)
     }
 
     /// The device's limits.
@@ -604,7 +610,7 @@ impl Device {
             active: true,
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.inner.port_mtu,
-            gid_tbl_len: 1,
+            gid_tbl_len: GID_TABLE_LEN,
             link_layer_ethernet: true,
         }
     }
@@ -689,6 +695,12 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// Checks an address vector (`ibv_create_ah(3)`): port and source GID index, by the
+    /// same rule a QP's path gets in [`Device::modify_qp`].
+    pub fn check_address_vector(&self, av: &AddressVector) -> Result<(), DeviceError> {
+        Ok(lock(&self.inner.state).engine.check_address_vector(av)?)
     }
 
     /// Modifies a QP (`ibv_modify_qp(3)`).

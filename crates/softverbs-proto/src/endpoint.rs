@@ -9,7 +9,9 @@ use crate::memory::Memory;
 use crate::output::{Completion, Counters, DropReason, Event, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
-use crate::types::{AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType, SrqId, VerbsError};
+use crate::types::{
+    AddressVector, AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType, SrqId, VerbsError,
+};
 use crate::wr::{RecvWr, SendWr};
 
 /// The queue-pair engine of one device: every QP and SRQ, no I/O.
@@ -125,6 +127,13 @@ impl Endpoint {
             }
         }
         Ok(())
+    }
+
+    /// Checks an address vector as `ibv_create_ah(3)` and `ibv_modify_qp(3)` do: port 1
+    /// and a source GID index inside the GID table
+    /// ([`VerbsError::BadSgidIndex`]). The QP's path goes through the same check.
+    pub fn check_address_vector(&self, av: &AddressVector) -> Result<(), VerbsError> {
+        crate::qp::check_address_vector(av, &self.config)
     }
 
     /// `ibv_modify_qp`: checks the transition and attribute mask against
@@ -716,6 +725,56 @@ mod tests {
         let pkts = drain(&mut ep, &mem);
         assert_eq!(pkts.len(), 1);
         assert_eq!(codec::parse(&pkts[0]).unwrap().payload, &[9u8; 64][..]);
+    }
+
+    /// `ibv_modify_qp(3)` / `ibv_create_ah(3)`: an address vector whose source GID index
+    /// is outside the port's GID table is `EINVAL` (the kernel's `rdma_get_gid_attr`
+    /// refuses it), and the refused modify leaves the QP in INIT.
+    #[test]
+    fn a_path_outside_the_gid_table_is_refused_and_changes_nothing() {
+        let mut ep = Endpoint::new(EndpointConfig::default());
+        let qpn = ep.create_qp(QpInit::new(QpType::Rc)).unwrap();
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..QpAttr::default()
+        };
+        ep.modify_qp(
+            qpn,
+            &attr,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        attr.qp_state = QpState::Rtr;
+        attr.path_mtu = Mtu::Mtu1024;
+        attr.ah_attr = AddressVector {
+            port_num: 1,
+            sgid_index: 99,
+            is_global: true,
+            ..AddressVector::default()
+        };
+        let rtr = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER;
+        let refused = ep.modify_qp(qpn, &attr, rtr).unwrap_err();
+        assert_eq!(
+            refused,
+            VerbsError::BadSgidIndex {
+                index: 99,
+                table_len: 1
+            }
+        );
+        assert_eq!(refused.errno(), 22);
+        assert_eq!(ep.qp_state(qpn), Some(QpState::Init));
+        assert_eq!(ep.check_address_vector(&attr.ah_attr), Err(refused.clone()));
+        attr.ah_attr.sgid_index = 0;
+        assert_eq!(ep.check_address_vector(&attr.ah_attr), Ok(()));
+        ep.modify_qp(qpn, &attr, rtr).unwrap();
+        assert_eq!(ep.qp_state(qpn), Some(QpState::Rtr));
     }
 
     /// IBTA 9.6.1.5 (rxe's `check_addr`): a packet for an RC or UC QP whose source is not

@@ -12,7 +12,8 @@ use crate::output::{Completion, Counters, CqTarget, Event};
 use crate::psn::{self, PSN_MASK};
 use crate::srq::Srq;
 use crate::types::{
-    AccessFlags, AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType, VerbsError,
+    AccessFlags, AddressVector, AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType,
+    VerbsError,
 };
 use crate::wr::{Gather, RecvWr, SendOp, SendWr};
 
@@ -457,8 +458,8 @@ impl Qp {
         if m(AttrMask::PATH_MTU) && attr.path_mtu > config.port_mtu {
             return Err(bad("path_mtu larger than the port's active MTU"));
         }
-        if m(AttrMask::AV) && attr.ah_attr.port_num > 1 {
-            return Err(bad("ah_attr.port_num out of range"));
+        if m(AttrMask::AV) {
+            check_address_vector(&attr.ah_attr, config)?;
         }
         if m(AttrMask::TIMEOUT) && attr.timeout > 31 {
             return Err(bad("timeout > 31"));
@@ -786,6 +787,26 @@ pub(crate) fn recv_flush(qpn: u32, wr_id: u64) -> Completion {
             .with_opcode(WcOpcode::Recv),
         solicited: false,
     }
+}
+
+
+/// The checks an address vector gets wherever one enters (a QP's path in `ibv_modify_qp`,
+/// an address handle in `ibv_create_ah`): port 1 (or 0, "the QP's port"), and a source GID
+/// index inside the port's GID table.
+pub(crate) fn check_address_vector(
+    av: &AddressVector,
+    config: &EndpointConfig,
+) -> Result<(), VerbsError> {
+    if av.port_num > 1 {
+        return Err(VerbsError::InvalidArgument("ah_attr.port_num out of range"));
+    }
+    if u32::from(av.sgid_index) >= config.gid_table_len {
+        return Err(VerbsError::BadSgidIndex {
+            index: av.sgid_index,
+            table_len: config.gid_table_len,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

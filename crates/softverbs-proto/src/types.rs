@@ -404,13 +404,25 @@ pub enum VerbsError {
     /// The feature is not implemented (`EOPNOTSUPP`).
     #[error("not supported: {0}")]
     NotSupported(&'static str),
+    /// An address vector names a source GID index outside the port's GID table (`EINVAL`,
+    /// as the kernel's `rdma_get_gid_attr` refuses it in `ibv_modify_qp` and
+    /// `ibv_create_ah`).
+    #[error("sgid_index {index} outside the GID table ({table_len} entries)")]
+    BadSgidIndex {
+        /// The index asked for.
+        index: u8,
+        /// Entries in the port's GID table.
+        table_len: u32,
+    },
 }
 
 impl VerbsError {
     /// The errno a verb returns for this error.
     pub const fn errno(&self) -> i32 {
         match self {
-            VerbsError::InvalidArgument(_) | VerbsError::NoSuchObject(_) => 22,
+            VerbsError::InvalidArgument(_)
+            | VerbsError::NoSuchObject(_)
+            | VerbsError::BadSgidIndex { .. } => 22,
             VerbsError::NoRoom(_) => 12,
             VerbsError::Busy(_) => 16,
             VerbsError::NotSupported(_) => 95,

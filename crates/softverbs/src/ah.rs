@@ -2,8 +2,8 @@
 
 use crate::error::CreateAhError;
 use crate::pd::Pd;
-use softverbs_device::Gid;
-use softverbs_proto::AddressVector;
+use softverbs_device::{DeviceError, Gid};
+use softverbs_proto::{AddressVector, VerbsError};
 
 /// What an address handle points at (`struct ibv_ah_attr` on RoCEv2: always global).
 ///
@@ -60,9 +60,6 @@ impl AhAttr {
         if self.port != 1 {
             return Err(CreateAhError::NoSuchPort(self.port));
         }
-        if self.sgid_index != 0 {
-            return Err(CreateAhError::NoSuchGidIndex(self.sgid_index));
-        }
         Ok(AddressVector {
             dgid: self.gid.0,
             sgid_index: self.sgid_index,
@@ -116,9 +113,22 @@ impl Ah {
 impl Pd {
     /// Creates an address handle (`ibv_create_ah(3)`).
     pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, CreateAhError> {
+        let av = attr.address_vector()?;
+        // The device's rule, the one the drop-in's `ibv_create_ah` and every QP path get.
+        self.inner
+            .ctx
+            .inner
+            .device
+            .check_address_vector(&av)
+            .map_err(|e| match e {
+                DeviceError::Verbs(VerbsError::BadSgidIndex { index, .. }) => {
+                    CreateAhError::NoSuchGidIndex(index)
+                }
+                _ => CreateAhError::NoSuchPort(av.port_num),
+            })?;
         Ok(Ah {
             pd: self.clone(),
-            av: attr.address_vector()?,
+            av,
         })
     }
 }

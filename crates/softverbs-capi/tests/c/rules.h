@@ -5,7 +5,8 @@
  * rule_ok) and "ok <checks> checks" at the end; exits 1 with "FAIL rule NAME: ..." on
  * stderr at the first failed check, 2 when the watchdog fires.
  *
- * Header-only (static functions): each program is one translation unit.
+ * Header-only (static functions, those a program may not need marked unused): each
+ * program is one translation unit.
  */
 #ifndef SOFTVERBS_TEST_RULES_H
 #define SOFTVERBS_TEST_RULES_H
@@ -100,7 +101,7 @@ static int64_t now_ms(void)
  * Collects up to `want` completions from cq into out within timeout_ms (bounded). Returns
  * the number collected (fewer on timeout), or the negative value ibv_poll_cq returned.
  */
-static int poll_until(struct ibv_cq *cq, int want, struct ibv_wc *out, int timeout_ms)
+static __attribute__((unused)) int poll_until(struct ibv_cq *cq, int want, struct ibv_wc *out, int timeout_ms)
 {
 	int got = 0;
 	int64_t deadline = now_ms() + timeout_ms;
@@ -137,7 +138,7 @@ static struct ibv_context *open_softverbs0(void)
  * RESET -> INIT -> RTR -> RTS towards `remote`, a QP of the same device reached at `gid`
  * (GID index 0), granting the peer `access` (IBV_ACCESS_REMOTE_*).
  */
-static void connect_rc(struct ibv_qp *qp, uint32_t remote, const union ibv_gid *gid,
+static __attribute__((unused)) void connect_rc(struct ibv_qp *qp, uint32_t remote, const union ibv_gid *gid,
 		       unsigned int access)
 {
 	struct ibv_qp_attr a = {
