@@ -17,9 +17,20 @@
 //! ignored, as libibverbs drops optional flags a device does not support; `ON_DEMAND` and
 //! `ZERO_BASED` fail with `EOPNOTSUPP` (the device reports no ODP).
 //!
-//! The device reads and writes registered memory in aligned 64-bit words (relaxed atomic
-//! loads, stores and compare-and-swap that leave bytes outside the range unchanged); the
-//! words covering a region lie in the pages the application registered.
+//! Registration checks what a kernel device checks when it pins the pages
+//! (`softverbs_device::memory`), and fails with the errno rdma-core reports there: `EINVAL`
+//! for length 0, `EFAULT` for a page of the range that is not mapped (NULL included), or is
+//! mapped read-only while the access asks for writing (`LOCAL_WRITE`, `REMOTE_WRITE`,
+//! `REMOTE_ATOMIC`, `MW_BIND`), `ENOMEM` past `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`.
+//!
+//! The device reads and writes registered memory with fault-tolerant copies and atomics
+//! (`softverbs_device::guarded`) that never touch a byte outside the range: memory the
+//! application unmaps or frees while it is registered (which `ibv_reg_mr(3)` forbids) makes
+//! the access fail — a peer's request gets a remote access error NAK (its completion
+//! `IBV_WC_REM_ACCESS_ERR`), a local work request `IBV_WC_LOC_PROT_ERR` — instead of
+//! killing the process with `SIGSEGV` (x86-64). The device installs a `SIGSEGV`/`SIGBUS`
+//! handler for that, which passes every other fault on to the handler installed before it
+//! (or to the default action).
 
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer, Errno};
@@ -85,9 +96,8 @@ unsafe fn register(
     // SAFETY: the PD's context is open while the PD lives.
     let ctx = unsafe { ContextBlock::from_ptr(context) }?;
     let flags = access_flags(access)?;
-    if addr.is_null() && length > 0 {
-        return Err(libc::EINVAL);
-    }
+    // A NULL address is an unmapped page (EFAULT), length 0 is EINVAL: the device checks
+    // both, as the kernel's ib_umem_get does.
     // SAFETY: forwarded contract: the range stays valid until `ibv_dereg_mr`.
     let region = unsafe {
         ctx.entry
@@ -115,8 +125,9 @@ unsafe fn register(
 }
 
 /// `ibv_reg_mr(3)`: remote peers address the region by its virtual address. `NULL` with
-/// errno: `EINVAL` (bad PD, flags, or remote write/atomic without local write),
-/// `EOPNOTSUPP` (on-demand paging, zero-based).
+/// errno: `EINVAL` (bad PD, flags, length 0, or remote write/atomic without local write),
+/// `EFAULT` (a page not mapped, or not writable when write access is asked), `ENOMEM`
+/// (past `RLIMIT_MEMLOCK`), `EOPNOTSUPP` (on-demand paging, zero-based).
 ///
 /// # Safety
 ///

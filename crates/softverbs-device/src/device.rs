@@ -628,7 +628,10 @@ impl Device {
         pd
     }
 
-    /// Registers memory (`ibv_reg_mr_iova2(3)`).
+    /// Registers memory (`ibv_reg_mr_iova2(3)`). Refused as [`MemoryTable::register`]
+    /// refuses it, as [`DeviceError::Register`] whose errno is the kernel device's
+    /// (`EINVAL` empty range or bad flags, `EFAULT` a page not mapped with the access
+    /// asked, `ENOMEM` past `RLIMIT_MEMLOCK`).
     ///
     /// # Safety
     ///
@@ -656,6 +659,14 @@ impl Device {
             .memory
             .deregister(lkey)
             .ok_or(DeviceError::NoSuch("memory region"))
+    }
+
+    /// How many accesses to registered memory faulted because the application unmapped
+    /// (or freed) a region while it was registered
+    /// ([`MemoryTable::faulted_accesses`]); each failed (REM_ACCESS_ERR NAK, LOC_PROT_ERR)
+    /// and the process lived.
+    pub fn faulted_accesses(&self) -> u64 {
+        lock(&self.inner.state).memory.faulted_accesses()
     }
 
     /// Creates a QP completing into `send_cq` and `recv_cq`; returns its number. The QP is

@@ -50,7 +50,9 @@
 pub mod device;
 pub mod events;
 pub mod fault;
+pub mod guarded;
 pub mod loopback;
+pub mod mappings;
 pub mod memory;
 pub mod pcap;
 pub mod transport;

@@ -46,6 +46,15 @@ pub enum MemError {
     /// request (NAK invalid request; the requester sees `REM_INV_REQ_ERR`).
     #[error("region cannot be invalidated")]
     NotInvalidatable,
+    /// The region's memory is no longer mapped with the access needed: the application
+    /// unmapped, freed or re-protected it while it was registered (`ibv_reg_mr(3)` forbids
+    /// that; a kernel device keeps the pages pinned). The device's access faulted and was
+    /// recovered (bytes before the fault, all inside the region, may have moved), and every
+    /// later access to the region is refused the same way without touching memory. The
+    /// engine treats it like any refused access (NAK remote access error for a remote
+    /// request, `LOC_PROT_ERR` for a local scatter/gather entry).
+    #[error("memory of the region is no longer mapped")]
+    Fault,
 }
 
 /// A key naming a region, as the engine presents it to [`Memory`].

@@ -80,8 +80,11 @@ pub enum RegMrError {
     /// The buffer could not be allocated.
     #[error("cannot allocate {0} bytes of page-aligned memory")]
     NoMemory(usize),
-    /// The device refused the registration (for example `REMOTE_WRITE` without
-    /// `LOCAL_WRITE`, which `ibv_reg_mr(3)` forbids).
+    /// The device refused the registration, for example `REMOTE_WRITE` without
+    /// `LOCAL_WRITE`, which `ibv_reg_mr(3)` forbids (`EINVAL`), or
+    /// [`RegisterError::OverMemlock`]: the process's registered pages would exceed its
+    /// soft `RLIMIT_MEMLOCK` and the thread lacks `CAP_IPC_LOCK` (`ENOMEM`, as the
+    /// kernel's `ib_umem_get`).
     #[error(transparent)]
     Register(#[from] RegisterError),
     /// Another device error.

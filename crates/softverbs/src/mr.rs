@@ -5,9 +5,17 @@
 //! never through a `&[u8]` or `&mut [u8]`, because the device (a remote peer's RDMA write,
 //! a receive, a read response) may write them at any time. The buffer is made of atomic
 //! 64-bit words (pages of `AtomicU64`, allocated with safe code), and the copies are
-//! relaxed atomic loads and stores as the device's are, so a race between the application
-//! and the network is a race on values, never undefined behaviour. The only `unsafe` is
-//! the registration itself ([`Device::reg_mr`](softverbs_device::Device::reg_mr)).
+//! relaxed atomic loads and stores, while the device's are plain moves in assembly opaque
+//! to the compiler (`softverbs_device::guarded`), the same machine operations, so a race
+//! between the application and the network is a race on values, never undefined
+//! behaviour. The only `unsafe` is the registration itself
+//! ([`Device::reg_mr`](softverbs_device::Device::reg_mr)).
+//!
+//! Registration is refused as on a kernel device: length 0 ([`RegMrError::ZeroLength`],
+//! `EINVAL`), and past the process's `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`
+//! ([`RegMrError::Register`] holding
+//! [`RegisterError::OverMemlock`](softverbs_device::RegisterError::OverMemlock), `ENOMEM`):
+//! the pages of every region count, page-rounded, until the region is dropped.
 //!
 //! Dropping an `Mr` first deregisters it, then frees the buffer. Every device access goes
 //! through the registration table under the device's lock, so once deregistration has
