@@ -371,6 +371,13 @@ fn report_stats(entry: &DeviceEntry) {
     if let Some(t) = device.transport_counters() {
         line.push_str(&format!("; transport: {t}"));
     }
+    line.push_str(&format!(
+        "; memory: faulted_accesses={}",
+        device.faulted_accesses()
+    ));
+    if let Some(capture) = device.capture() {
+        line.push_str(&format!("; capture: {capture}"));
+    }
     line.push('\n');
     use std::io::Write;
     let written = if target == "stderr" || target == "-" {

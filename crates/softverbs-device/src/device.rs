@@ -175,7 +175,22 @@ impl DeviceConfig {
     /// ([`FAULTS_ENV`]).
     pub fn with_env(mut self) -> io::Result<Self> {
         if let Some(path) = std::env::var_os(PCAP_ENV) {
-            self.capture = Some(Capture::create(path)?);
+            let capture = Capture::create(&path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("{PCAP_ENV}={}: {e}", path.to_string_lossy()),
+                )
+            })?;
+            if let Some(limit) = std::env::var_os(crate::pcap::PCAP_LIMIT_ENV) {
+                let limit = crate::pcap::parse_size(&limit.to_string_lossy()).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{}: {e}", crate::pcap::PCAP_LIMIT_ENV),
+                    )
+                })?;
+                capture.set_limit(limit);
+            }
+            self.capture = Some(capture);
         }
         if let Some(spec) = std::env::var_os(FAULTS_ENV) {
             let spec = spec.to_string_lossy();
@@ -840,6 +855,12 @@ impl Device {
     /// The engine's counters.
     pub fn counters(&self) -> softverbs_proto::Counters {
         lock(&self.inner.state).engine.counters().clone()
+    }
+
+    /// The capture this device records into, if any (its counters: [`Capture`]'s
+    /// `Display`).
+    pub fn capture(&self) -> Option<&Arc<Capture>> {
+        self.inner.capture.as_ref()
     }
 
     /// What fault injection did (`None` without fault injection).

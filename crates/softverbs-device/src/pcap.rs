@@ -190,9 +190,47 @@ type Writer = (PcapWriter<SharedWriter>, SharedWriter);
 pub struct Capture {
     enabled: AtomicBool,
     writer: Mutex<Option<Writer>>,
-    /// Ordering for both counters: independent statistics, `Relaxed`.
+    /// Largest file size in bytes (`u64::MAX`: no limit); packets that would pass it are
+    /// not written. Written before recording starts or at any time; `Relaxed`.
+    limit: AtomicU64,
+    /// Bytes written so far (the file header included). Updated under the writer lock.
+    bytes: AtomicU64,
+    /// Ordering for the counters: independent statistics, `Relaxed`.
     packets: AtomicU64,
     write_errors: AtomicU64,
+    over_limit: AtomicU64,
+}
+
+/// Environment variable capping a capture's size (`SOFTVERBS_PCAP_LIMIT=100M`): bytes, or
+/// a number with a `K`, `M` or `G` suffix (powers of 1024). Packets past the cap are not
+/// written but counted ([`Capture::over_limit`]), so a flood cannot fill a disk.
+pub const PCAP_LIMIT_ENV: &str = "SOFTVERBS_PCAP_LIMIT";
+
+/// Bytes of a pcap file header and of a record header.
+const FILE_HEADER_LEN: u64 = 24;
+const RECORD_HEADER_LEN: u64 = 16;
+
+/// Parses a size as [`PCAP_LIMIT_ENV`] takes it: `4096`, `64K`, `100M`, `2G`.
+pub fn parse_size(spec: &str) -> Result<u64, String> {
+    let spec = spec.trim();
+    let (digits, unit) = match spec.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => spec.split_at(at),
+        None => (spec, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{spec:?}: not a size (bytes, or a K/M/G/T suffix)")),
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{spec:?}: not a size (bytes, or a K/M/G/T suffix)"))?;
+    value
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{spec:?}: too large"))
 }
 
 impl fmt::Debug for Capture {
@@ -225,9 +263,28 @@ impl Capture {
         Ok(Arc::new(Capture {
             enabled: AtomicBool::new(true),
             writer: Mutex::new(Some((writer, shared))),
+            limit: AtomicU64::new(u64::MAX),
+            bytes: AtomicU64::new(FILE_HEADER_LEN),
             packets: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
+            over_limit: AtomicU64::new(0),
         }))
+    }
+
+    /// Caps the file at `bytes` (headers included): a packet whose record would pass it
+    /// is not written, and counted in [`Capture::over_limit`].
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes written so far, headers included.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Packets not written because the file reached its cap.
+    pub fn over_limit(&self) -> u64 {
+        self.over_limit.load(Ordering::Relaxed)
     }
 
     /// Switches recording on or off (a packet in flight may still be recorded).
@@ -278,8 +335,21 @@ impl Capture {
                 let Some((writer, _)) = writer.as_mut() else {
                     return Ok(());
                 };
+                let record_len = RECORD_HEADER_LEN + frame.len() as u64;
+                let written = self.bytes.load(Ordering::Relaxed);
+                if written.saturating_add(record_len) > self.limit.load(Ordering::Relaxed) {
+                    if self.over_limit.fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracing::warn!(
+                            bytes = written,
+                            "pcap capture reached its {PCAP_LIMIT_ENV} cap: later packets are \
+                             counted, not written"
+                        );
+                    }
+                    return Ok(());
+                }
                 let packet = PcapPacket::new(timestamp, frame.len() as u32, &frame);
                 writer.write_packet(&packet).map_err(pcap_to_io)?;
+                self.bytes.store(written + record_len, Ordering::Relaxed);
                 self.packets.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             });
@@ -304,6 +374,20 @@ impl Capture {
             Some((writer, _)) => writer.into_writer().flush(),
             None => Ok(()),
         }
+    }
+}
+
+/// `packets=N bytes=N over_limit=N write_errors=N`, as `SOFTVERBS_STATS` prints it.
+impl fmt::Display for Capture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "packets={} bytes={} over_limit={} write_errors={}",
+            self.packets(),
+            self.bytes(),
+            self.over_limit(),
+            self.write_errors()
+        )
     }
 }
 

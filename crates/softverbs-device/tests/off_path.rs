@@ -163,6 +163,9 @@ fn forged_rc_requests_from_another_address_are_dropped_and_touch_nothing() {
     }
 
     wait_off_path(&b, 4 + 16);
+    // SOFTVERBS_STATS prints the counters this way: the reason is named.
+    let stats = b.device.counters().to_string();
+    assert!(stats.contains("dropped_off_path=20"), "{stats}");
     assert_eq!(
         read_buf(&b, 0..8192),
         before,

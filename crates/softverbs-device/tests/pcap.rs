@@ -261,3 +261,49 @@ fn reading_garbage_is_an_error() {
     assert!(read_capture(capture_path("missing.pcap")).is_err());
     std::fs::remove_file(&path).unwrap();
 }
+
+// A capture can be capped (`SOFTVERBS_PCAP_LIMIT`), so that a flood cannot fill a disk:
+// the file never passes the cap, it stays a readable pcap file holding the first packets,
+// and the packets left out are counted.
+#[test]
+fn a_capped_capture_never_passes_its_cap_and_counts_what_it_left_out() {
+    let network = LoopbackNetwork::new();
+    let path = capture_path("capped.pcap");
+    let capture = Capture::create(&path).unwrap();
+    let cap = 1000;
+    capture.set_limit(cap);
+    let a = network.attach_next().unwrap();
+    let b = network.attach_next().unwrap();
+    let mut packet = common::send_only(7, &[0x5a; 100]);
+    let sent = a.prepare(&b.local(), 0xC000, &mut packet).unwrap();
+    for _ in 0..1000 {
+        capture.record(Direction::Outbound, &sent.ip, &sent.udp, &packet);
+    }
+    capture.close().unwrap();
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size <= cap, "{size} bytes over the {cap}-byte cap");
+    assert_eq!(size, capture.bytes());
+    let records = read_capture(&path).unwrap();
+    assert!(!records.is_empty());
+    assert_eq!(records.len() as u64, capture.packets());
+    assert_eq!(capture.packets() + capture.over_limit(), 1000);
+    assert!(capture
+        .to_string()
+        .contains(&format!("over_limit={}", capture.over_limit())));
+    std::fs::remove_file(&path).unwrap();
+}
+
+// `SOFTVERBS_PCAP_LIMIT` spellings: bytes, or K/M/G/T (powers of 1024); anything else is
+// an error that names the value.
+#[test]
+fn capture_limit_spellings() {
+    use softverbs_device::pcap::parse_size;
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("64K"), Ok(64 << 10));
+    assert_eq!(parse_size("100M"), Ok(100 << 20));
+    assert_eq!(parse_size("2g"), Ok(2 << 30));
+    assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+    assert!(parse_size("lots").unwrap_err().contains("lots"));
+    assert!(parse_size("12Q").is_err());
+    assert!(parse_size("99999999999T").is_err());
+}
