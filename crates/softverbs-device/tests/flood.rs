@@ -62,7 +62,10 @@ fn send_verified(from: &mut Side, to: &Side, wr_id: u64, pattern: u8) {
         *byte = pattern.wrapping_add(i as u8);
     }
     from.device
-        .post_send(from.qpn, SendWr::new(wr_id, SendOp::Send, vec![sge(from, 0, LEN)]))
+        .post_send(
+            from.qpn,
+            SendWr::new(wr_id, SendOp::Send, vec![sge(from, 0, LEN)]),
+        )
         .unwrap();
     let sent = wait_for(from, 1);
     assert!(sent[0].result().is_ok(), "round {wr_id}: {sent:?}");
@@ -138,7 +141,10 @@ fn a_flood_of_on_path_duplicates_costs_throughput_not_the_connection() {
     }
     let sent = flood.join().unwrap();
     let elapsed = started.elapsed();
-    assert_eq!(sent, FORGED, "the injector sent everything within its minute");
+    assert_eq!(
+        sent, FORGED,
+        "the injector sent everything within its minute"
+    );
     // Let b take whatever the socket still holds, then one more verified round.
     std::thread::sleep(Duration::from_millis(200));
     send_verified(&mut a, &b, 1 << 20, 0x33);

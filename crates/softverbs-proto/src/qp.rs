@@ -789,7 +789,6 @@ pub(crate) fn recv_flush(qpn: u32, wr_id: u64) -> Completion {
     }
 }
 
-
 /// The checks an address vector gets wherever one enters (a QP's path in `ibv_modify_qp`,
 /// an address handle in `ibv_create_ah`): port 1 (or 0, "the QP's port"), and a source GID
 /// index inside the port's GID table.
