@@ -11,10 +11,10 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use common::rc::{connect, side, wait_for, Side, FIRST_PSN};
+use common::rc::{connect, side, side_of, wait_for, Side, FIRST_PSN};
 use softverbs_cq::{WcOpcode, WcStatus, WorkCompletion};
 use softverbs_device::{DeviceConfig, Endpoint, Transport, UdpConfig, UdpTransport};
-use softverbs_proto::{DropReason, QpState, RecvWr, SendOp, SendWr, Sge};
+use softverbs_proto::{DropReason, QpState, QpType, RecvWr, SendOp, SendWr, Sge};
 use softverbs_wire::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, NakCode, Opcode, PacketRepr,
     Psn, Qpn, RethRepr,
@@ -254,4 +254,73 @@ fn forged_acks_and_naks_to_the_requester_are_dropped() {
     let done = wait_for(&a, 1);
     assert_eq!(done[0].status(), WcStatus::Success, "{done:?}");
     assert_eq!(done[0].wr_id(), 20);
+}
+
+/// UC (IBTA 9.6.1.5 applies to every connected QP): a forged SEND ONLY and RDMA WRITE ONLY
+/// with far-away PSNs from another address neither deliver nor move the expected PSN; the
+/// peer's messages that follow are all delivered, in order (before the path check, two
+/// such packets stalled `ibv_uc_pingpong`).
+#[test]
+fn forged_uc_packets_from_another_address_are_dropped_and_the_peer_goes_on() {
+    let udp = |last| {
+        side_of(
+            DeviceConfig::udp(UdpConfig {
+                address: Some(address(last)),
+                ..UdpConfig::default()
+            }),
+            QpType::Uc,
+        )
+    };
+    let a = udp(217);
+    let b = udp(218);
+    connect(&a, &b);
+    let attacker = injector(221);
+    for wr_id in 0..3 {
+        b.device
+            .post_recv(
+                b.qpn,
+                RecvWr {
+                    wr_id,
+                    sg_list: vec![sge(&b, 4096 + 64 * wr_id as usize, 64)],
+                },
+            )
+            .unwrap();
+    }
+    let before = read_buf(&b, 0..8192);
+    for psn in [FIRST_PSN + 0x40_0000, FIRST_PSN + 0x80_0000] {
+        inject(
+            &attacker,
+            &b,
+            &forge(&b, Opcode::UC_SEND_ONLY, psn),
+            b"forged",
+        );
+        let mut write = forge(&b, Opcode::UC_RDMA_WRITE_ONLY, psn + 1);
+        write.reth = Some(RethRepr {
+            va: b.buf.as_ptr() as u64,
+            rkey: b.rkey,
+            dma_len: 8,
+        });
+        inject(&attacker, &b, &write, &[0xee; 8]);
+    }
+    wait_off_path(&b, 4);
+    assert_eq!(
+        read_buf(&b, 0..8192),
+        before,
+        "forged packets changed memory"
+    );
+    no_completion(&b);
+    for (wr_id, len) in [(30, 3u32), (31, 5), (32, 7)] {
+        a.device
+            .post_send(
+                a.qpn,
+                SendWr::new(wr_id, SendOp::Send, vec![sge(&a, 0, len)]),
+            )
+            .unwrap();
+    }
+    let received = wait_for(&b, 3);
+    let lens: Vec<u32> = received
+        .iter()
+        .map(|wc| wc.result().expect("delivered").byte_len())
+        .collect();
+    assert_eq!(lens, [3, 5, 7], "the peer's messages, in order");
 }

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 /// The first PSN of both directions.
 pub const FIRST_PSN: u32 = 100;
 
-/// One side of an RC connection.
+/// One side of a connection.
 pub struct Side {
     pub device: Device,
+    pub qp_type: QpType,
     pub cq: CompletionQueue,
     pub qpn: u32,
     pub buf: Vec<u8>,
@@ -21,12 +22,18 @@ pub struct Side {
     pub rkey: u32,
 }
 
+/// One side of an RC connection.
 pub fn side(config: DeviceConfig) -> Side {
+    side_of(config, QpType::Rc)
+}
+
+/// One side of a connection of `qp_type` (RC or UC).
+pub fn side_of(config: DeviceConfig, qp_type: QpType) -> Side {
     let device = Device::open(config).unwrap();
     let cq = CqBuilder::new(256).build().unwrap();
     let pd = device.alloc_pd();
     // The QP and its memory share a PD: a key of another PD is refused (IBTA ch. 10).
-    let mut init = QpInit::new(QpType::Rc).with_pd(pd);
+    let mut init = QpInit::new(qp_type).with_pd(pd);
     init.sq_sig_all = true;
     let qpn = device
         .create_qp(init, cq.producer(), cq.producer())
@@ -50,6 +57,7 @@ pub fn side(config: DeviceConfig) -> Side {
     .unwrap();
     Side {
         device,
+        qp_type,
         cq,
         qpn,
         buf,
@@ -58,14 +66,19 @@ pub fn side(config: DeviceConfig) -> Side {
     }
 }
 
+/// Connects `a` and `b` (both RC or both UC) as `ibv_rc_pingpong` and `ibv_uc_pingpong`
+/// do: the attributes `ibv_modify_qp(3)` requires for each transition of the QP type.
 pub fn connect(a: &Side, b: &Side) {
+    let rc = a.qp_type == QpType::Rc;
     for (me, peer) in [(a, b), (b, a)] {
         let init = QpAttr {
             qp_state: QpState::Init,
             port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
+            qp_access_flags: if rc {
+                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
+            } else {
+                AccessFlags::REMOTE_WRITE
+            },
             ..QpAttr::default()
         };
         me.device
@@ -91,19 +104,15 @@ pub fn connect(a: &Side, b: &Side) {
             },
             ..QpAttr::default()
         };
-        me.device
-            .modify_qp(
-                me.qpn,
-                &rtr,
-                AttrMask::STATE
-                    | AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER,
-            )
-            .unwrap();
+        let mut mask = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN;
+        if rc {
+            mask |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        }
+        me.device.modify_qp(me.qpn, &rtr, mask).unwrap();
     }
     for me in [a, b] {
         let rts = QpAttr {
@@ -115,18 +124,14 @@ pub fn connect(a: &Side, b: &Side) {
             max_rd_atomic: 4,
             ..QpAttr::default()
         };
-        me.device
-            .modify_qp(
-                me.qpn,
-                &rts,
-                AttrMask::STATE
-                    | AttrMask::SQ_PSN
-                    | AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .unwrap();
+        let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
+        if rc {
+            mask |= AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        me.device.modify_qp(me.qpn, &rts, mask).unwrap();
     }
 }
 
