@@ -197,6 +197,72 @@ fn ud_grh_area_qkey_check_and_src_qp() {
     });
 }
 
+/// A UD QP may take its receives from an SRQ (`ibv_create_qp(3)`: `srq` for any QP type
+/// but XRC initiators; IBTA 10.2.9.2; rxe and rdmavt attach SRQs to UD QPs): each datagram
+/// consumes the SRQ's next entry, with its GRH area, and a datagram finding the SRQ empty
+/// is dropped, not an error.
+#[test]
+fn a_ud_qp_attached_to_an_srq_takes_its_receives_from_it() {
+    run_seeds(
+        "a_ud_qp_attached_to_an_srq_takes_its_receives_from_it",
+        &[7],
+        |seed| {
+            let mut sim = two_nodes(seed, FaultRules::perfect());
+            let p = QpParams::default();
+            let srq = sim.nodes[1]
+                .ep
+                .create_srq(SrqInit {
+                    max_wr: 4,
+                    max_sge: 1,
+                    srq_limit: 0,
+                })
+                .unwrap();
+            let qa = create_qp(&mut sim, 0, QpType::Ud, &p, None)?;
+            let qb = create_qp(&mut sim, 1, QpType::Ud, &p, Some(srq))?;
+            bring_up(&mut sim, 0, qa, QpType::Ud, None, &p, (100, 0))?;
+            bring_up(&mut sim, 1, qb, QpType::Ud, None, &p, (200, 0))?;
+            let a = sim.nodes[0].mem.register(4096, ALL_ACCESS);
+            let b = sim.nodes[1].mem.register(8192, ALL_ACCESS);
+            sim.nodes[0].mem.fill(a.addr, b"datagrams");
+            let dest = UdDest {
+                av: AddressVector {
+                    dgid: sim.nodes[1].gid,
+                    ..Default::default()
+                },
+                remote_qpn: qb,
+                remote_qkey: p.qkey,
+                pd: p.pd,
+            };
+            sim.post_srq_recv(1, srq, recv(1, &b, 0, 1024))?;
+            sim.post_srq_recv(1, srq, recv(2, &b, 1024, 1024))?;
+            for (wr_id, len) in [(10, 4), (11, 9), (12, 1)] {
+                sim.post_send(
+                    0,
+                    qa,
+                    SendWr::new(wr_id, SendOp::Send, vec![sge(&a, 0, len)]).with_ud(dest),
+                )?;
+            }
+            sim.run_idle(STEPS)?;
+            let r = sim.completions(1);
+            let got: Vec<(u64, u32, u32)> = r
+                .iter()
+                .map(|c| {
+                    let wc = c.wc.result().unwrap();
+                    (wc.wr_id(), wc.byte_len(), wc.qp_num())
+                })
+                .collect();
+            assert_eq!(
+                got,
+                [(1, 40 + 4, qb), (2, 40 + 9, qb)],
+                "SRQ entries in order"
+            );
+            assert_eq!(sim.nodes[1].mem.bytes(b.addr + 1024 + 40, 9), b"datagrams");
+            assert_eq!(sim.nodes[1].ep.counters().drops(DropReason::NoReceive), 1);
+                Ok(())
+        },
+    );
+}
+
 /// SRQ: two RC QPs consume one shared receive queue in arrival order; the limit event
 /// fires once when the queue falls below the armed limit; a QP moved to ERR raises
 /// `LAST_WQE_REACHED` and does not flush the SRQ's entries, which the other QP still uses.
