@@ -11,10 +11,10 @@
 
 mod common;
 
-use common::rc::{connect, wait_for, Side};
-use softverbs_cq::{CqBuilder, WcStatus};
-use softverbs_device::{Device, DeviceConfig, UdpConfig};
-use softverbs_proto::{AccessFlags, QpInit, QpType, SendOp, SendWr, Sge};
+use common::rc::{connect, side, wait_for, Side};
+use softverbs_cq::WcStatus;
+use softverbs_device::{DeviceConfig, UdpConfig};
+use softverbs_proto::{AccessFlags, SendOp, SendWr, Sge};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 const PAGE: usize = 4096;
@@ -22,39 +22,6 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
-
-/// One side with its protection domain (the common `side` keeps it to itself).
-fn side_with_pd(config: DeviceConfig) -> (Side, u32) {
-    let device = Device::open(config).unwrap();
-    let cq = CqBuilder::new(256).build().unwrap();
-    let pd = device.alloc_pd();
-    let mut init = QpInit::new(QpType::Rc).with_pd(pd);
-    init.sq_sig_all = true;
-    let qpn = device
-        .create_qp(init, cq.producer(), cq.producer())
-        .unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    // SAFETY: `buf` lives in `Side` beside the device and is dropped with it.
-    let region = unsafe {
-        device.reg_mr(
-            pd,
-            buf.as_mut_ptr() as usize,
-            buf.len() as u64,
-            buf.as_mut_ptr() as u64,
-            ALL,
-        )
-    }
-    .unwrap();
-    let side = Side {
-        device,
-        cq,
-        qpn,
-        buf,
-        lkey: region.lkey,
-        rkey: region.rkey,
-    };
-    (side, pd)
-}
 
 /// `pages` fresh read-write pages far below the kernel's usual mmap area (a distinct
 /// 16 MiB slot per call), so that once a test unmaps them no other mapping of this
@@ -97,8 +64,10 @@ fn unmapped_region(side: &Side, pd: u32) -> (u64, u32, u32) {
 }
 
 fn in_process_pair() -> (Side, Side, u32, u32) {
-    let (a, pd_a) = side_with_pd(DeviceConfig::in_process());
-    let (b, pd_b) = side_with_pd(DeviceConfig::in_process());
+    let a = side(DeviceConfig::in_process());
+    let pd_a = a.pd;
+    let b = side(DeviceConfig::in_process());
+    let pd_b = b.pd;
     connect(&a, &b);
     (a, b, pd_a, pd_b)
 }
@@ -196,8 +165,9 @@ fn a_peers_rdma_write_over_udp_into_an_unmapped_region_gives_rem_access_err() {
         })
     };
     // The in-process shortcut off: every packet crosses the kernel's UDP path.
-    let (a, _) = side_with_pd(udp(171));
-    let (b, pd_b) = side_with_pd(udp(172));
+    let a = side(udp(171));
+    let b = side(udp(172));
+    let pd_b = b.pd;
     a.device.set_in_process_shortcut(false);
     b.device.set_in_process_shortcut(false);
     connect(&a, &b);

@@ -15,6 +15,8 @@ pub const FIRST_PSN: u32 = 100;
 pub struct Side {
     pub device: Device,
     pub qp_type: QpType,
+    /// The protection domain of the QP and of `buf`'s region.
+    pub pd: u32,
     pub cq: CompletionQueue,
     pub qpn: u32,
     pub buf: Vec<u8>,
@@ -58,6 +60,7 @@ pub fn side_of(config: DeviceConfig, qp_type: QpType) -> Side {
     Side {
         device,
         qp_type,
+        pd,
         cq,
         qpn,
         buf,
