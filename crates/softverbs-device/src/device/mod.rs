@@ -1,0 +1,545 @@
+//! The soft RDMA device: one [`softverbs_proto::Endpoint`] (every QP and SRQ of the
+//! device), its registered memory, its transport, the CQs its QPs complete into, and the
+//! progress that keeps the protocol moving.
+//!
+//! Progress has two drivers, and either is enough:
+//! - the application: every verb (post, modify, …) runs the engine, sends what it produced
+//!   and pushes the completions; [`Device::progress`] (called by a poll that found its CQ
+//!   empty) receives and handles whatever has arrived, without blocking;
+//! - a progress thread per device, which sleeps in the transport's receive (or on a
+//!   condition variable for in-process devices) until a packet arrives or the next
+//!   retransmit / RNR deadline, so ACKs, retransmissions and completions keep coming while
+//!   the application sleeps or computes.
+//!
+//! Devices in the same process reach each other directly: a packet for the address of a
+//! device of this process is handed to that device's engine on the sending thread (through
+//! a per-thread queue, so no lock is held while another device runs), with no system call.
+//! Other addresses go over the transport (UDP carrying RoCEv2).
+//!
+//! | file | holds |
+//! |---|---|
+//! | `mod.rs` | [`Device`] and its verbs (open, PD, MR, QP, SRQ, counters, capture), the state behind it |
+//! | `config.rs` | [`DeviceConfig`], [`Network`], [`FaultSetup`]; the `SOFTVERBS_*` environment ([`PCAP_ENV`], [`FAULTS_ENV`], [`parse_faults`]) |
+//! | `attr.rs` | [`DeviceAttr`], [`PortAttr`], [`VENDOR_ID`]: what `query_device` / `query_port` report |
+//! | `error.rs` | [`DeviceError`] and the errno the C side reports for it |
+//! | `mtu.rs` | the port MTU: the largest IB MTU whose packets fit the interface holding the address |
+//! | `registry.rs` | the devices of this process by address, and in-process addresses |
+//! | `runtime.rs` | progress: the progress thread, runs of the engine, sending, receiving, timers |
+//! | `completions.rs` | where a QP's completions go, and back-pressure on a full CQ |
+//! | `grh.rs` | the GRH area a UD receive gets, rebuilt from the IP addresses |
+
+mod attr;
+mod completions;
+mod config;
+mod error;
+mod grh;
+mod mtu;
+mod registry;
+mod runtime;
+
+pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
+pub use config::{parse_faults, DeviceConfig, FaultSetup, Network, FAULTS_ENV, PCAP_ENV};
+pub use error::DeviceError;
+
+use attr::GID_TABLE_LEN;
+use completions::Route;
+use registry::{next_in_process_address, registry};
+use runtime::progress_loop;
+
+use crate::events::{AsyncEvent, AsyncEventQueue};
+use crate::fault::FaultTransport;
+use crate::memory::{MemoryTable, Region};
+use crate::pcap::{Capture, PcapTransport};
+use crate::transport::{Gid, Transport};
+use crate::udp::UdpTransport;
+use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
+use softverbs_proto::{
+    AccessFlags, AddressVector, AttrMask, Completion, Endpoint as Engine, Mtu, QpAttr, QpInit,
+    QpState, RecvWr, SendWr, SrqId, SrqInit,
+};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Empty polls of a UDP device's application thread between two `sched_yield`s.
+const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
+
+/// The engine and everything a run of it touches, behind the device's state lock.
+struct State {
+    engine: Engine,
+    memory: MemoryTable,
+    routes: HashMap<u32, Route>,
+    /// Completions a back-pressure CQ refused, retried in order on every run.
+    held: VecDeque<Completion>,
+    next_pd: u32,
+    scratch: Vec<u8>,
+}
+
+/// What an open device shares with its progress thread and with the devices of this
+/// process that send to it (through the registry).
+pub(crate) struct DeviceInner {
+    name: String,
+    address: IpAddr,
+    gid: Gid,
+    state: Mutex<State>,
+    transport: Option<Box<dyn Transport>>,
+    /// The pcap capture of the transport, if any (flushed on request).
+    capture: Option<Arc<Capture>>,
+    /// Held from the end of a run (taken under the state lock) until its packets are
+    /// handed to the transport or queued for local delivery, so they leave in order.
+    tx: Mutex<()>,
+    /// Held from taking a packet off the transport until the engine has handled it, so
+    /// packets are handled in the order they arrived whichever thread receives them.
+    rx: Mutex<()>,
+    /// The fault-injection layer of the transport, for its counters.
+    fault_layer: Option<Arc<FaultTransport<Box<dyn Transport>>>>,
+    events: AsyncEventQueue,
+    /// Wakes an in-process device's progress thread when its deadlines change.
+    wake: Condvar,
+    shutdown: AtomicBool,
+    /// Whether packets for devices of this process skip the transport.
+    shortcut: AtomicBool,
+    /// Device-clock time until which an in-process progress thread sleeps (`u64::MAX`
+    /// while it is awake); written and read under the state lock.
+    sleeping_until: AtomicU64,
+    /// The earliest engine or CQ-moderation deadline (device clock; `u64::MAX`: none),
+    /// refreshed at the end of every run, so an idle poll learns that nothing is due
+    /// without taking the state lock.
+    next_deadline: AtomicU64,
+    /// When the application last drove progress itself (device clock): while it polls, the
+    /// progress thread leaves the socket to it, so a packet is handled by the spinning
+    /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
+    last_app_progress: AtomicU64,
+    port_mtu: Mtu,
+}
+
+/// Locks `m`, going on past poisoning (a thread that panicked while holding it).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An open soft RDMA device.
+///
+/// ```
+/// use softverbs_device::{Device, DeviceConfig};
+/// let device = Device::open(DeviceConfig::in_process())?;
+/// assert!(device.query_port().active);
+/// # Ok::<(), softverbs_device::DeviceError>(())
+/// ```
+pub struct Device {
+    inner: Arc<DeviceInner>,
+    progress: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.inner.name)
+            .field("address", &self.inner.address)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens a device.
+    pub fn open(config: DeviceConfig) -> Result<Device, DeviceError> {
+        let mut fault_layer = None;
+        let (transport, address): (Option<Box<dyn Transport>>, IpAddr) = match &config.network {
+            Network::InProcess => (None, next_in_process_address()),
+            Network::Udp(udp) => {
+                // The stack: faults decide what is sent, the capture records what really
+                // went to (and came from) the socket.
+                let udp = UdpTransport::bind(udp.clone())?;
+                let addr = udp.local().addr();
+                let captured: Box<dyn Transport> = match &config.capture {
+                    Some(capture) => Box::new(PcapTransport::new(udp, capture.clone())),
+                    None => Box::new(udp),
+                };
+                let stack: Box<dyn Transport> = match &config.faults {
+                    Some(f) => {
+                        let layer =
+                            Arc::new(FaultTransport::new(captured, f.config.clone(), f.seed));
+                        fault_layer = Some(layer.clone());
+                        Box::new(layer)
+                    }
+                    None => captured,
+                };
+                (Some(stack), addr)
+            }
+        };
+        let mut engine_config = config.engine;
+        engine_config.port_mtu = mtu::port_mtu(address, engine_config.port_mtu);
+        // One GID, the device's address (index 0); the engine checks every source GID
+        // index against this table.
+        engine_config.gid_table_len = GID_TABLE_LEN;
+        let inner = Arc::new(DeviceInner {
+            name: config.name,
+            address,
+            gid: Gid::from_ip(address),
+            state: Mutex::new(State {
+                engine: Engine::new(engine_config),
+                memory: MemoryTable::new(),
+                routes: HashMap::new(),
+                held: VecDeque::new(),
+                next_pd: 1,
+                scratch: vec![0u8; 16 * 1024],
+            }),
+            transport,
+            tx: Mutex::new(()),
+            rx: Mutex::new(()),
+            fault_layer,
+            events: AsyncEventQueue::new()?,
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            shortcut: AtomicBool::new(true),
+            sleeping_until: AtomicU64::new(0),
+            next_deadline: AtomicU64::new(u64::MAX),
+            last_app_progress: AtomicU64::new(0),
+            port_mtu: engine_config.port_mtu,
+            capture: config.capture.clone(),
+        });
+        lock(registry()).insert(address, Arc::downgrade(&inner));
+        inner.events.push(AsyncEvent::PortActive { port: 1 });
+        let progress = if config.progress_thread {
+            let weak = Arc::downgrade(&inner);
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("softverbs-progress-{address}"))
+                    .spawn(move || progress_loop(weak))?,
+            )
+        } else {
+            None
+        };
+        Ok(Device { inner, progress })
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The device's address (its GID 0 as an IP address).
+    pub fn address(&self) -> IpAddr {
+        self.inner.address
+    }
+
+    /// GID table entry `index` (only index 0 exists).
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        (index < GID_TABLE_LEN).then_some(self.inner.gid)
+    }
+
+    /// The device's limits.
+    pub fn query_device(&self) -> DeviceAttr {
+        let config = *lock(&self.inner.state).engine.config();
+        let guid_bytes = self.inner.gid.0;
+        let node_guid = u64::from_be_bytes([
+            0x02,
+            0x53,
+            0x56,
+            0xff,
+            guid_bytes[12],
+            guid_bytes[13],
+            guid_bytes[14],
+            guid_bytes[15],
+        ]);
+        DeviceAttr {
+            node_guid,
+            vendor_id: VENDOR_ID,
+            vendor_part_id: 0,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            max_qp: 0x00ff_ff00,
+            max_qp_wr: config.max_qp_wr,
+            max_sge: config.max_sge,
+            max_cq: 1 << 20,
+            max_cqe: MAX_CQE,
+            max_mr: 1 << 20,
+            max_pd: 1 << 20,
+            max_qp_rd_atom: config.max_qp_rd_atom,
+            max_qp_init_rd_atom: config.max_qp_init_rd_atom,
+            max_srq: 1 << 16,
+            max_srq_wr: config.max_qp_wr,
+            max_srq_sge: config.max_sge,
+            max_inline_data: config.max_inline_data,
+            atomic_cap_hca: true,
+            completion_timestamp_mask: softverbs_cq::DEVICE_CLOCK_MASK,
+            hca_core_clock_khz: softverbs_cq::DEVICE_CLOCK_KHZ,
+            phys_port_cnt: 1,
+        }
+    }
+
+    /// The port's state.
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr {
+            active: true,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.inner.port_mtu,
+            gid_tbl_len: GID_TABLE_LEN,
+            link_layer_ethernet: true,
+        }
+    }
+
+    /// The asynchronous event queue.
+    pub fn async_events(&self) -> &AsyncEventQueue {
+        &self.inner.events
+    }
+
+    /// Allocates a protection domain handle.
+    pub fn alloc_pd(&self) -> u32 {
+        let mut st = lock(&self.inner.state);
+        let pd = st.next_pd;
+        st.next_pd += 1;
+        pd
+    }
+
+    /// Registers memory (`ibv_reg_mr_iova2(3)`). Refused as [`MemoryTable::register`]
+    /// refuses it, as [`DeviceError::Register`] whose errno is the kernel device's
+    /// (`EINVAL` empty range or bad flags, `EFAULT` a page not mapped with the access
+    /// asked, `ENOMEM` past `RLIMIT_MEMLOCK`).
+    ///
+    /// # Safety
+    ///
+    /// As [`MemoryTable::register`]: the range stays valid, and not accessed in conflict
+    /// with the device, until [`Device::dereg_mr`] returns for its lkey.
+    pub unsafe fn reg_mr(
+        &self,
+        pd: u32,
+        addr: usize,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Region, DeviceError> {
+        // SAFETY: forwarded contract.
+        Ok(unsafe {
+            lock(&self.inner.state)
+                .memory
+                .register(pd, addr, len, iova, access)
+        }?)
+    }
+
+    /// Deregisters the region with local key `lkey`; the device never touches it again.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<Region, DeviceError> {
+        lock(&self.inner.state)
+            .memory
+            .deregister(lkey)
+            .ok_or(DeviceError::NoSuch("memory region"))
+    }
+
+    /// How many accesses to registered memory faulted because the application unmapped
+    /// (or freed) a region while it was registered
+    /// ([`MemoryTable::faulted_accesses`]); each failed (REM_ACCESS_ERR NAK, LOC_PROT_ERR)
+    /// and the process lived.
+    pub fn faulted_accesses(&self) -> u64 {
+        lock(&self.inner.state).memory.faulted_accesses()
+    }
+
+    /// Creates a QP completing into `send_cq` and `recv_cq`; returns its number. The QP is
+    /// in protection domain `init.pd` (a number from [`Device::alloc_pd`]): it reaches only
+    /// regions registered in that PD, a key of another PD being refused like an invalid
+    /// one.
+    pub fn create_qp(
+        &self,
+        init: QpInit,
+        send_cq: CqProducer,
+        recv_cq: CqProducer,
+    ) -> Result<u32, DeviceError> {
+        let mut st = lock(&self.inner.state);
+        let qpn = st.engine.create_qp(init)?;
+        send_cq.attach_qp();
+        if recv_cq.cq_id() != send_cq.cq_id() {
+            recv_cq.attach_qp();
+        }
+        st.routes.insert(
+            qpn,
+            Route {
+                send: send_cq,
+                recv: recv_cq,
+            },
+        );
+        Ok(qpn)
+    }
+
+    /// Destroys a QP; its CQs may then be destroyed.
+    pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        st.engine.destroy_qp(qpn)?;
+        if let Some(route) = st.routes.remove(&qpn) {
+            route.send.detach_qp();
+            if route.recv.cq_id() != route.send.cq_id() {
+                route.recv.detach_qp();
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks an address vector (`ibv_create_ah(3)`): port and source GID index, by the
+    /// same rule a QP's path gets in [`Device::modify_qp`].
+    pub fn check_address_vector(&self, av: &AddressVector) -> Result<(), DeviceError> {
+        Ok(lock(&self.inner.state).engine.check_address_vector(av)?)
+    }
+
+    /// Modifies a QP (`ibv_modify_qp(3)`).
+    pub fn modify_qp(&self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.modify_qp(qpn, attr, mask))?;
+        Ok(())
+    }
+
+    /// Queries a QP (`ibv_query_qp(3)`).
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInit), DeviceError> {
+        Ok(lock(&self.inner.state).engine.query_qp(qpn)?)
+    }
+
+    /// The state of a QP.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        lock(&self.inner.state).engine.qp_state(qpn)
+    }
+
+    /// Posts a send work request (`ibv_post_send(3)`).
+    pub fn post_send(&self, qpn: u32, wr: SendWr) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.post_send(qpn, wr))?;
+        Ok(())
+    }
+
+    /// Posts a receive work request (`ibv_post_recv(3)`).
+    pub fn post_recv(&self, qpn: u32, wr: RecvWr) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.post_recv(qpn, wr))?;
+        Ok(())
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq(3)`).
+    pub fn create_srq(&self, init: SrqInit) -> Result<SrqId, DeviceError> {
+        Ok(lock(&self.inner.state).engine.create_srq(init)?)
+    }
+
+    /// Posts to a shared receive queue (`ibv_post_srq_recv(3)`).
+    pub fn post_srq_recv(&self, srq: SrqId, wr: RecvWr) -> Result<(), DeviceError> {
+        self.inner.run(|st| st.engine.post_srq_recv(srq, wr))?;
+        Ok(())
+    }
+
+    /// Arms an SRQ's limit event (`ibv_modify_srq(3)` with `IBV_SRQ_LIMIT`).
+    pub fn arm_srq_limit(&self, srq: SrqId, limit: u32) -> Result<(), DeviceError> {
+        Ok(lock(&self.inner.state).engine.arm_srq_limit(srq, limit)?)
+    }
+
+    /// Queries a shared receive queue (`ibv_query_srq(3)`): `(max_wr, max_sge, srq_limit)`.
+    pub fn query_srq(&self, srq: SrqId) -> Result<(u32, u32, u32), DeviceError> {
+        Ok(lock(&self.inner.state).engine.query_srq(srq)?)
+    }
+
+    /// Destroys a shared receive queue.
+    pub fn destroy_srq(&self, srq: SrqId) -> Result<(), DeviceError> {
+        Ok(lock(&self.inner.state).engine.destroy_srq(srq)?)
+    }
+
+    /// Receives and handles what has arrived and runs due timers, without blocking.
+    /// Called by a poll that found its CQ empty, so a busy-polling application needs no
+    /// other thread to make progress.
+    pub fn progress(&self) {
+        let inner = &self.inner;
+        if inner.transport.is_none() {
+            // In-process packets arrive by direct hand-over: only timers can be due, and an
+            // idle poll with none pending reads neither the clock nor a lock.
+            let deadline = inner.next_deadline.load(Ordering::Relaxed);
+            if deadline != u64::MAX && deadline <= DeviceClock::now() {
+                inner.run_due_timers(DeviceClock::now());
+            }
+            return;
+        }
+        let now = DeviceClock::now();
+        inner.last_app_progress.store(now, Ordering::Relaxed);
+        if inner.progress_once(now, Some(Duration::ZERO)) == 0 {
+            // An application spinning on an empty CQ gives its core away now and then, so
+            // the threads that make its completions (the progress threads of this and of
+            // a peer process on the same cores) are not starved by its polling.
+            thread_local! {
+                static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+            }
+            let empty = EMPTY_POLLS.with(|n| {
+                n.set(n.get().wrapping_add(1));
+                n.get()
+            });
+            if empty.is_multiple_of(EMPTY_POLLS_BEFORE_YIELD) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A duplicate of the fd that polls readable when a packet may have arrived for this
+    /// device (its UDP socket); `None` in-process, where packets are handed over directly.
+    /// A thread that blocks waiting for a completion can wait on it too and call
+    /// [`Device::progress`] when it is readable: it then receives the packet that makes
+    /// its completion itself, instead of being woken by the progress thread that did
+    /// (one thread wake-up instead of two).
+    pub fn readiness_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        let transport = self.inner.transport.as_ref()?;
+        transport.readiness_fd()?.try_clone_to_owned().ok()
+    }
+
+    /// Whether packets for devices of this process are handed over directly (the
+    /// default) or sent through the transport like any other (tests of the wire path).
+    pub fn set_in_process_shortcut(&self, on: bool) {
+        self.inner.shortcut.store(on, Ordering::Relaxed);
+    }
+
+    /// Writes the packets captured so far to the capture file (a no-op without
+    /// capture). The file is complete up to here even if the process never drops the
+    /// device, as a C program using the drop-in never does.
+    pub fn flush_capture(&self) -> io::Result<()> {
+        match &self.inner.capture {
+            Some(capture) => capture.flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes and closes the capture file: nothing is recorded after this, so a file
+    /// closed as the process leaves never ends in a half-written record.
+    pub fn close_capture(&self) -> io::Result<()> {
+        match &self.inner.capture {
+            Some(capture) => capture.close(),
+            None => Ok(()),
+        }
+    }
+
+    /// The engine's counters.
+    pub fn counters(&self) -> softverbs_proto::Counters {
+        lock(&self.inner.state).engine.counters().clone()
+    }
+
+    /// The capture this device records into, if any (its counters: [`Capture`]'s
+    /// `Display`).
+    pub fn capture(&self) -> Option<&Arc<Capture>> {
+        self.inner.capture.as_ref()
+    }
+
+    /// What fault injection did (`None` without fault injection).
+    pub fn fault_counters(&self) -> Option<crate::fault::FaultCounters> {
+        self.inner.fault_layer.as_ref().map(|f| f.fault_counters())
+    }
+
+    /// The transport's counters (`None` for an in-process device).
+    pub fn transport_counters(&self) -> Option<crate::transport::TransportCounters> {
+        self.inner.transport.as_ref().map(|t| t.counters())
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        self.inner.wake.notify_all();
+        if let Some(handle) = self.progress.take() {
+            let _ = handle.join();
+        }
+        let mut reg = lock(registry());
+        if reg
+            .get(&self.inner.address)
+            .is_some_and(|w| w.as_ptr() == Arc::as_ptr(&self.inner))
+        {
+            reg.remove(&self.inner.address);
+        }
+    }
+}

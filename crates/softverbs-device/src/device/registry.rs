@@ -1,0 +1,24 @@
+//! The devices of this process, by address: a packet for one of these addresses is handed
+//! to that device directly instead of going through a transport. Holds weak references
+//! only, so a device in the registry is still dropped when its owner drops it (and its
+//! `Drop` removes its own entry); also hands out the 127.1.0.0/16 addresses of in-process
+//! devices, in turn.
+
+use super::DeviceInner;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock, Weak};
+
+/// The devices of this process by address (weak: the registry keeps none alive).
+pub(super) fn registry() -> &'static Mutex<HashMap<IpAddr, Weak<DeviceInner>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceInner>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The next address in 127.1.0.0/16 for an in-process device (no socket uses it).
+pub(super) fn next_in_process_address() -> IpAddr {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    IpAddr::V4(Ipv4Addr::new(127, 1, (n >> 8) as u8, n as u8))
+}

@@ -1,0 +1,257 @@
+//! Registered memory: the table of memory regions and the one place in softverbs that
+//! copies into and out of application memory.
+//!
+//! A region is a range of the process's memory that its owner promised (by the `unsafe`
+//! [`MemoryTable::register`]) to keep valid until it is deregistered. Every access goes
+//! through [`softverbs_proto::Memory`]: the key names the region, and the key, the region's
+//! protection domain (it must be the PD of the QP making the access), the bounds and the
+//! access flags are checked before a byte moves, so a request naming a region of another
+//! PD, outside a region or without the right access is refused (the engine turns that into
+//! the NAK or completion status the spec requires) and never touches other memory.
+//!
+//! Keys are unguessable: 32 random bits from the operating system per key, never reused
+//! while registered (`ibv_reg_mr(3)`: lkey and rkey are the region's local and remote keys).
+//!
+//! Registration checks what the kernel's `ib_umem_get` checks when it pins the pages, with
+//! the same errno (module [`crate::mappings`]): a non-empty range (`EINVAL`), every page
+//! mapped (`EFAULT`), writable when the region asks for write access (`EFAULT`), and the
+//! process's pinned pages within `RLIMIT_MEMLOCK` (`ENOMEM`; `EPERM` for a zero limit)
+//! unless the thread has `CAP_IPC_LOCK`.
+//!
+//! Registered memory is shared with the application, which may read or write it while a
+//! remote peer's RDMA write lands in it (that is what RDMA is for), and which may break its
+//! promise and unmap or free it. Every copy and atomic on a region goes through
+//! [`crate::guarded`]: on x86-64 assembly routines, opaque to the compiler, so a race with
+//! the application is a race on values and never undefined behaviour, and fault tolerant,
+//! so an access to memory that is no longer mapped fails with [`MemError::Fault`] instead
+//! of killing the process. The table then counts the fault
+//! ([`MemoryTable::faulted_accesses`]) and marks the region, whose later accesses are
+//! refused the same way without touching memory.
+//!
+//! | file | holds |
+//! |---|---|
+//! | `mod.rs` | [`MemoryTable`]: the regions, their keys, registration and deregistration |
+//! | `registration.rs` | [`RegisterError`] and the checks a registration passes before the table records it |
+//! | `access.rs` | the [`softverbs_proto::Memory`] accesses: key, PD, access and bounds checks, then the guarded copies and atomics |
+//! | `shared.rs` | [`copy_from_shared`] / [`copy_to_shared`]: the copies into and out of application memory |
+
+mod access;
+mod registration;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+pub use registration::RegisterError;
+pub use shared::{copy_from_shared, copy_to_shared};
+
+use crate::guarded;
+use crate::mappings::{self, Pinned};
+use softverbs_proto::{AccessFlags, MemError, MemKey};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// One registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Where the region starts in this process's address space.
+    pub addr: usize,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The I/O virtual address remote peers use for its first byte (`ibv_reg_mr_iova2`;
+    /// equal to `addr` for `ibv_reg_mr`).
+    pub iova: u64,
+    /// Access rights granted.
+    pub access: AccessFlags,
+    /// The protection domain it belongs to.
+    pub pd: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+impl Region {
+    /// The offset of `[va, va + len)` inside the region, if it is inside.
+    fn offset(&self, va: u64, len: u64) -> Result<usize, MemError> {
+        let start = va.checked_sub(self.iova).ok_or(MemError::OutOfBounds)?;
+        let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        if end > self.len {
+            return Err(MemError::OutOfBounds);
+        }
+        usize::try_from(start).map_err(|_| MemError::OutOfBounds)
+    }
+}
+
+/// A region in the table, with what the table keeps about it.
+#[derive(Debug)]
+struct Slot {
+    region: Region,
+    /// An access faulted: the memory is gone, refuse every access without touching it.
+    faulted: AtomicBool,
+    /// Its pages in the process's pinned count.
+    pinned: Pinned,
+}
+
+/// The table of registered regions of one device.
+#[derive(Debug, Default)]
+pub struct MemoryTable {
+    regions: Vec<Option<Slot>>,
+    by_lkey: HashMap<u32, usize>,
+    by_rkey: HashMap<u32, usize>,
+    /// Accesses that faulted (the application unmapped registered memory).
+    faulted_accesses: AtomicU64,
+}
+
+impl Drop for MemoryTable {
+    fn drop(&mut self) {
+        for slot in self.regions.drain(..).flatten() {
+            mappings::release_pages(slot.pinned);
+        }
+    }
+}
+
+/// 32 random bits from the operating system, for a key.
+fn random_u32() -> Result<u32, RegisterError> {
+    let mut bytes = [0u8; 4];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+        .map_err(|_| RegisterError::NoRandomness)?;
+    Ok(u32::from_ne_bytes(bytes))
+}
+
+impl MemoryTable {
+    /// An empty table. Installs the process's memory fault handler ([`crate::guarded`]).
+    pub fn new() -> Self {
+        guarded::ensure_installed();
+        Self::default()
+    }
+
+    /// Registers `[addr, addr + len)` under protection domain `pd`, remote peers naming
+    /// its first byte `iova`. Returns the region with its new keys.
+    ///
+    /// Refused, touching nothing, as a kernel device refuses it (`ibv_reg_mr(3)`; errno
+    /// from [`RegisterError::errno`]): remote write or atomic without local write; an
+    /// empty or wrapping range; a page not mapped, or not readable, or not writable when
+    /// the access asks for writing (`LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_ATOMIC`,
+    /// `MW_BIND`); more pinned pages than `RLIMIT_MEMLOCK` allows without `CAP_IPC_LOCK`.
+    ///
+    /// # Safety
+    ///
+    /// The range must be memory of this process that stays allocated, and is not
+    /// otherwise accessed in a way that conflicts with the device reading and writing it,
+    /// until [`MemoryTable::deregister`] returns for its lkey. (This is the contract of
+    /// `ibv_reg_mr(3)`; the safe API upholds it by owning the buffer.) Breaking the first
+    /// half by unmapping the memory makes the device's accesses fail (x86-64), not the
+    /// process crash; memory mapped again at the same address is written as if it were
+    /// the region.
+    pub unsafe fn register(
+        &mut self,
+        pd: u32,
+        addr: usize,
+        len: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Region, RegisterError> {
+        let pinned = registration::check_registration(addr, len, iova, access)?;
+        let keys = self
+            .fresh_key(true)
+            .and_then(|lkey| Ok((lkey, self.fresh_key(false)?)));
+        let (lkey, rkey) = match keys {
+            Ok(keys) => keys,
+            Err(e) => {
+                mappings::release_pages(pinned);
+                return Err(e);
+            }
+        };
+        let region = Region {
+            addr,
+            len,
+            iova,
+            access,
+            pd,
+            lkey,
+            rkey,
+        };
+        let slot = Slot {
+            region,
+            faulted: AtomicBool::new(false),
+            pinned,
+        };
+        let index = match self.regions.iter().position(Option::is_none) {
+            Some(free) => {
+                self.regions[free] = Some(slot);
+                free
+            }
+            None => {
+                self.regions.push(Some(slot));
+                self.regions.len() - 1
+            }
+        };
+        self.by_lkey.insert(lkey, index);
+        self.by_rkey.insert(rkey, index);
+        Ok(region)
+    }
+
+    fn fresh_key(&self, local: bool) -> Result<u32, RegisterError> {
+        for _ in 0..64 {
+            let key = random_u32()?;
+            let taken = if local {
+                self.by_lkey.contains_key(&key)
+            } else {
+                self.by_rkey.contains_key(&key)
+            };
+            if key != 0 && !taken {
+                return Ok(key);
+            }
+        }
+        Err(RegisterError::NoRandomness)
+    }
+
+    /// Removes the region with local key `lkey`; after this returns the device never
+    /// touches its memory again, and its pages no longer count against `RLIMIT_MEMLOCK`.
+    pub fn deregister(&mut self, lkey: u32) -> Option<Region> {
+        let index = self.by_lkey.remove(&lkey)?;
+        let slot = self.regions[index].take()?;
+        self.by_rkey.remove(&slot.region.rkey);
+        mappings::release_pages(slot.pinned);
+        Some(slot.region)
+    }
+
+    /// The region with local key `lkey`.
+    pub fn by_lkey(&self, lkey: u32) -> Option<&Region> {
+        self.by_lkey
+            .get(&lkey)
+            .and_then(|&i| self.regions[i].as_ref())
+            .map(|slot| &slot.region)
+    }
+
+    /// The number of registered regions.
+    pub fn len(&self) -> usize {
+        self.by_lkey.len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.by_lkey.is_empty()
+    }
+
+    /// How many accesses to registered memory faulted because the application had
+    /// unmapped (or freed, or re-protected) it; each failed with [`MemError::Fault`] and
+    /// left the process running. Accesses refused afterwards because their region had
+    /// faulted are not counted.
+    pub fn faulted_accesses(&self) -> u64 {
+        self.faulted_accesses.load(Ordering::Relaxed)
+    }
+
+    fn slot(&self, key: MemKey) -> Result<&Slot, MemError> {
+        let index = match key {
+            MemKey::Local(k) => self.by_lkey.get(&k),
+            MemKey::Remote(k) => self.by_rkey.get(&k),
+        }
+        .ok_or(MemError::InvalidKey)?;
+        self.regions[*index].as_ref().ok_or(MemError::InvalidKey)
+    }
+
+    fn region(&self, key: MemKey) -> Result<&Region, MemError> {
+        self.slot(key).map(|slot| &slot.region)
+    }
+}

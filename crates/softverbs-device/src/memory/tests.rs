@@ -1,0 +1,374 @@
+//! Tests of the memory table: registration refusals and their errnos, keys, the checks
+//! of every access (bounds, rights, protection domains, invalidation), atomics, the
+//! shared copies, and regions the application unmaps while they are registered.
+
+use super::*;
+use softverbs_proto::{AtomicOp, Memory};
+
+fn table_with(buf: &mut [u8], access: AccessFlags) -> (MemoryTable, Region) {
+    let mut t = MemoryTable::new();
+    // SAFETY: `buf` outlives the table in every test that uses it.
+    let r = unsafe {
+        t.register(
+            1,
+            buf.as_mut_ptr() as usize,
+            buf.len() as u64,
+            0x1000,
+            access,
+        )
+    }
+    .unwrap();
+    (t, r)
+}
+
+#[test]
+fn remote_write_without_local_write_is_refused_at_registration() {
+    // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set,
+    // then IBV_ACCESS_LOCAL_WRITE must be set too."
+    let mut buf = [0u8; 8];
+    let mut t = MemoryTable::new();
+    // SAFETY: refused before anything is recorded.
+    let err = unsafe {
+        t.register(
+            1,
+            buf.as_mut_ptr() as usize,
+            8,
+            0,
+            AccessFlags::REMOTE_WRITE,
+        )
+    };
+    assert_eq!(err, Err(RegisterError::MissingLocalWrite));
+}
+
+#[test]
+fn keys_are_distinct_random_and_lkey_differs_from_rkey() {
+    let mut buf = [0u8; 64];
+    let mut t = MemoryTable::new();
+    let mut keys = std::collections::HashSet::new();
+    for _ in 0..32 {
+        // SAFETY: `buf` outlives `t`.
+        let r = unsafe {
+            t.register(
+                1,
+                buf.as_mut_ptr() as usize,
+                64,
+                0,
+                AccessFlags::LOCAL_WRITE,
+            )
+        }
+        .unwrap();
+        assert!(keys.insert(r.lkey));
+        assert!(keys.insert(r.rkey));
+    }
+}
+
+#[test]
+fn remote_access_outside_the_region_or_without_rights_touches_nothing() {
+    let mut buf = [7u8; 16];
+    let (mut t, r) = table_with(
+        &mut buf,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+    );
+    let mut out = [0u8; 8];
+    assert_eq!(t.read(1, MemKey::Remote(r.rkey), 0x1008, &mut out), Ok(()));
+    assert_eq!(
+        t.read(1, MemKey::Remote(r.rkey), 0x100c, &mut out),
+        Err(MemError::OutOfBounds)
+    );
+    assert_eq!(
+        t.read(1, MemKey::Remote(r.rkey), 0x0ff8, &mut out),
+        Err(MemError::OutOfBounds)
+    );
+    assert_eq!(
+        t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1, 2]),
+        Err(MemError::AccessDenied)
+    );
+    assert_eq!(
+        t.read(1, MemKey::Remote(r.rkey ^ 1), 0x1000, &mut out),
+        Err(MemError::InvalidKey)
+    );
+    assert_eq!(buf, [7u8; 16]);
+}
+
+#[test]
+fn atomics_are_aligned_checked_and_return_the_original_value() {
+    let mut buf = [0u64; 2];
+    let bytes = 16;
+    let mut t = MemoryTable::new();
+    // SAFETY: `buf` outlives `t`.
+    let r = unsafe {
+        t.register(
+            1,
+            buf.as_mut_ptr() as usize,
+            bytes,
+            0,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+        )
+    }
+    .unwrap();
+    assert_eq!(t.atomic(1, r.rkey, 8, AtomicOp::FetchAdd { add: 5 }), Ok(0));
+    assert_eq!(
+        t.atomic(
+            1,
+            r.rkey,
+            8,
+            AtomicOp::CompareSwap {
+                compare: 5,
+                swap: 9
+            }
+        ),
+        Ok(5)
+    );
+    assert_eq!(
+        t.atomic(1, r.rkey, 4, AtomicOp::FetchAdd { add: 1 }),
+        Err(MemError::Misaligned)
+    );
+    assert_eq!(
+        t.atomic(1, r.rkey, 16, AtomicOp::FetchAdd { add: 1 }),
+        Err(MemError::OutOfBounds)
+    );
+    assert_eq!(buf, [0, 9]);
+}
+
+#[test]
+fn shared_copies_move_every_byte_at_any_alignment_and_touch_nothing_else() {
+    let src: Vec<u8> = (0..100u8).collect();
+    for start in 0..9 {
+        for len in [0, 1, 7, 8, 9, 31, 64, 90] {
+            // Word-aligned backing store, as registered memory of the safe API is.
+            let mut words = vec![u64::from_ne_bytes([0xee; 8]); 14];
+            // SAFETY: viewing the vector's words as bytes; it outlives `region`.
+            let region: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, 112) };
+            // SAFETY: both ranges are inside live vectors of this test.
+            let wrote = unsafe { copy_to_shared(&src[..len], region.as_mut_ptr().add(start)) };
+            assert_eq!(wrote, Ok(()));
+            assert_eq!(&region[start..start + len], &src[..len]);
+            assert!(region[..start].iter().all(|&b| b == 0xee));
+            assert!(region[start + len..].iter().all(|&b| b == 0xee));
+            let mut out = vec![0u8; len];
+            // SAFETY: as above.
+            let read = unsafe { copy_from_shared(region.as_ptr().add(start), &mut out) };
+            assert_eq!(read, Ok(()));
+            assert_eq!(out, &src[..len]);
+        }
+    }
+}
+
+#[test]
+fn deregistered_keys_are_refused_and_ordinary_regions_cannot_be_invalidated() {
+    let mut buf = [0u8; 8];
+    let (mut t, r) = table_with(
+        &mut buf,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    // An ordinary region refuses invalidation and keeps its R_Key (IBTA 10.6.6).
+    assert_eq!(t.invalidate(1, r.rkey), Err(MemError::NotInvalidatable));
+    assert!(t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1]).is_ok());
+    assert!(t.write(1, MemKey::Local(r.lkey), 0x1000, &[1]).is_ok());
+    t.deregister(r.lkey).unwrap();
+    assert_eq!(
+        t.write(1, MemKey::Local(r.lkey), 0x1000, &[1]),
+        Err(MemError::InvalidKey)
+    );
+    assert!(t.is_empty());
+}
+
+/// IBTA vol. 1 ch. 10, protection domains: a key is valid for a QP only if its region
+/// is in the QP's PD. Every access naming a key of a region in another PD is refused
+/// (local and remote, read, write, atomic, invalidate, and the up-front checks) and
+/// touches nothing; the region's own PD still reaches it.
+#[test]
+fn a_key_of_a_region_in_another_pd_is_refused_and_touches_nothing() {
+    let mut buf = [7u64; 2];
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC;
+    let mut t = MemoryTable::new();
+    // SAFETY: `buf` outlives `t`.
+    let r = unsafe { t.register(1, buf.as_mut_ptr() as usize, 16, 0x1000, all) }.unwrap();
+    let other = 2;
+    let mut out = [0u8; 8];
+    let refused = Err(MemError::PdMismatch);
+    assert_eq!(t.check_local(other, r.lkey, 0x1000, 8, all), refused);
+    assert_eq!(t.check_remote(other, r.rkey, 0x1000, 8, all), refused);
+    assert_eq!(
+        t.read(other, MemKey::Local(r.lkey), 0x1000, &mut out),
+        refused
+    );
+    assert_eq!(
+        t.read(other, MemKey::Remote(r.rkey), 0x1000, &mut out),
+        refused
+    );
+    assert_eq!(t.write(other, MemKey::Local(r.lkey), 0x1000, &[1]), refused);
+    assert_eq!(
+        t.write(other, MemKey::Remote(r.rkey), 0x1000, &[1]),
+        refused
+    );
+    assert_eq!(
+        t.atomic(other, r.rkey, 0x1000, AtomicOp::FetchAdd { add: 1 }),
+        Err(MemError::PdMismatch)
+    );
+    assert_eq!(t.invalidate(other, r.rkey), refused);
+    assert_eq!(out, [0; 8]);
+    assert_eq!(buf, [7, 7]);
+    // Its own PD: everything works, and the R_Key survived the refused invalidate.
+    assert_eq!(t.check_remote(1, r.rkey, 0x1000, 16, all), Ok(()));
+    assert_eq!(
+        t.atomic(1, r.rkey, 0x1008, AtomicOp::FetchAdd { add: 1 }),
+        Ok(7)
+    );
+    assert_eq!(buf, [7, 8]);
+}
+
+/// An anonymous private mapping of `pages` pages with `protection`, at an address no
+/// other test maps again once it is unmapped.
+fn map(pages: usize, protection: libc::c_int) -> usize {
+    crate::mappings::map_far(pages, protection)
+}
+
+fn unmap(addr: usize, pages: usize) {
+    // SAFETY: a mapping of this test.
+    let unmapped = unsafe { libc::munmap(addr as *mut libc::c_void, pages * 4096) };
+    assert_eq!(unmapped, 0);
+}
+
+/// ibv_reg_mr(3) on a kernel device: `ib_umem_get` refuses length 0 with EINVAL and
+/// `get_user_pages` refuses an unmapped page, or a page without write permission when
+/// the region asks for write access (FOLL_WRITE), with EFAULT.
+#[test]
+fn registration_refuses_empty_unmapped_and_unwritable_ranges_with_the_kernels_errno() {
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC;
+    let mut t = MemoryTable::new();
+    let mut buf = [0u64; 4];
+    let at = buf.as_mut_ptr() as usize;
+    // SAFETY: refused before anything is recorded.
+    let empty = unsafe { t.register(1, at, 0, 0, all) };
+    assert_eq!(empty, Err(RegisterError::ZeroLength));
+    assert_eq!(RegisterError::ZeroLength.errno(), libc::EINVAL);
+
+    let gone = map(2, libc::PROT_READ | libc::PROT_WRITE);
+    unmap(gone, 2);
+    // SAFETY: refused: the range is not mapped.
+    let unmapped = unsafe { t.register(1, gone + 8, 4096, 0, all) };
+    assert_eq!(unmapped, Err(RegisterError::Unmapped { addr: gone + 8 }));
+    assert_eq!(unmapped.unwrap_err().errno(), libc::EFAULT);
+
+    let read_only = map(1, libc::PROT_READ);
+    for write in [
+        AccessFlags::LOCAL_WRITE,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+        AccessFlags::MW_BIND,
+    ] {
+        // SAFETY: refused: write access on a read-only mapping.
+        let refused = unsafe { t.register(1, read_only, 4096, 0, write) };
+        assert_eq!(refused, Err(RegisterError::NotWritable { addr: read_only }));
+        assert_eq!(refused.unwrap_err().errno(), libc::EFAULT);
+    }
+    // SAFETY: the mapping outlives the region (deregistered below).
+    let ok = unsafe { t.register(1, read_only, 4096, 0, AccessFlags::REMOTE_READ) }.unwrap();
+    let mut out = [1u8; 8];
+    assert_eq!(t.read(1, MemKey::Remote(ok.rkey), 8, &mut out), Ok(()));
+    assert_eq!(out, [0; 8]);
+    t.deregister(ok.lkey).unwrap();
+
+    // Half mapped: 1 TiB over a small buffer.
+    // SAFETY: refused: most of the range is not mapped.
+    let huge = unsafe { t.register(1, at, 1 << 40, 0, all) };
+    // EFAULT where the pages are missing (or not writable), ENOMEM where
+    // RLIMIT_MEMLOCK applies (ib_umem_get charges the pages before pinning them).
+    let errno = huge.map(|_| 0).unwrap_or_else(|e| e.errno());
+    assert!(errno == libc::EFAULT || errno == libc::ENOMEM, "{huge:?}");
+    assert!(t.is_empty());
+    unmap(read_only, 1);
+}
+
+/// A region the application unmaps while registered: every access fails with
+/// `MemError::Fault` (the engine's REM_ACCESS_ERR NAK / LOC_PROT_ERR), the fault is
+/// counted once per faulting access, the process lives, and later accesses are refused
+/// without touching memory.
+#[test]
+fn accesses_to_a_region_unmapped_while_registered_fail_are_counted_and_fail_fast() {
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_ATOMIC;
+    let mut t = MemoryTable::new();
+    let mut regions = Vec::new();
+    for _ in 0..3 {
+        let addr = map(2, libc::PROT_READ | libc::PROT_WRITE);
+        // SAFETY: the contract is broken on purpose below (munmap): that is the test.
+        let r = unsafe { t.register(1, addr, 8192, 0x10_000, all) }.unwrap();
+        unmap(addr, 2);
+        regions.push(r);
+    }
+    let mut out = [0u8; 16];
+    assert_eq!(
+        t.write(1, MemKey::Remote(regions[0].rkey), 0x10_100, &[1; 16]),
+        Err(MemError::Fault)
+    );
+    assert_eq!(
+        t.read(1, MemKey::Remote(regions[1].rkey), 0x10_100, &mut out),
+        Err(MemError::Fault)
+    );
+    assert_eq!(
+        t.atomic(1, regions[2].rkey, 0x10_008, AtomicOp::FetchAdd { add: 1 }),
+        Err(MemError::Fault)
+    );
+    assert_eq!(t.faulted_accesses(), 3);
+    // Marked: refused up front, not faulting again.
+    assert_eq!(
+        t.check_local(1, regions[0].lkey, 0x10_000, 8, AccessFlags::empty()),
+        Err(MemError::Fault)
+    );
+    assert_eq!(
+        t.read(1, MemKey::Local(regions[0].lkey), 0x10_000, &mut out),
+        Err(MemError::Fault)
+    );
+    assert_eq!(t.faulted_accesses(), 3);
+    for r in regions {
+        assert!(t.deregister(r.lkey).is_some());
+    }
+}
+
+/// A region over two pages whose second page the application unmaps: a write
+/// spanning both lands in the region's part of the first page and fails at the
+/// second; nothing outside the region moves (the bytes before it, the page after it).
+#[test]
+fn a_write_over_a_partly_unmapped_region_changes_only_the_mapped_part_of_the_region() {
+    let addr = map(3, libc::PROT_READ | libc::PROT_WRITE);
+    // SAFETY: our three pages, mapped read-write.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 0xee, 3 * 4096) };
+    let mut t = MemoryTable::new();
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let start = addr + 4096 - 32;
+    // SAFETY: page 1 is unmapped on purpose below; that is the test.
+    let r = unsafe { t.register(1, start, 64, 0x2000, access) }.unwrap();
+    unmap(addr + 4096, 1);
+    assert_eq!(
+        t.write(1, MemKey::Remote(r.rkey), 0x2000, &[1; 64]),
+        Err(MemError::Fault)
+    );
+    // SAFETY: pages 0 and 2 are still mapped.
+    let (page0, page2) = unsafe {
+        (
+            std::slice::from_raw_parts(addr as *const u8, 4096),
+            std::slice::from_raw_parts((addr + 2 * 4096) as *const u8, 4096),
+        )
+    };
+    assert!(page0[..4096 - 32].iter().all(|&b| b == 0xee));
+    assert!(page0[4096 - 32..].iter().all(|&b| b == 1));
+    assert!(page2.iter().all(|&b| b == 0xee));
+    // Registering a range with an unmapped page is refused from now on.
+    // SAFETY: refused.
+    let again = unsafe { t.register(1, start, 64, 0, access) };
+    assert_eq!(again, Err(RegisterError::Unmapped { addr: addr + 4096 }));
+    t.deregister(r.lkey);
+    unmap(addr, 1);
+    unmap(addr + 2 * 4096, 1);
+}
