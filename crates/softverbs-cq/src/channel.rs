@@ -19,9 +19,13 @@
 //! Waking a thread blocked in the kernel costs tens of microseconds on a virtual machine, so
 //! a blocking [`CompletionChannel::get_event`] first spins for a short, configurable time
 //! ([`CompletionChannel::set_spin`]) watching the queue.
+//!
+//! All the channel knows of a CQ is its event source (`CqEventSource`, here): the CQ's
+//! identity, user context, channel attachment and event counts, which every queued or taken
+//! event holds. The CQ (`cq/`) owns one and imports this module; this module never names
+//! the CQ, so the dependency runs one way only.
 
-use crate::cq::Shared;
-use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
@@ -32,12 +36,110 @@ use std::time::Duration;
 /// How long a blocking `get_event` spins before sleeping, by default.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 
+/// What a CQ's events point back to: the CQ's identity and user context, the channel it
+/// is attached to, and the events raised and acknowledged. The CQ's shared state owns one
+/// (`cq/mod.rs`) and every event on the queue or in the application's hands holds it, so
+/// it lives until the CQ and all its events are gone; only then does the CQ stop counting
+/// as attached to its channel ([`CompletionChannel::attached_cqs`]).
+pub(crate) struct CqEventSource {
+    id: u64,
+    user_context: AtomicU64,
+    channel: Option<Arc<ChannelInner>>,
+    counts: Mutex<EventCounts>,
+    /// Notified by an acknowledgement while a destroy waits for one.
+    acked_cv: Condvar,
+}
+
+/// A CQ's event counts, under the source's lock.
+#[derive(Default)]
+pub(crate) struct EventCounts {
+    /// Events put on the channel (minus those purged unread at destroy).
+    pub(crate) raised: u64,
+    pub(crate) acked: u64,
+    /// Threads waiting in `destroy_wait` for an ack (an ack wakes them only if any).
+    pub(crate) waiters: u32,
+}
+
+impl CqEventSource {
+    /// The source of the CQ `id`; counts the CQ as attached to `channel` until dropped.
+    pub(crate) fn new(id: u64, user_context: u64, channel: Option<Arc<ChannelInner>>) -> Self {
+        if let Some(ch) = &channel {
+            ch.attached.fetch_add(1, Ordering::Relaxed);
+        }
+        CqEventSource {
+            id,
+            user_context: AtomicU64::new(user_context),
+            channel,
+            counts: Mutex::new(EventCounts::default()),
+            acked_cv: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn user_context(&self) -> u64 {
+        self.user_context.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_user_context(&self, context: u64) {
+        self.user_context.store(context, Ordering::Relaxed);
+    }
+
+    /// The channel the CQ's events go to.
+    pub(crate) fn channel(&self) -> Option<&Arc<ChannelInner>> {
+        self.channel.as_ref()
+    }
+
+    /// The event counts, locked. Taken after the channel's queue lock when both are held.
+    pub(crate) fn counts(&self) -> MutexGuard<'_, EventCounts> {
+        lock(&self.counts)
+    }
+
+    /// What a destroy waiting for an acknowledgement waits on (with `waiters` counted).
+    pub(crate) fn acked_cv(&self) -> &Condvar {
+        &self.acked_cv
+    }
+
+    pub(crate) fn raised(&self) -> u64 {
+        self.counts().raised
+    }
+
+    pub(crate) fn note_raised(&self) {
+        self.counts().raised += 1;
+    }
+
+    pub(crate) fn note_purged(&self, n: u64) {
+        self.counts().raised -= n;
+    }
+
+    pub(crate) fn ack(&self, n: u64) {
+        let mut ev = self.counts();
+        ev.acked += n;
+        let waiters = ev.waiters;
+        drop(ev);
+        // A futex wake is a system call: only when a destroy is waiting for this ack.
+        if waiters > 0 {
+            self.acked_cv.notify_all();
+        }
+    }
+}
+
+impl Drop for CqEventSource {
+    fn drop(&mut self) {
+        if let Some(ch) = &self.channel {
+            ch.attached.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 pub(crate) struct QueuedEvent {
-    cq: Arc<Shared>,
+    cq: Arc<CqEventSource>,
 }
 
 impl QueuedEvent {
-    pub(crate) fn new(cq: Arc<Shared>) -> Self {
+    pub(crate) fn new(cq: Arc<CqEventSource>) -> Self {
         QueuedEvent { cq }
     }
 
@@ -54,7 +156,7 @@ pub(crate) struct ChannelInner {
     queued: AtomicUsize,
     /// CQs using this channel. (Event-fd counts of events withdrawn at CQ destruction stay
     /// behind; a getter that consumes one finds the queue empty and waits again.)
-    pub(crate) attached: AtomicUsize,
+    attached: AtomicUsize,
     spin_ns: AtomicU64,
     /// What a blocked getter does besides watching the fd
     /// ([`CompletionChannel::set_wait_progress`]).
@@ -355,7 +457,7 @@ impl AsRawFd for CompletionChannel {
 /// One completion event: "this CQ got a completion while armed". Acknowledges itself when
 /// dropped (`ibv_ack_cq_events(3)`).
 pub struct CqEvent {
-    cq: Arc<Shared>,
+    cq: Arc<CqEventSource>,
     acknowledged: bool,
 }
 

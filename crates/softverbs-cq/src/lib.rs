@@ -7,9 +7,10 @@
 //! polling, notification arming, completion channels, overrun, resize, moderation and
 //! completion timestamps. The device, the safe API and the C drop-in only feed and expose it.
 //!
-//! The only unsafe code is the ring pointer that resize replaces (`cq.rs`); every shared
-//! access is an atomic with its ordering explained where it is used, and the concurrency is
-//! checked by loom models (`RUSTFLAGS="--cfg loom" cargo test -p softverbs-cq --test loom`).
+//! The only unsafe code is the ring pointer that resize replaces (`cq/mod.rs`,
+//! `cq/resize.rs`); every shared access is an atomic with its ordering explained where it
+//! is used, and the concurrency is checked by loom models
+//! (`RUSTFLAGS="--cfg loom" cargo test -p softverbs-cq --test loom`).
 
 pub mod channel;
 pub mod clock;

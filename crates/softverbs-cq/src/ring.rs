@@ -11,7 +11,7 @@
 //! `IGNORE_OVERRUN`, where the producer overwrites unconsumed entries) is a seqlock retry,
 //! never a data race. On x86-64 the relaxed loads and stores are plain moves.
 //!
-//! Ownership rules (enforced by the callers in `cq.rs`, which hold the producer lock or the
+//! Ownership rules (enforced by the callers in `cq/`, which hold the producer lock or the
 //! consumer's exclusive access): only the producer writes slots; only the consumer reads
 //! them; [`Ring`] is replaced only while both sides are excluded.
 

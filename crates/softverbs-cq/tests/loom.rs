@@ -33,7 +33,8 @@
 //! every entry through an Acquire load of its sequence word, so it does not rely on that.
 //! loom also never lets a load read from a store that comes later in program order (load
 //! buffering), so the `Release` on the consumer's head (the producer must not overwrite a
-//! slot before the consumer has copied it out) is argued in `cq.rs`, not checked here.
+//! slot before the consumer has copied it out) is argued in `src/cq/`
+//! (`ConsumerSide::head` in `mod.rs`, `publish_head` in `poll.rs`), not checked here.
 
 #![cfg(loom)]
 

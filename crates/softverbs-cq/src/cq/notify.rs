@@ -1,0 +1,94 @@
+//! Notification (`ibv_req_notify_cq(3)`): arming, solicited-only arming, the one-shot
+//! event a completion added while armed fires, and its delivery to the CQ's completion
+//! channel.
+//!
+//! Guarantees: an event fires for the next completion added after arming (solicited-only:
+//! the next solicited or unsuccessful one), at most once per arm, and none is lost to a
+//! push racing the arm: the arming side stores the flag and runs the heavy half of the
+//! asymmetric barrier, the producer (`produce.rs`) publishes its entry and runs the light
+//! half before reading the flag (`sync.rs`), so either the producer sees the arm or the
+//! armer's check sees the entry. Moderation (`moderation.rs`) may hold a qualifying
+//! completion's event back. Delivery to a destroyed CQ is dropped, ordered against
+//! destruction (`destroy.rs`) by the channel's queue lock.
+
+use super::CqShared;
+use crate::channel::{ChannelInner, QueuedEvent};
+use crate::sync::{heavy_barrier, Arc, Ordering};
+use crate::wc::WcStatus;
+
+pub(super) const ARM_NONE: u8 = 0;
+const ARM_SOLICITED: u8 = 1;
+const ARM_NEXT: u8 = 2;
+
+impl CqShared {
+    /// The slow path of a push to an armed CQ: decide whether this completion fires the
+    /// one-shot event (`ibv_req_notify_cq(3)`), honouring moderation.
+    #[cold]
+    pub(super) fn completion_added_while_armed(
+        this: &Arc<Self>,
+        status: WcStatus,
+        solicited: bool,
+        at: u64,
+    ) {
+        let qualifies = |arm: u8| {
+            arm == ARM_NEXT || (arm == ARM_SOLICITED && (solicited || !status.is_success()))
+        };
+        let arm = this.notify.load(Ordering::Acquire);
+        if !qualifies(arm) {
+            return;
+        }
+        if this.moderation_holds_back(at) {
+            return;
+        }
+        Self::fire(this, qualifies);
+    }
+
+    /// Disarms (if still armed in a way `qualifies` accepts) and delivers one event.
+    pub(super) fn fire(this: &Arc<Self>, qualifies: impl Fn(u8) -> bool) {
+        let mut arm = this.notify.load(Ordering::Acquire);
+        loop {
+            if arm == ARM_NONE || !qualifies(arm) {
+                return;
+            }
+            match this
+                .notify
+                .compare_exchange(arm, ARM_NONE, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => arm = now,
+            }
+        }
+        if let Some(channel) = this.events.channel() {
+            Self::deliver(this, channel);
+        }
+    }
+
+    /// Queues one event for this CQ on `channel` and wakes a getter, unless the CQ is
+    /// destroyed: checked under the queue lock, which destroy also holds (`destroy.rs`).
+    fn deliver(this: &Arc<Self>, channel: &ChannelInner) {
+        let mut queue = channel.lock_queue();
+        if this.is_destroyed() {
+            return;
+        }
+        queue.push_back(QueuedEvent::new(this.events.clone()));
+        channel.note_queued();
+        this.events.note_raised();
+        drop(queue);
+        channel.wake_one();
+    }
+
+    pub(super) fn arm(&self, solicited_only: bool) {
+        if solicited_only {
+            // Arming "next" after "solicited" upgrades; "solicited" never downgrades "next".
+            let _ = self.notify.compare_exchange(
+                ARM_NONE,
+                ARM_SOLICITED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        } else {
+            self.notify.store(ARM_NEXT, Ordering::SeqCst);
+        }
+        heavy_barrier();
+    }
+}

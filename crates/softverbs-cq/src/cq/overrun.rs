@@ -1,0 +1,86 @@
+//! Overrun: what a push to a full CQ does under each [`OverrunPolicy`], how a consumer
+//! lapped by the producer (`IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`) recovers, and the
+//! `IBV_EVENT_CQ_ERR` async event ([`CqAsyncEvent`]) an overrun raises.
+//!
+//! Guarantees: under [`OverrunPolicy::Error`] the overrunning completion is dropped, counted,
+//! and the CQ enters the error state for good (`ibv_poll_cq(3)`); under
+//! [`OverrunPolicy::Backpressure`] nothing is lost, the completion is handed back; under
+//! [`OverrunPolicy::Overwrite`] the consumer never returns a torn or overwritten entry, it
+//! skips to the oldest entry that can still be there. The async event is raised with no
+//! CQ lock held.
+
+use super::{CqShared, STATE_ERROR};
+use crate::error::PushError;
+use crate::ring::Ring;
+use crate::sync::{Arc, Ordering};
+use crate::wc::WorkCompletion;
+
+/// What happens when a completion arrives at a full CQ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OverrunPolicy {
+    /// The spec's behaviour (`ibv_poll_cq(3)`): the CQ enters the error state,
+    /// `IBV_EVENT_CQ_ERR` is raised on the async event queue, and polling reports the error.
+    #[default]
+    Error,
+    /// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: the CQ never errors; the oldest unpolled
+    /// completions are overwritten and counted in [`CqStats::overruns`](super::CqStats::overruns).
+    Overwrite,
+    /// No verbs device offers this: nothing is ever lost. A push to a full CQ is refused
+    /// with [`PushError::Full`] and the completion handed back, so the producer (the
+    /// device) holds it and retries after the consumer polls.
+    Backpressure,
+}
+
+/// An asynchronous event the CQ raises for the device's async event queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CqAsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: the CQ overran.
+    CqError {
+        /// The CQ's identity ([`CompletionQueue::id`](super::CompletionQueue::id)).
+        cq_id: u64,
+        /// The CQ's user context.
+        user_context: u64,
+    },
+}
+
+/// Receives [`CqAsyncEvent`]s; called with no CQ lock held.
+pub type AsyncEventSink = Arc<dyn Fn(CqAsyncEvent) + Send + Sync>;
+
+impl CqShared {
+    /// A push found the ring full even after re-reading the consumer's head; the caller
+    /// holds the producer lock. Applies the policy: `Err` refuses the push (the CQ entered
+    /// the error state, or the completion is handed back), `Ok` goes on to overwrite the
+    /// oldest entry.
+    #[inline(always)]
+    pub(super) fn ring_full(&self, wc: &WorkCompletion) -> Result<(), PushError> {
+        match self.policy {
+            OverrunPolicy::Error => {
+                self.state.store(STATE_ERROR, Ordering::Release);
+                self.overruns.fetch_add(1, Ordering::Relaxed);
+                Err(PushError::Overrun)
+            }
+            OverrunPolicy::Backpressure => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(PushError::Full(*wc))
+            }
+            OverrunPolicy::Overwrite => Ok(()),
+        }
+    }
+
+    pub(super) fn raise_cq_error(&self) {
+        if let Some(sink) = &self.async_sink {
+            sink(CqAsyncEvent::CqError {
+                cq_id: self.id(),
+                user_context: self.user_context(),
+            });
+        }
+    }
+
+    /// Under `IGNORE_OVERRUN` the producer overwrote the entry at `head`: the oldest entry
+    /// that can still be there. (What was skipped is counted when the head is published.)
+    #[cold]
+    pub(super) fn skip_lapped(&self, head: u64, ring: &Ring) -> u64 {
+        let tail = self.producer.tail.load(Ordering::Acquire);
+        tail.saturating_sub(ring.capacity()).max(head + 1)
+    }
+}

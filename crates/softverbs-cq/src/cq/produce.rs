@@ -1,0 +1,205 @@
+//! Producing completions: the [`CqProducer`] handle the device's threads push through, the
+//! [`ProducerBurst`] that holds the producer lock across several pushes, and the push fast
+//! path itself.
+//!
+//! Guarantees: pushes are serialised by the producer spin lock (one locked instruction per
+//! burst); a push writes one slot and publishes it with a `Release` store of the tail; it
+//! then reads the notification flag behind the light half of the asymmetric barrier, so a
+//! concurrent arm (`notify.rs`) either sees the entry or is seen. What a full ring does is
+//! the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
+//! released.
+
+use super::notify::ARM_NONE;
+use super::{CqShared, OverrunPolicy, STATE_ERROR, STATE_OK};
+use crate::clock::DeviceClock;
+use crate::error::PushError;
+use crate::ring::WcExtra;
+use crate::sync::{light_barrier, Arc, Ordering};
+use crate::wc::WorkCompletion;
+use std::fmt;
+
+/// A handle the device's threads push completions through. Cheap to clone; every clone may
+/// push concurrently.
+#[derive(Clone)]
+pub struct CqProducer {
+    pub(super) shared: Arc<CqShared>,
+}
+
+impl fmt::Debug for CqProducer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CqProducer")
+            .field("cq", &self.shared.id())
+            .finish()
+    }
+}
+
+impl CqProducer {
+    /// Adds one completion. `solicited` says whether the message that produced it carried
+    /// the solicited-event bit (it decides whether a solicited-only arm fires).
+    #[inline]
+    pub fn push(&self, wc: WorkCompletion, solicited: bool) -> Result<(), PushError> {
+        self.burst().push(wc, solicited)
+    }
+
+    /// Adds one completion with the fields `struct ibv_wc` has no room for.
+    pub fn push_extra(
+        &self,
+        wc: WorkCompletion,
+        solicited: bool,
+        extra: WcExtra,
+    ) -> Result<(), PushError> {
+        self.burst().push_extra(wc, solicited, extra)
+    }
+
+    /// Takes the producer lock for a burst of pushes (one locked instruction per burst).
+    /// Keep bursts short: other producers spin while it is held.
+    #[inline]
+    pub fn burst(&self) -> ProducerBurst<'_> {
+        self.shared.producer.lock.lock();
+        ProducerBurst {
+            shared: &self.shared,
+            raise_error: false,
+        }
+    }
+
+    /// The CQ's identity.
+    pub fn cq_id(&self) -> u64 {
+        self.shared.id()
+    }
+
+    /// Records that a queue pair now uses this CQ (destroy refuses while any does).
+    pub fn attach_qp(&self) {
+        self.shared.attached_qps.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Records that a queue pair stopped using this CQ.
+    pub fn detach_qp(&self) {
+        self.shared.attached_qps.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The moderation deadline (device clock) at which [`CqProducer::moderation_timer`]
+    /// must be called, if an armed, moderated CQ has pending completions.
+    pub fn moderation_deadline(&self) -> Option<u64> {
+        self.shared.moderation_deadline()
+    }
+
+    /// Fires a moderated event whose period has elapsed at `now` (device clock). Returns
+    /// whether an event was delivered.
+    pub fn moderation_timer(&self, now: u64) -> bool {
+        CqShared::moderation_timer(&self.shared, now)
+    }
+
+    /// Whether the CQ is in the error state (overrun).
+    pub fn is_in_error(&self) -> bool {
+        self.shared.state.load(Ordering::Relaxed) == STATE_ERROR
+    }
+}
+
+/// The producer lock, held for a burst of pushes. Unlocks on drop.
+pub struct ProducerBurst<'a> {
+    shared: &'a Arc<CqShared>,
+    raise_error: bool,
+}
+
+impl ProducerBurst<'_> {
+    /// Adds one completion (see [`CqProducer::push`]).
+    #[inline]
+    pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> Result<(), PushError> {
+        let result = CqShared::push_locked(self.shared, &wc, solicited, None);
+        if result == Err(PushError::Overrun) {
+            self.raise_error = true;
+        }
+        result
+    }
+
+    /// Adds one completion with extra fields (see [`CqProducer::push_extra`]).
+    pub fn push_extra(
+        &mut self,
+        wc: WorkCompletion,
+        solicited: bool,
+        extra: WcExtra,
+    ) -> Result<(), PushError> {
+        let result = CqShared::push_locked(self.shared, &wc, solicited, Some(&extra));
+        if result == Err(PushError::Overrun) {
+            self.raise_error = true;
+        }
+        result
+    }
+}
+
+impl Drop for ProducerBurst<'_> {
+    fn drop(&mut self) {
+        self.shared.producer.lock.unlock();
+        if self.raise_error {
+            // Outside the lock: the sink is the device's code.
+            self.shared.raise_cq_error();
+        }
+    }
+}
+
+impl CqShared {
+    /// Pushes one completion; the caller holds the producer lock. Returns whether an
+    /// async CQ error must be raised (after unlocking).
+    #[inline(always)]
+    fn push_locked(
+        this: &Arc<Self>,
+        wc: &WorkCompletion,
+        solicited: bool,
+        extra: Option<&WcExtra>,
+    ) -> Result<(), PushError> {
+        match this.state.load(Ordering::Relaxed) {
+            STATE_OK => {}
+            STATE_ERROR => return Err(PushError::InError),
+            _ => return Err(PushError::Destroyed),
+        }
+        let ring = this.ring();
+        let p = &this.producer;
+        let pos = p.tail.load(Ordering::Relaxed);
+        let capacity = ring.capacity();
+        let mut head = p.cached_head.load(Ordering::Relaxed);
+        if pos - head >= capacity {
+            // Acquire: the consumer released these slots after copying them out.
+            head = this.consumer.head.load(Ordering::Acquire);
+            p.cached_head.store(head, Ordering::Relaxed);
+            if pos - head >= capacity {
+                // Refused or overrun per the policy; `Ok` means overwrite (`overrun.rs`).
+                this.ring_full(wc)?;
+            }
+        }
+        // The depth against the cached head is an upper bound; only when it exceeds the
+        // high-water mark is the real head read (and cached), so the mark stays exact while
+        // the producer rarely touches the consumer's cache line. Only the lock holder writes
+        // the mark, so a plain store suffices.
+        let high_water = this.high_water.load(Ordering::Relaxed);
+        if (pos + 1 - head).min(capacity) > high_water {
+            let fresh = this.consumer.head.load(Ordering::Acquire);
+            p.cached_head.store(fresh, Ordering::Relaxed);
+            let depth = (pos + 1 - fresh).min(capacity);
+            if depth > high_water {
+                this.high_water.store(depth, Ordering::Relaxed);
+            }
+        }
+        let timestamp = if this.timestamps {
+            DeviceClock::now()
+        } else {
+            0
+        };
+        ring.write(
+            pos,
+            wc,
+            timestamp,
+            extra,
+            this.policy == OverrunPolicy::Overwrite,
+        );
+        // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the entries.
+        p.tail.store(pos + 1, Ordering::Release);
+        // Order the publication above before the read of the arm flag, against the heavy
+        // barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or the armer
+        // sees the entry.
+        light_barrier();
+        if this.notify.load(Ordering::Relaxed) != ARM_NONE {
+            Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
+        }
+        Ok(())
+    }
+}
