@@ -1,6 +1,7 @@
 //! `#[repr(C)]` mirrors of the `<infiniband/verbs.h>` structs (rdma-core 44, x86_64) that the
 //! exported functions, the `verbs.h` inline functions and the target programs touch, plus
-//! the enum values the library uses.
+//! (re-exported from [`crate::verbs_h`], where they are defined) the enum values the
+//! library uses.
 //!
 //! Guarantees:
 //! - every struct here has the size, alignment and field offsets of the installed header;
@@ -39,35 +40,10 @@ pub type AnyFn = Option<unsafe extern "C" fn()>;
 // Enum values (verbs.h)
 // ---------------------------------------------------------------------------------------
 
-/// `IBV_NODE_CA`.
-pub const IBV_NODE_CA: i32 = 1;
-/// `IBV_TRANSPORT_IB`.
-pub const IBV_TRANSPORT_IB: i32 = 0;
-/// `IBV_PORT_ACTIVE`.
-pub const IBV_PORT_ACTIVE: u32 = 4;
-/// `IBV_LINK_LAYER_ETHERNET`.
-pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
-/// `IBV_ATOMIC_HCA`.
-pub const IBV_ATOMIC_HCA: u32 = 1;
-/// `IBV_ATOMIC_NONE`.
-pub const IBV_ATOMIC_NONE: u32 = 0;
-/// `IBV_GID_TYPE_ROCE_V2` (`enum ibv_gid_type`).
-pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
-/// `IBV_GID_TYPE_SYSFS_ROCE_V2` (`enum ibv_gid_type_sysfs`, the private
-/// `ibv_query_gid_type`).
-pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
-/// `IBV_VALUES_MASK_RAW_CLOCK`.
-pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
-/// `IBV_FORK_UNNEEDED` (`enum ibv_fork_status`).
-pub const IBV_FORK_UNNEEDED: u32 = 2;
-/// `IBV_DEVICE_PORT_ACTIVE_EVENT`.
-pub const IBV_DEVICE_PORT_ACTIVE_EVENT: u32 = 1 << 10;
-/// `IBV_DEVICE_SYS_IMAGE_GUID`.
-pub const IBV_DEVICE_SYS_IMAGE_GUID: u32 = 1 << 11;
-/// `IBV_DEVICE_RC_RNR_NAK_GEN`.
-pub const IBV_DEVICE_RC_RNR_NAK_GEN: u32 = 1 << 12;
-/// `IBV_PORT_IP_BASED_GIDS` (`port_cap_flags`).
-pub const IBV_PORT_IP_BASED_GIDS: u32 = 1 << 26;
+// The values live in `verbs_h`, the one module that defines them; re-exported so that
+// `abi::*` (what the area modules and `tests/abi_layout.rs` import) names every `verbs.h`
+// item, structs and values alike.
+pub use crate::verbs_h::*;
 
 // ---------------------------------------------------------------------------------------
 // Device and context

@@ -8,13 +8,11 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, minus_one, pointer, Errno};
-use crate::handles::{Block, ContextBlock, PdBlock, Tagged};
-use crate::pd::PdUse;
+use crate::handles::{Block, PdBlock, Tagged};
+use crate::pd::{PdParent, PdUse};
+use crate::verbs_h::IBV_WC_GRH;
 use softverbs_proto::AddressVector;
 use std::ffi::c_int;
-
-/// `IBV_WC_GRH`.
-const WC_GRH: u32 = 1 << 0;
 
 /// The library's part of an address handle.
 pub struct AhState {
@@ -78,17 +76,18 @@ pub fn ah_attr(av: &AddressVector) -> ibv_ah_attr {
 /// `pd` is NULL or a live PD; `attr` is NULL or readable.
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     pointer(|| {
-        // SAFETY: per the contract.
-        let hold = unsafe { PdUse::acquire(pd) }?;
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
+        let PdParent {
+            hold,
+            context,
+            ctx,
+            handle: pd_handle,
+        } = unsafe { PdUse::acquire(pd) }?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: readable per the contract.
+        // SAFETY: `attr` is readable (this function's `# Safety`; not NULL here).
         let av = address_vector(&unsafe { attr.read() })?;
-        // SAFETY: a live PD's fields.
-        let (context, pd_handle) = unsafe { ((*pd).context, (*pd).handle) };
-        // SAFETY: a live PD's context is open.
-        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
         ctx.entry
             .device
             .check_address_vector(&av)
@@ -116,9 +115,9 @@ symver!(ibv_create_ah, "IBVERBS_1.1");
 /// `ah` is NULL or a live address handle, not used again after a successful call.
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `ah` is NULL or a live AH (this function's `# Safety`).
         unsafe { AhBlock::state(ah) }?;
-        // SAFETY: checked; the caller gives it up.
+        // SAFETY: `ah` passed `state` above and the caller gives the AH up with this call.
         unsafe { AhBlock::free(ah) };
         Ok(())
     })
@@ -142,9 +141,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         if context.is_null() || wc.is_null() || grh.is_null() || ah_attr_out.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: readable per the contract.
+        // SAFETY: `wc` and `grh` are readable (this function's `# Safety`; not NULL here).
         let (wc, grh) = unsafe { (wc.read(), grh.read()) };
-        if port_num != 1 || wc.raw().wc_flags & WC_GRH == 0 {
+        if port_num != 1 || wc.raw().wc_flags & IBV_WC_GRH == 0 {
             return Err(libc::EINVAL);
         }
         // SAFETY: every 16-byte pattern is a valid `[u8; 16]`.
@@ -160,7 +159,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             port_num,
             is_global: true,
         };
-        // SAFETY: writable per the contract.
+        // SAFETY: `ah_attr_out` is writable (this function's `# Safety`; not NULL here).
         unsafe { ah_attr_out.write(ah_attr(&av)) };
         Ok(0)
     })
@@ -179,15 +178,17 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     port_num: u8,
 ) -> *mut ibv_ah {
     pointer(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
         unsafe { PdBlock::state(pd) }?;
         let mut attr = ah_attr(&AddressVector::default());
-        // SAFETY: forwarded contract; `attr` is a local.
+        // SAFETY: `pd` passed `PdBlock::state`, so `(*pd).context` is its live C field;
+        // `wc` and `grh` are readable (this function's `# Safety`); `attr` is a local.
         let rc = unsafe { ibv_init_ah_from_wc((*pd).context, port_num, wc, grh, &mut attr) };
         if rc != 0 {
             return Err(libc::EINVAL);
         }
-        // SAFETY: forwarded contract.
+        // SAFETY: `pd` is a live PD (checked above, this function's `# Safety`); `attr` is
+        // a local.
         let ah = unsafe { ibv_create_ah(pd, &mut attr) };
         if ah.is_null() {
             Err(libc::EINVAL)

@@ -19,6 +19,11 @@ use crate::handles::{
     once_acknowledged, with_registry, Block, ChannelBlock, ChannelState, ContextBlock, DeviceEntry,
     Tagged, DESTROY_ACK_WAIT,
 };
+use crate::verbs_h::{
+    IBV_CQ_ATTR_MODERATE, IBV_CQ_INIT_ATTR_MASK_FLAGS, IBV_CQ_INIT_ATTR_MASK_PD,
+    IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN, IBV_CREATE_CQ_ATTR_SINGLE_THREADED,
+    IBV_CREATE_CQ_SUP_WC_FLAGS,
+};
 use softverbs_cq::{
     AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqBuilder, Moderation,
     OverrunPolicy, PollBatch,
@@ -29,19 +34,6 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
-
-/// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
-const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
-/// `IBV_CQ_INIT_ATTR_MASK_PD`.
-const CQ_INIT_ATTR_MASK_PD: u32 = 2;
-/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`.
-const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
-/// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`.
-const CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 2;
-/// `IBV_CQ_MODERATE`.
-const CQ_MODERATE: u32 = 1;
-/// `IBV_CREATE_CQ_SUP_WC_FLAGS`: the `wc_flags` rdma-core 44 defines.
-const CREATE_CQ_SUP_WC_FLAGS: u64 = 0xfff;
 
 /// The library's part of a CQ.
 pub struct CqState {
@@ -62,18 +54,9 @@ impl Tagged for CqState {
     const MAGIC: u64 = u64::from_be_bytes(*b"svcq\0\0\0\x01");
 }
 
-/// A CQ as C sees it, followed by its state.
+/// A CQ as C sees it, followed by its state. [`Block::state`] takes an `ibv_cq *` or an
+/// `ibv_cq_ex *` (an `ibv_cq` is the first 128 bytes of an `ibv_cq_ex`).
 pub type CqBlock = Block<ibv_cq_ex, CqState>;
-
-/// The state of a CQ pointer from C.
-///
-/// # Safety
-///
-/// `cq` is NULL or a CQ this library created and not yet destroyed.
-pub unsafe fn cq_state<'a>(cq: *mut ibv_cq) -> Result<&'a CqState, Errno> {
-    // SAFETY: per the contract (a CQ block begins with its `ibv_cq_ex`).
-    unsafe { CqBlock::state(cq.cast()) }
-}
 
 /// What creation asked for, from either `ibv_create_cq` or `ibv_create_cq_ex`.
 struct CqRequest {
@@ -90,16 +73,18 @@ struct CqRequest {
 ///
 /// # Safety
 ///
-/// `context` is an open context; `request.channel` is NULL or a live channel.
+/// The handle contract ([`crate::handles`]): `context` is NULL or an open context;
+/// `request.channel` is NULL or a live channel.
 unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut ibv_cq_ex, Errno> {
-    // SAFETY: per the contract.
+    // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
     let ctx = unsafe { ContextBlock::from_ptr(context) }?;
     let entry = ctx.entry;
     let max_cqe = entry.device.query_device().max_cqe;
     if request.cqe < 1 || request.cqe as u32 > max_cqe {
         return Err(libc::EINVAL);
     }
-    // SAFETY: per the contract, `num_comp_vectors` is the context's own field.
+    // SAFETY: `context` passed `ContextBlock::from_ptr`, so it points at a live
+    // `ibv_context`; `num_comp_vectors` is its own field.
     let vectors = unsafe { (*context).num_comp_vectors };
     if request.comp_vector < 0 || request.comp_vector >= vectors {
         return Err(libc::EINVAL);
@@ -123,7 +108,8 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
         builder = builder.overrun(OverrunPolicy::Overwrite);
     }
     if !request.channel.is_null() {
-        // SAFETY: per the contract.
+        // SAFETY: `request.channel` is a live completion channel (this function's
+        // `# Safety`; not NULL here).
         let channel = unsafe { ChannelBlock::state(request.channel) }?;
         builder = builder.channel(&channel.inner);
     }
@@ -155,7 +141,7 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
             solicited_only: AtomicBool::new(false),
         },
     );
-    // SAFETY: just allocated.
+    // SAFETY: `ptr` was just returned by `CqBlock::allocate` and C does not have it yet.
     let state = unsafe { CqBlock::state(ptr) }?;
     // Events and async events name the CQ by the pointer C knows.
     state.cq.set_user_context(ptr as u64);
@@ -236,7 +222,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     context: *mut ibv_context,
 ) -> *mut ibv_comp_channel {
     pointer(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let ctx = unsafe { ContextBlock::from_ptr(context) }?;
         let inner =
             CompletionChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
@@ -264,14 +250,15 @@ symver!(ibv_create_comp_channel, "IBVERBS_1.0");
 /// successful call.
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `channel` is NULL or a live completion channel (this function's `# Safety`).
         let block = unsafe { ChannelBlock::state(channel) }?;
         // SAFETY: `refcnt` is read through the raw pointer: C owns the struct's fields.
         let refcnt = unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) };
         if block.inner.attached_cqs() > 0 || refcnt.load(Ordering::Relaxed) != 0 {
             return Err(libc::EBUSY);
         }
-        // SAFETY: checked above; the caller gives it up.
+        // SAFETY: `channel` passed `state` above, `block` is not used again, and the
+        // caller gives the channel up with this call.
         unsafe { ChannelBlock::free(channel) };
         Ok(())
     })
@@ -301,7 +288,8 @@ pub unsafe extern "C" fn ibv_create_cq(
             ignore_overrun: false,
             extended: false,
         };
-        // SAFETY: per the contract.
+        // SAFETY: `context` and `channel` are NULL or live (this function's `# Safety`),
+        // which is all `create` asks.
         Ok(unsafe { create(context, request) }?.cast())
     })
 }
@@ -311,7 +299,8 @@ symver!(ibv_create_cq, "IBVERBS_1.1");
 ///
 /// # Safety
 ///
-/// `context` is NULL or an open context; `attr` is NULL or readable.
+/// `context` is NULL or an open context; `attr` is NULL or readable, its `channel` NULL or
+/// a live channel.
 pub unsafe extern "C" fn create_cq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -320,23 +309,23 @@ pub unsafe extern "C" fn create_cq_ex(
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: non-NULL and readable per the contract.
+        // SAFETY: `attr` is readable (this function's `# Safety`; not NULL here).
         let attr = unsafe { attr.read() };
-        if attr.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0 {
+        if attr.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
             return Err(libc::EINVAL);
         }
-        if attr.wc_flags & !CREATE_CQ_SUP_WC_FLAGS != 0 {
+        if attr.wc_flags & !IBV_CREATE_CQ_SUP_WC_FLAGS != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        let flags = if attr.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0 {
+        let flags = if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 {
             attr.flags
         } else {
             0
         };
-        if flags & !(CREATE_CQ_ATTR_SINGLE_THREADED | CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0 {
+        if flags & !(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        if attr.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 {
+        if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
             // A parent domain: the soft device has none to offer.
             return Err(libc::EOPNOTSUPP);
         }
@@ -346,10 +335,11 @@ pub unsafe extern "C" fn create_cq_ex(
             channel: attr.channel,
             comp_vector: attr.comp_vector.min(i32::MAX as u32) as c_int,
             wc_flags: attr.wc_flags,
-            ignore_overrun: flags & CREATE_CQ_ATTR_IGNORE_OVERRUN != 0,
+            ignore_overrun: flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN != 0,
             extended: true,
         };
-        // SAFETY: per the contract.
+        // SAFETY: `context` and `attr.channel` are NULL or live (this function's
+        // `# Safety`), which is all `create` asks.
         unsafe { create(context, request) }
     })
 }
@@ -362,8 +352,8 @@ pub unsafe extern "C" fn create_cq_ex(
 /// `cq` is NULL or a live CQ, not used again after a successful call.
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { cq_state(cq) }?;
+        // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
+        let state = unsafe { CqBlock::state(cq) }?;
         if state.cq.attached_qps() > 0 {
             return Err(libc::EBUSY);
         }
@@ -380,7 +370,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let channel = state.channel;
         // SAFETY: destroyed; the caller gives the CQ up (a poll in progress on another
         // thread would be the caller's use-after-destroy).
-        unsafe { CqBlock::free(cq.cast()) };
+        unsafe { CqBlock::free(cq) };
         if !channel.is_null() {
             // SAFETY: the channel outlives its CQs (its destroy refuses while refcnt > 0).
             unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) }
@@ -399,8 +389,8 @@ symver!(ibv_destroy_cq, "IBVERBS_1.1");
 /// `cq` is NULL or a live CQ.
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { cq_state(cq) }?;
+        // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
+        let state = unsafe { CqBlock::state(cq) }?;
         let max_cqe = state.entry.device.query_device().max_cqe;
         if cqe < 1 || cqe as u32 > max_cqe {
             return Err(libc::EINVAL);
@@ -425,7 +415,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     minus_one(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `channel` is NULL or a live completion channel (this function's `# Safety`).
         let block = unsafe { ChannelBlock::state(channel) }?;
         if cq.is_null() || cq_context.is_null() {
             return Err(libc::EINVAL);
@@ -438,7 +428,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // The CQ's user context is its C pointer (set at creation).
             let ptr = event.user_context() as *mut ibv_cq;
             // SAFETY: the CQ is alive: its destroy waits for this event to be acknowledged.
-            let state = unsafe { cq_state(ptr) }?;
+            let state = unsafe { CqBlock::state(ptr) }?;
             if !state.cq.is_empty() {
                 event.into_unacknowledged();
                 break ptr;
@@ -459,7 +449,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             drop(event);
         };
         // SAFETY: the CQ is alive: its destroy waits for this event to be acknowledged;
-        // the out-pointers are writable per the contract.
+        // `cq` and `cq_context` are writable (this function's `# Safety`).
         unsafe {
             let context = (&raw const (*ptr).cq_context).read();
             cq.write(ptr);
@@ -477,8 +467,8 @@ symver!(ibv_get_cq_event, "IBVERBS_1.1");
 /// `cq` is NULL or a live CQ.
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
     infallible((), || {
-        // SAFETY: per the contract.
-        if let Ok(state) = unsafe { cq_state(cq) } {
+        // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
+        if let Ok(state) = unsafe { CqBlock::state(cq) } {
             // SAFETY: the live CQ's counter, which only the library writes.
             unsafe {
                 let counter = &raw mut (*cq).comp_events_completed;
@@ -499,8 +489,8 @@ symver!(ibv_ack_cq_events, "IBVERBS_1.1");
 /// `cq` is NULL or a live CQ; `wc` is writable for `num_entries` entries.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
     let result = guarded(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { cq_state(cq) }?;
+        // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
+        let state = unsafe { CqBlock::state(cq) }?;
         if num_entries <= 0 || wc.is_null() {
             return if num_entries == 0 {
                 Ok(0)
@@ -508,8 +498,9 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
                 Err(libc::EINVAL)
             };
         }
-        // SAFETY: writable for `num_entries` entries per the contract; `ibv_wc` is
-        // `WorkCompletion`, which has no invalid bit patterns the poll could read.
+        // SAFETY: `wc` is writable for `num_entries` entries (this function's `# Safety`;
+        // not NULL and `num_entries > 0` here); `ibv_wc` is `WorkCompletion`, which has no
+        // invalid bit patterns the poll could read.
         let wcs = unsafe { std::slice::from_raw_parts_mut(wc, num_entries as usize) };
         let mut n = state.cq.poll(wcs).map_err(|e| e.errno())?;
         if n == 0 {
@@ -529,8 +520,8 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
 /// `cq` is NULL or a live CQ.
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { cq_state(cq) }?;
+        // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
+        let state = unsafe { CqBlock::state(cq) }?;
         state
             .solicited_only
             .store(solicited_only != 0, Ordering::Relaxed);
@@ -546,17 +537,17 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
 /// `cq` is NULL or a live CQ; `attr` is NULL or readable.
 pub unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { cq_state(cq) }?;
+        // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
+        let state = unsafe { CqBlock::state(cq) }?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: readable per the contract.
+        // SAFETY: `attr` is readable (this function's `# Safety`; not NULL here).
         let attr = unsafe { attr.read() };
-        if attr.attr_mask & !CQ_MODERATE != 0 {
+        if attr.attr_mask & !IBV_CQ_ATTR_MODERATE != 0 {
             return Err(libc::EINVAL);
         }
-        if attr.attr_mask & CQ_MODERATE != 0 {
+        if attr.attr_mask & IBV_CQ_ATTR_MODERATE != 0 {
             let moderation = Moderation {
                 count: attr.moderate.cq_count,
                 period_us: attr.moderate.cq_period,
@@ -577,7 +568,8 @@ pub unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_att
 /// window uses the slot (libibverbs' rule for the extended poll).
 #[allow(clippy::mut_from_ref)]
 unsafe fn batch_slot(state: &CqState) -> &mut Option<PollBatch<'static>> {
-    // SAFETY: per the contract, one thread at a time.
+    // SAFETY: only the thread inside the `start_poll` … `end_poll` window uses the slot
+    // (this function's `# Safety`), so this is the one reference to it.
     unsafe { &mut *state.batch.get() }
 }
 
@@ -588,7 +580,8 @@ unsafe fn batch_slot(state: &CqState) -> &mut Option<PollBatch<'static>> {
 ///
 /// `cq` is a live CQ.
 unsafe fn publish(cq: *mut ibv_cq_ex, batch: &PollBatch<'_>) {
-    // SAFETY: fields of the live CQ.
+    // SAFETY: `cq` points at a live `ibv_cq_ex` (this function's `# Safety`); `wr_id` and
+    // `status` are written only by the library, inside the poll window.
     unsafe {
         (&raw mut (*cq).wr_id).write(batch.wr_id());
         (&raw mut (*cq).status).write(batch.status().to_raw());
@@ -599,13 +592,15 @@ unsafe fn publish(cq: *mut ibv_cq_ex, batch: &PollBatch<'_>) {
 /// `end_poll` then), `EINVAL` for a non-zero `attr->comp_mask`, `EIO` when the CQ overran.
 unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
     let result = guarded(|| {
-        // SAFETY: the extended-poll ops are only reachable through a live CQ of ours.
+        // SAFETY: `cq` is a live extended CQ: C reaches the extended-poll ops only through
+        // the function pointers of a live CQ's `ibv_cq_ex` (the handle contract).
         let state = unsafe { CqBlock::state(cq) }?;
         // SAFETY: `attr` is NULL or readable (libibverbs requires it to be valid).
         if !attr.is_null() && unsafe { attr.read() }.comp_mask != 0 {
             return Err(libc::EINVAL);
         }
-        // SAFETY: this thread opens the window.
+        // SAFETY: this thread is the one opening the window (`ibv_start_poll(3)`: one
+        // poller per CQ between `start_poll` and `end_poll`).
         let slot = unsafe { batch_slot(state) };
         if slot.is_some() {
             return Err(libc::EINVAL);
@@ -618,7 +613,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
         let Some(batch) = batch else {
             return Err(libc::ENOENT);
         };
-        // SAFETY: as above.
+        // SAFETY: `cq` passed `CqBlock::state` above.
         unsafe { publish(cq, &batch) };
         // SAFETY: the batch borrows `state.cq`, which lives in the heap block until
         // `ibv_destroy_cq`; the batch slot is emptied (end_poll) or dropped before it.
@@ -632,15 +627,15 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
 /// `ibv_next_poll(3)`: 0 and the next completion, or `ENOENT`.
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     let result = guarded(|| {
-        // SAFETY: as in `start_poll`.
+        // SAFETY: `cq` is a live extended CQ, as in `start_poll`.
         let state = unsafe { CqBlock::state(cq) }?;
-        // SAFETY: inside the window.
+        // SAFETY: `next_poll` is called by the thread inside the window (`ibv_next_poll(3)`).
         let slot = unsafe { batch_slot(state) };
         let batch = slot.as_mut().ok_or(libc::EINVAL)?;
         if !batch.next() {
             return Err(libc::ENOENT);
         }
-        // SAFETY: as above.
+        // SAFETY: `cq` passed `CqBlock::state` above.
         unsafe { publish(cq, batch) };
         Ok(())
     });
@@ -650,9 +645,9 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
 /// `ibv_end_poll(3)`: consumes the completions of the window.
 unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
     infallible((), || {
-        // SAFETY: as in `start_poll`.
+        // SAFETY: `cq` is a live extended CQ, as in `start_poll`.
         if let Ok(state) = unsafe { CqBlock::state(cq) } {
-            // SAFETY: inside the window.
+            // SAFETY: `end_poll` is called by the thread inside the window, and closes it.
             drop(unsafe { batch_slot(state) }.take());
         }
     })
@@ -662,11 +657,13 @@ unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
 /// requested at creation (the man page leaves those undefined; 0 is never stale data).
 fn read<T: Default>(cq: *mut ibv_cq_ex, f: impl FnOnce(&mut PollBatch<'static>) -> T) -> T {
     infallible(T::default(), || {
-        // SAFETY: the readers are only reachable through a live CQ of ours.
+        // SAFETY: `cq` is a live extended CQ, as in `start_poll`: the readers too are
+        // reached only through a live CQ's `ibv_cq_ex`.
         let Ok(state) = (unsafe { CqBlock::state(cq) }) else {
             return T::default();
         };
-        // SAFETY: inside the window.
+        // SAFETY: the readers are called by the thread inside the window
+        // (`ibv_wc_read_opcode(3)` …).
         match unsafe { batch_slot(state) } {
             Some(batch) => f(batch),
             None => T::default(),

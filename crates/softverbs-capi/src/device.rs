@@ -23,6 +23,11 @@
 use crate::abi::*;
 use crate::boundary::{errno_code, infallible, minus_one, pointer, Errno};
 use crate::handles::{device_entry, device_from_ptr, ContextBlock, DeviceEntry, DeviceList};
+use crate::verbs_h::{
+    IBV_ATOMIC_HCA, IBV_ATOMIC_NONE, IBV_DEVICE_PORT_ACTIVE_EVENT, IBV_DEVICE_RC_RNR_NAK_GEN,
+    IBV_DEVICE_SYS_IMAGE_GUID, IBV_GID_TYPE_ROCE_V2, IBV_GID_TYPE_SYSFS_ROCE_V2,
+    IBV_LINK_LAYER_ETHERNET, IBV_PORT_ACTIVE, IBV_PORT_IP_BASED_GIDS, IBV_VALUES_MASK_RAW_CLOCK,
+};
 use softverbs_cq::DeviceClock;
 use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
@@ -187,7 +192,7 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
     pointer(|| {
         let entry = device_entry()?;
         if !num_devices.is_null() {
-            // SAFETY: non-NULL and writable per the contract.
+            // SAFETY: `num_devices` is writable (this function's `# Safety`; not NULL here).
             unsafe { *num_devices = 1 };
         }
         Ok(DeviceList::into_raw(&[entry.as_ptr()]))
@@ -203,7 +208,8 @@ symver!(ibv_get_device_list, "IBVERBS_1.1");
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     infallible((), || {
         if !list.is_null() {
-            // SAFETY: per the contract.
+            // SAFETY: `list` came from `ibv_get_device_list` and is freed once (this
+            // function's `# Safety`; not NULL here), which is what `DeviceList::free` asks.
             unsafe { DeviceList::free(list) }
         }
     })
@@ -337,73 +343,21 @@ symver!(ibv_open_device, "IBVERBS_1.1");
 /// `context` is NULL or an open context, not used again after this call.
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        report_stats(block.entry);
+        crate::stats::report(&block.entry.device);
         flush_capture(block.entry);
-        // SAFETY: checked above; the caller gives it up.
+        // SAFETY: `context` passed `from_ptr` above, `block` is not used again, and the
+        // caller gives the context up with this call.
         unsafe { ContextBlock::free(context) };
         Ok(())
     })
 }
 symver!(ibv_close_device, "IBVERBS_1.1");
 
-/// The environment variable naming where `ibv_close_device` reports the device's
-/// counters: `stderr` (or `-`), or a file the report is appended to. Unset: no report.
-pub const STATS_ENV: &str = "SOFTVERBS_STATS";
-
-/// Writes one line of the device's engine and transport counters where
-/// [`STATS_ENV`] says, so a C program's run (say, under packet loss) shows what the device
-/// did: retransmissions, timeouts, NAKs, drops by reason.
-fn report_stats(entry: &DeviceEntry) {
-    let Some(target) = std::env::var_os(STATS_ENV) else {
-        return;
-    };
-    STATS_REPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
-    let device = &entry.device;
-    let mut line = format!(
-        "softverbs stats: device {} address {} pid {}: {}",
-        device.name(),
-        device.address(),
-        std::process::id(),
-        device.counters()
-    );
-    if let Some(t) = device.transport_counters() {
-        line.push_str(&format!("; transport: {t}"));
-    }
-    line.push_str(&format!(
-        "; memory: faulted_accesses={}",
-        device.faulted_accesses()
-    ));
-    if let Some(capture) = device.capture() {
-        line.push_str(&format!("; capture: {capture}"));
-    }
-    line.push('\n');
-    use std::io::Write;
-    let written = if target == "stderr" || target == "-" {
-        std::io::stderr().write_all(line.as_bytes())
-    } else {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&target)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-    };
-    if let Err(e) = written {
-        eprintln!("softverbs: cannot write the {STATS_ENV} report to {target:?}: {e}");
-    }
-}
-
-/// Whether a [`STATS_ENV`] report was written (at exit, one is written only if not).
-static STATS_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// The [`STATS_ENV`] report of a program that leaves without closing its context (or
-/// fails before it does).
-pub fn report_stats_once_at_exit(entry: &DeviceEntry) {
-    if !STATS_REPORTED.load(std::sync::atomic::Ordering::Relaxed) {
-        report_stats(entry);
-    }
-}
+/// Re-exported from [`crate::stats`], which writes the report, so the name stays where the
+/// table above points.
+pub use crate::stats::STATS_ENV;
 
 /// Writes out what `SOFTVERBS_PCAP` captured so far (the process's device is never
 /// dropped: closing a context and leaving the process are the moments a capture must be
@@ -424,12 +378,12 @@ pub unsafe extern "C" fn ibv_query_device(
     attr: *mut ibv_device_attr,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: non-NULL and writable per the contract.
+        // SAFETY: `attr` is writable (this function's `# Safety`; not NULL here).
         unsafe { attr.write_unaligned(device_attr(block.entry)) };
         Ok(())
     })
@@ -449,7 +403,7 @@ pub unsafe extern "C" fn ibv_query_port(
     attr: *mut ibv_port_attr,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         check_port(u32::from(port_num))?;
         if attr.is_null() {
@@ -482,13 +436,13 @@ pub unsafe extern "C" fn query_port_ex(
     len: usize,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         check_port(u32::from(port_num))?;
         if attr.is_null() || len < LEGACY_PORT_ATTR_LEN {
             return Err(libc::EINVAL);
         }
-        // SAFETY: writable for `len` bytes per the contract.
+        // SAFETY: `attr` is writable for `len` bytes (this function's `# Safety`).
         unsafe { write_sized(attr, len, &port_attr(block.entry)) };
         Ok(())
     })
@@ -508,16 +462,16 @@ pub unsafe extern "C" fn query_device_ex(
     attr_size: usize,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        // SAFETY: NULL or readable per the contract.
+        // SAFETY: `input` is NULL or readable (this function's `# Safety`; not NULL here).
         if !input.is_null() && unsafe { input.read_unaligned() }.comp_mask != 0 {
             return Err(libc::EINVAL);
         }
         if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: writable for `attr_size` bytes per the contract.
+        // SAFETY: `attr` is writable for `attr_size` bytes (this function's `# Safety`).
         unsafe { write_sized(attr, attr_size, &device_attr_ex(block.entry)) };
         Ok(())
     })
@@ -536,12 +490,13 @@ pub unsafe extern "C" fn query_rt_values(
     values: *mut ibv_values_ex,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         unsafe { ContextBlock::from_ptr(context) }?;
         if values.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: readable and writable per the contract.
+        // SAFETY: `values` is readable and writable (this function's `# Safety`; not
+        // NULL here), and nothing else refers to it during the call.
         let values = unsafe { &mut *values };
         let wanted = values.comp_mask;
         let mut filled = 0;
@@ -578,7 +533,7 @@ pub unsafe extern "C" fn ibv_query_gid(
     gid: *mut ibv_gid,
 ) -> c_int {
     minus_one(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         check_port(u32::from(port_num))?;
         let index = u32::try_from(index).map_err(|_| libc::EINVAL)?;
@@ -586,7 +541,7 @@ pub unsafe extern "C" fn ibv_query_gid(
             return Err(libc::EINVAL);
         }
         let raw = gid_of(block.entry, index)?;
-        // SAFETY: writable per the contract.
+        // SAFETY: `gid` is writable (this function's `# Safety`; not NULL here).
         unsafe { gid.write_unaligned(ibv_gid { raw }) };
         Ok(0)
     })
@@ -606,14 +561,14 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     gid_type: *mut u32,
 ) -> c_int {
     minus_one(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         check_port(u32::from(port_num))?;
         gid_of(block.entry, index)?;
         if gid_type.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: writable per the contract.
+        // SAFETY: `gid_type` is writable (this function's `# Safety`; not NULL here).
         unsafe { gid_type.write_unaligned(IBV_GID_TYPE_SYSFS_ROCE_V2) };
         Ok(0)
     })
@@ -650,14 +605,14 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     entry_size: usize,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         check_port(port_num)?;
         if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return Err(libc::EINVAL);
         }
         let value = gid_entry(block.entry, gid_index)?;
-        // SAFETY: writable for `entry_size` bytes per the contract.
+        // SAFETY: `entry` is writable for `entry_size` bytes (this function's `# Safety`).
         unsafe { write_sized(entry, entry_size, &value) };
         Ok(())
     })
@@ -679,7 +634,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     entry_size: usize,
 ) -> isize {
     crate::boundary::guarded(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         if entries.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return Err(libc::EINVAL);
@@ -716,13 +671,13 @@ pub unsafe extern "C" fn ibv_query_pkey(
     pkey: *mut u16,
 ) -> c_int {
     minus_one(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         unsafe { ContextBlock::from_ptr(context) }?;
         check_port(u32::from(port_num))?;
         if index != 0 || pkey.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: writable per the contract.
+        // SAFETY: `pkey` is writable (this function's `# Safety`; not NULL here).
         unsafe { pkey.write_unaligned(DEFAULT_PKEY.to_be()) };
         Ok(0)
     })
@@ -741,7 +696,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
     pkey: u16,
 ) -> c_int {
     minus_one(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         unsafe { ContextBlock::from_ptr(context) }?;
         check_port(u32::from(port_num))?;
         if u16::from_be(pkey) == DEFAULT_PKEY {

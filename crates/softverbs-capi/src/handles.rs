@@ -20,6 +20,23 @@
 //! check is possible. It is a best-effort guard, not a guarantee: C callers must still pass
 //! pointers the library gave them, as libibverbs requires.
 //!
+//! # The handle contract
+//!
+//! Every exported function that takes an object pointer states in its `# Safety` that the
+//! pointer is "NULL or a live X": C got it from the library's create call and has not yet
+//! passed it to the matching destroy. That is the caller's promise (libibverbs makes the
+//! same one); the library cannot check liveness, only the block's magic number. Two
+//! functions turn such a pointer into the library's state, and they are the only places
+//! that dereference one:
+//!
+//! - [`Block::state`] for every object kind (PD, channel, CQ, QP, SRQ, MR, AH), taking the
+//!   pointer as C holds it (an `ibv_cq *` or an `ibv_cq_ex *` alike: see [`Prefix`]);
+//! - [`ContextBlock::from_ptr`] for contexts, whose C struct sits inside the block.
+//!
+//! Their `# Safety` sections are the audit of that conversion; a call site's `// SAFETY:`
+//! only names where its pointer's promise comes from (its own `# Safety`, or a live object
+//! that holds the pointer).
+//!
 //! Objects are reached through `&` only (never `&mut`) once handed to C, because C may call
 //! from several threads at once; mutable state lives behind the device's own locks.
 
@@ -125,7 +142,7 @@ extern "C" fn flush_at_exit() {
     let slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = *slot {
         crate::boundary::infallible((), || {
-            crate::device::report_stats_once_at_exit(entry);
+            crate::stats::report_once_at_exit(&entry.device);
             if let Err(e) = entry.device.close_capture() {
                 eprintln!("softverbs: cannot write the packet capture: {e}");
             }
@@ -196,18 +213,24 @@ impl ContextBlock {
         unsafe { &raw mut (*block).verbs.context }
     }
 
-    /// The block of a context pointer from C.
+    /// The block of a context pointer from C: `EINVAL` for NULL or a block that does not
+    /// carry the context magic number.
     ///
     /// # Safety
     ///
-    /// `ctx` is NULL or a pointer returned by `ibv_open_device` and not yet closed.
+    /// The handle contract (module documentation): `ctx` is NULL or a pointer
+    /// `ibv_open_device` returned that C has not passed to `ibv_close_device`, and the
+    /// reference is not used after that close. Such a pointer is the `verbs.context` member
+    /// of a live [`ContextBlock`] allocated by [`ContextBlock::allocate`].
     pub unsafe fn from_ptr<'a>(ctx: *mut ibv_context) -> Result<&'a ContextBlock, Errno> {
         if ctx.is_null() {
             return Err(libc::EINVAL);
         }
         let offset = std::mem::offset_of!(verbs_context, context);
-        // SAFETY: per the contract `ctx` is the `verbs.context` member of a live
-        // `ContextBlock`, which begins `offset` bytes earlier.
+        // SAFETY: by the handle contract `ctx` is the `verbs.context` member of a live
+        // `ContextBlock` (not NULL: checked above), which begins `offset` bytes earlier; the
+        // block is only read through `&` (C writes its own fields through the pointer, and
+        // the magic number and `entry` are never written after `allocate`).
         let block = unsafe { &*ctx.byte_sub(offset).cast::<ContextBlock>() };
         if block.magic != CONTEXT_MAGIC {
             return Err(libc::EINVAL);
@@ -262,6 +285,26 @@ pub trait Tagged {
     const MAGIC: u64;
 }
 
+/// A C struct that a block's C struct `C` begins with, so that C may name the block by a
+/// pointer to either: `struct ibv_qp *` and `struct ibv_qp_ex *` name the same QP block,
+/// `struct ibv_cq *` and `struct ibv_cq_ex *` the same CQ block. Every type begins with
+/// itself.
+///
+/// # Safety
+///
+/// A `*mut Self` pointing at the start of a `C` is a `*mut C`: `C` is `#[repr(C)]` and its
+/// first `size_of::<Self>()` bytes are a `Self` (checked against the header by
+/// `tests/abi_layout.rs`).
+pub unsafe trait Prefix<C> {}
+
+// SAFETY: a type begins with itself.
+unsafe impl<T> Prefix<T> for T {}
+// SAFETY: `qp_base`, an `ibv_qp`, is the first member of `#[repr(C)]` `ibv_qp_ex`.
+unsafe impl Prefix<ibv_qp_ex> for ibv_qp {}
+// SAFETY: `ibv_cq_ex` begins with the 128 bytes of `ibv_cq`, field for field (both
+// mirrors are checked against `verbs.h` by `tests/abi_layout.rs`).
+unsafe impl Prefix<ibv_cq_ex> for ibv_cq {}
+
 /// An object handed to C: the C struct `C` first (C holds a pointer to it), then a magic
 /// number, then the library's state `S`.
 ///
@@ -285,20 +328,31 @@ impl<C, S: Tagged> Block<C, S> {
         .cast()
     }
 
-    /// The state of an object pointer from C: `EINVAL` for NULL or a pointer whose block
-    /// does not carry this kind's magic number.
+    /// The state of an object pointer from C (a `*mut C`, or a pointer to a struct `C`
+    /// begins with: [`Prefix`]): `EINVAL` for NULL or a pointer whose block does not carry
+    /// this kind's magic number.
+    ///
+    /// This is the one conversion of an object pointer from C; the magic number check is
+    /// the only check it makes.
     ///
     /// # Safety
     ///
-    /// `ptr` is NULL or a pointer [`Block::allocate`] returned for this `C`/`S` and not yet
-    /// freed, and the state is not used after the block is freed.
-    pub unsafe fn state<'a>(ptr: *mut C) -> Result<&'a S, Errno> {
+    /// The handle contract (module documentation): `ptr` is NULL or a pointer
+    /// [`Block::allocate`] returned for this `C`/`S` (C got it from the object's create
+    /// call) that has not been passed to [`Block::free`] (C has not destroyed the object),
+    /// and the returned state is not used after the block is freed. The C caller owns the
+    /// pointer and makes this promise in every exported function's `# Safety`.
+    pub unsafe fn state<'a, P: Prefix<C>>(ptr: *mut P) -> Result<&'a S, Errno> {
         if ptr.is_null() {
             return Err(libc::EINVAL);
         }
+        // `Prefix`: a pointer to the `P` a `C` begins with is a pointer to the `C`, which
+        // is the start of the block (offset 0 of `#[repr(C)]` `Block`).
         let block = ptr.cast::<Self>();
-        // SAFETY: per the contract, `ptr` is the start of a live block; the magic number and
-        // the state are the library's own fields, which C never writes.
+        // SAFETY: by the handle contract `block` is a live allocation of this `Block`; the
+        // magic number and the state are the library's own fields, which C never writes
+        // and the library writes only in `allocate` and `free` (so `&` to the state is
+        // sound while the block lives).
         unsafe {
             if (&raw const (*block).magic).read() != S::MAGIC {
                 return Err(libc::EINVAL);
@@ -312,9 +366,10 @@ impl<C, S: Tagged> Block<C, S> {
     /// # Safety
     ///
     /// `ptr` passed [`Block::state`], no reference to its state is alive, and nobody uses
-    /// the pointer again.
-    pub unsafe fn free(ptr: *mut C) {
-        // SAFETY: the allocation `allocate` made.
+    /// the pointer again (C gave it up by calling the destroy).
+    pub unsafe fn free<P: Prefix<C>>(ptr: *mut P) {
+        // SAFETY: `ptr` is the start of the block `allocate` leaked (it passed `state`;
+        // `Prefix` makes it a pointer to the block), and nobody uses it again.
         let mut block = unsafe { Box::from_raw(ptr.cast::<Self>()) };
         block.magic = 0;
         drop(block);

@@ -4,13 +4,16 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`abi`] | `#[repr(C)]` mirrors of the `verbs.h` structs, checked field by field against the installed header (`tests/abi_layout.rs`) |
+//! | [`abi`] | `#[repr(C)]` mirrors of the `verbs.h` structs, checked field by field against the installed header (`tests/abi_layout.rs`); re-exports [`verbs_h`] |
+//! | [`verbs_h`] | every `verbs.h` value the library uses (`IBV_QPT_RC`, `IBV_WR_SEND`, …), named as in the header and checked against it |
 //! | [`boundary`] | the panic boundary and the three failure conventions (`NULL`+errno, errno return, `-1`+errno) |
-//! | [`handles`] | who owns every pointer that crosses the boundary; raw pointer → Rust reference, in one place |
+//! | [`handles`] | who owns every pointer that crosses the boundary; raw pointer → Rust reference, in one place (the handle contract) |
 //! | [`device`] | device list, open/close, query device/port/GID/P_Key, `query_device_ex`, `query_rt_values_ex` |
+//! | [`stats`] | the `SOFTVERBS_STATS` counters report (at `ibv_close_device` or exit) |
 //! | [`pd`] | protection domains |
 //! | [`cq`] | completion channels, CQs and extended CQs, completion events |
-//! | [`qp`] | queue pairs and their work requests (`post_send`, `post_recv`) |
+//! | [`qp`] | queue pairs and their work requests (`post_send`, `post_recv`, the `ibv_qp_ex` builders) |
+//! | [`wr`] | work-request pieces QPs and SRQs share (scatter/gather lists, receive requests, posting a list) |
 //! | [`mr`] | memory regions (no memory windows) |
 //! | [`srq`] | shared receive queues |
 //! | [`ah`] | address handles |
@@ -37,6 +40,8 @@
 pub mod abi;
 pub mod boundary;
 pub mod handles;
+pub mod stats;
+pub mod verbs_h;
 
 /// Exports the function `$name` as the dynamic symbol `$name@@$node`.
 ///
@@ -155,3 +160,4 @@ pub mod pd;
 pub mod private;
 pub mod qp;
 pub mod srq;
+pub mod wr;

@@ -21,6 +21,12 @@
 use crate::abi::*;
 use crate::boundary::{infallible, minus_one, set_errno};
 use crate::handles::{acknowledge, with_registry, ContextBlock, Registry};
+use crate::verbs_h::{
+    IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EVENT_PATH_MIG, IBV_EVENT_PATH_MIG_ERR,
+    IBV_EVENT_QP_ACCESS_ERR, IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED,
+    IBV_EVENT_QP_REQ_ERR, IBV_EVENT_SQ_DRAINED, IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED,
+    IBV_FORK_UNNEEDED,
+};
 use softverbs_device::AsyncEvent;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
@@ -288,7 +294,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
     event: *mut ibv_async_event,
 ) -> c_int {
     minus_one(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let ctx = unsafe { ContextBlock::from_ptr(context) }?;
         if event.is_null() {
             return Err(libc::EINVAL);
@@ -308,7 +314,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
             let Some(element) = with_registry(|r| deliver(r, &next)) else {
                 continue;
             };
-            // SAFETY: writable per the contract.
+            // SAFETY: `event` is writable (this function's `# Safety`; not NULL here).
             unsafe {
                 event.write(ibv_async_event {
                     element,
@@ -371,10 +377,21 @@ fn deliver(r: &mut Registry, event: &AsyncEvent) -> Option<ibv_async_event_eleme
     Some(element)
 }
 
-/// Event types whose element is a CQ, a QP or an SRQ (`enum ibv_event_type`).
-const CQ_EVENTS: [u32; 1] = [0];
-const QP_EVENTS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 16];
-const SRQ_EVENTS: [u32; 2] = [14, 15];
+/// Event types whose element is a CQ.
+const CQ_EVENTS: [u32; 1] = [IBV_EVENT_CQ_ERR];
+/// Event types whose element is a QP.
+const QP_EVENTS: [u32; 8] = [
+    IBV_EVENT_QP_FATAL,
+    IBV_EVENT_QP_REQ_ERR,
+    IBV_EVENT_QP_ACCESS_ERR,
+    IBV_EVENT_COMM_EST,
+    IBV_EVENT_SQ_DRAINED,
+    IBV_EVENT_PATH_MIG,
+    IBV_EVENT_PATH_MIG_ERR,
+    IBV_EVENT_QP_LAST_WQE_REACHED,
+];
+/// Event types whose element is an SRQ.
+const SRQ_EVENTS: [u32; 2] = [IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED];
 
 /// What an event's element is.
 enum Affiliated {
@@ -396,7 +413,7 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
         if event.is_null() {
             return;
         }
-        // SAFETY: readable per the contract.
+        // SAFETY: `event` is readable (this function's `# Safety`; not NULL here).
         let event = unsafe { event.read() };
         let kind = if CQ_EVENTS.contains(&event.event_type) {
             Affiliated::Cq

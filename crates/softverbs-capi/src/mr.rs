@@ -35,18 +35,12 @@
 use crate::abi::*;
 use crate::boundary::{errno_code, pointer, Errno};
 use crate::handles::{Block, ContextBlock, Tagged};
-use crate::pd::PdUse;
+use crate::pd::{PdParent, PdUse};
+use crate::verbs_h::{
+    IBV_ACCESS_HUGETLB, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_ZERO_BASED,
+};
 use softverbs_proto::AccessFlags;
 use std::ffi::{c_int, c_void};
-
-/// `IBV_ACCESS_ZERO_BASED`.
-const ACCESS_ZERO_BASED: u32 = 1 << 5;
-/// `IBV_ACCESS_ON_DEMAND`.
-const ACCESS_ON_DEMAND: u32 = 1 << 6;
-/// `IBV_ACCESS_HUGETLB`.
-const ACCESS_HUGETLB: u32 = 1 << 7;
-/// `IBV_ACCESS_OPTIONAL_RANGE`: flags a device may ignore.
-const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
 /// The library's part of a memory region.
 pub struct MrState {
@@ -65,11 +59,11 @@ impl Tagged for MrState {
 pub type MrBlock = Block<ibv_mr, MrState>;
 
 fn access_flags(access: u32) -> Result<AccessFlags, Errno> {
-    let access = access & !ACCESS_OPTIONAL_RANGE;
-    if access & (ACCESS_ON_DEMAND | ACCESS_ZERO_BASED) != 0 {
+    let access = access & !IBV_ACCESS_OPTIONAL_RANGE;
+    if access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    let known = AccessFlags::all().bits() | ACCESS_HUGETLB;
+    let known = AccessFlags::all().bits() | IBV_ACCESS_HUGETLB;
     if access & !known != 0 {
         return Err(libc::EINVAL);
     }
@@ -89,16 +83,18 @@ unsafe fn register(
     iova: u64,
     access: u32,
 ) -> Result<*mut ibv_mr, Errno> {
-    // SAFETY: per the contract.
-    let hold = unsafe { PdUse::acquire(pd) }?;
-    // SAFETY: a live PD's fields.
-    let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
-    // SAFETY: the PD's context is open while the PD lives.
-    let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+    // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
+    let PdParent {
+        hold,
+        context,
+        ctx,
+        handle,
+    } = unsafe { PdUse::acquire(pd) }?;
     let flags = access_flags(access)?;
     // A NULL address is an unmapped page (EFAULT), length 0 is EINVAL: the device checks
     // both, as the kernel's ib_umem_get does.
-    // SAFETY: forwarded contract: the range stays valid until `ibv_dereg_mr`.
+    // SAFETY: the range is this process's memory and stays mapped until `ibv_dereg_mr`
+    // (this function's `# Safety`), which is what `reg_mr` asks.
     let region = unsafe {
         ctx.entry
             .device
@@ -138,7 +134,8 @@ pub unsafe extern "C" fn ibv_reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut ibv_mr {
-    // SAFETY: forwarded contract.
+    // SAFETY: `pd` is NULL or a live PD and the range stays mapped until deregistered
+    // (this function's `# Safety`), which is all `register` asks.
     pointer(|| unsafe { register(pd, addr, length, addr as u64, access as u32) })
 }
 symver!(ibv_reg_mr, "IBVERBS_1.1");
@@ -155,7 +152,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
-    // SAFETY: forwarded contract.
+    // SAFETY: `pd` is NULL or a live PD and the range stays mapped until deregistered
+    // (this function's `# Safety`), which is all `register` asks.
     pointer(|| unsafe { register(pd, addr, length, iova, access as u32) })
 }
 symver!(ibv_reg_mr_iova, "IBVERBS_1.7");
@@ -172,7 +170,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut ibv_mr {
-    // SAFETY: forwarded contract.
+    // SAFETY: `pd` is NULL or a live PD and the range stays mapped until deregistered
+    // (this function's `# Safety`), which is all `register` asks.
     pointer(|| unsafe { register(pd, addr, length, iova, access) })
 }
 symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
@@ -185,15 +184,18 @@ symver!(ibv_reg_mr_iova2, "IBVERBS_1.8");
 /// `mr` is NULL or a live region, not used again after a successful call.
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `mr` is NULL or a live MR (this function's `# Safety`).
         let state = unsafe { MrBlock::state(mr) }?;
-        // SAFETY: the region's context is open while the region lives.
+        // SAFETY: `state.context` is the context of the region's PD, saved at
+        // registration; it is open while the region lives (libibverbs requires a
+        // context's objects to be destroyed before `ibv_close_device`).
         let ctx = unsafe { ContextBlock::from_ptr(state.context) }?;
         ctx.entry
             .device
             .dereg_mr(state.lkey)
             .map_err(|e| e.errno())?;
-        // SAFETY: checked above; the caller gives it up.
+        // SAFETY: `mr` passed `state` above, `state` is not used again, and the caller
+        // gives the region up with this call.
         unsafe { MrBlock::free(mr) };
         Ok(())
     })

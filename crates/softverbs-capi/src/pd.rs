@@ -10,8 +10,7 @@
 //! `IBV_WC_REM_ACCESS_ERR` at the requester for a remote access), as rxe and hardware do.
 
 use crate::abi::*;
-use crate::boundary::Errno;
-use crate::boundary::{errno_code, pointer};
+use crate::boundary::{errno_code, pointer, Errno};
 use crate::handles::{ContextBlock, PdBlock, PdState};
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
@@ -23,7 +22,7 @@ use std::sync::atomic::Ordering;
 /// `context` is NULL or an open context.
 pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     pointer(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         let handle = block.entry.device.alloc_pd();
         Ok(PdBlock::allocate(
@@ -41,12 +40,13 @@ symver!(ibv_alloc_pd, "IBVERBS_1.1");
 /// `pd` is NULL or a PD from `ibv_alloc_pd`, not used again after this call.
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
         let state = unsafe { PdBlock::state(pd) }?;
         if state.users.load(Ordering::Acquire) > 0 {
             return Err(libc::EBUSY);
         }
-        // SAFETY: checked above; the caller gives it up.
+        // SAFETY: `pd` passed `state` above, `state` is not used again, and the caller
+        // gives the PD up with this call; no object held it at the check above.
         unsafe { PdBlock::free(pd) };
         Ok(())
     })
@@ -60,23 +60,50 @@ pub struct PdUse {
     pd: *mut ibv_pd,
 }
 
+/// What creating an object in a PD takes from it (MRs, QPs, SRQs, AHs).
+pub struct PdParent<'a> {
+    /// The hold on the PD, for the new object's state.
+    pub hold: PdUse,
+    /// `pd->context`, which the new object's C struct repeats.
+    pub context: *mut ibv_context,
+    /// That context's block (for its device).
+    pub ctx: &'a ContextBlock,
+    /// `pd->handle`: the device's PD number (`ibv_alloc_pd` set it).
+    pub handle: u32,
+}
+
 impl PdUse {
-    /// Takes a hold on `pd` (`EINVAL` if it is not a live PD of ours).
+    /// Takes a hold on `pd` and finds its context: `EINVAL` if `pd` is not a live PD of
+    /// ours or its context is not a live context of ours.
     ///
     /// # Safety
     ///
-    /// `pd` is NULL or a live PD.
-    pub unsafe fn acquire(pd: *mut ibv_pd) -> Result<PdUse, Errno> {
-        // SAFETY: per the contract.
+    /// The handle contract ([`crate::handles`]) for `pd`: NULL or a live PD. Its context
+    /// is then open too: libibverbs requires a context's objects to be destroyed before
+    /// `ibv_close_device`.
+    pub unsafe fn acquire<'a>(pd: *mut ibv_pd) -> Result<PdParent<'a>, Errno> {
+        // SAFETY: `pd`'s handle contract is this function's.
         let state = unsafe { PdBlock::state(pd) }?;
         state.users.fetch_add(1, Ordering::AcqRel);
-        Ok(PdUse { pd })
+        let hold = PdUse { pd };
+        // SAFETY: `pd` passed `PdBlock::state`, so it points at a live `ibv_pd` (C's
+        // fields, read as C left them).
+        let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: the context of a live PD is open (this function's contract).
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+        Ok(PdParent {
+            hold,
+            context,
+            ctx,
+            handle,
+        })
     }
 }
 
 impl Drop for PdUse {
     fn drop(&mut self) {
-        // SAFETY: the PD outlives every hold on it (its dealloc refuses while one exists).
+        // SAFETY: `self.pd` passed `PdBlock::state` in `acquire`, and the PD outlives every
+        // hold on it (`ibv_dealloc_pd` refuses while one exists).
         if let Ok(state) = unsafe { PdBlock::state(self.pd) } {
             state.users.fetch_sub(1, Ordering::AcqRel);
         }

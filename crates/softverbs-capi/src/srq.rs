@@ -8,19 +8,15 @@
 //! | `verbs_context.create_srq_ex` | (ops) | NULL: the inline falls back to `ibv_create_srq` for basic SRQs |
 
 use crate::abi::*;
-use crate::boundary::{errno_code, pointer, Errno};
+use crate::boundary::{errno_code, pointer};
 use crate::handles::{
-    once_acknowledged, with_registry, Block, ContextBlock, DeviceEntry, Tagged, DESTROY_ACK_WAIT,
+    once_acknowledged, with_registry, Block, DeviceEntry, Tagged, DESTROY_ACK_WAIT,
 };
-use crate::pd::PdUse;
-use crate::qp::recv_wr;
+use crate::pd::{PdParent, PdUse};
+use crate::verbs_h::{IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR};
+use crate::wr::{post_list, recv_wr};
 use softverbs_proto::{SrqId, SrqInit};
 use std::ffi::c_int;
-
-/// `IBV_SRQ_MAX_WR`.
-const SRQ_MAX_WR: c_int = 1;
-/// `IBV_SRQ_LIMIT`.
-const SRQ_LIMIT: c_int = 2;
 
 /// The library's part of an SRQ.
 pub struct SrqState {
@@ -38,16 +34,6 @@ impl Tagged for SrqState {
 /// An SRQ as C sees it, followed by its state.
 pub type SrqBlock = Block<ibv_srq, SrqState>;
 
-/// The state of an SRQ pointer from C.
-///
-/// # Safety
-///
-/// `srq` is NULL or a live SRQ of this library.
-pub unsafe fn srq_state<'a>(srq: *mut ibv_srq) -> Result<&'a SrqState, Errno> {
-    // SAFETY: per the contract.
-    unsafe { SrqBlock::state(srq) }
-}
-
 /// `ibv_create_srq(3)`: `NULL` with `EINVAL` for sizes above the device's; on success
 /// `srq_init_attr->attr` holds the real sizes.
 ///
@@ -59,17 +45,15 @@ pub unsafe extern "C" fn ibv_create_srq(
     init_attr: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
     pointer(|| {
-        // SAFETY: per the contract.
-        let hold = unsafe { PdUse::acquire(pd) }?;
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
+        let PdParent {
+            hold, context, ctx, ..
+        } = unsafe { PdUse::acquire(pd) }?;
         if init_attr.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: readable per the contract.
+        // SAFETY: `init_attr` is readable (this function's `# Safety`; not NULL here).
         let attr = unsafe { init_attr.read() };
-        // SAFETY: a live PD's field and its open context.
-        let context = unsafe { (*pd).context };
-        // SAFETY: as above.
-        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
         let device = &ctx.entry.device;
         let limits = device.query_device();
         if attr.attr.max_wr > limits.max_srq_wr || attr.attr.max_sge > limits.max_srq_sge {
@@ -83,7 +67,7 @@ pub unsafe extern "C" fn ibv_create_srq(
             })
             .map_err(|e| e.errno())?;
         let (max_wr, max_sge, srq_limit) = device.query_srq(id).map_err(|e| e.errno())?;
-        // SAFETY: writable per the contract.
+        // SAFETY: `init_attr` is writable (this function's `# Safety`; not NULL here).
         unsafe {
             (&raw mut (*init_attr).attr).write(ibv_srq_attr {
                 max_wr,
@@ -122,8 +106,8 @@ symver!(ibv_create_srq, "IBVERBS_1.1");
 /// `srq` is NULL or a live SRQ, not used again after a successful call.
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { srq_state(srq) }?;
+        // SAFETY: `srq` is NULL or a live SRQ (this function's `# Safety`).
+        let state = unsafe { SrqBlock::state(srq) }?;
         // Its delivered async events acknowledged, it leaves the registry: no later event
         // names it (`ibv_get_async_event(3)`).
         once_acknowledged(srq as usize, DESTROY_ACK_WAIT, |r| {
@@ -133,7 +117,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             with_registry(|r| r.srqs.insert(state.id.0, srq as usize));
             return Err(e.errno());
         }
-        // SAFETY: checked; the caller gives it up.
+        // SAFETY: `srq` passed `state` above, `state` is not used again, and the caller
+        // gives the SRQ up with this call.
         unsafe { SrqBlock::free(srq) };
         Ok(())
     })
@@ -152,16 +137,16 @@ pub unsafe extern "C" fn ibv_modify_srq(
     mask: c_int,
 ) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { srq_state(srq) }?;
-        if attr.is_null() || mask & !(SRQ_MAX_WR | SRQ_LIMIT) != 0 {
+        // SAFETY: `srq` is NULL or a live SRQ (this function's `# Safety`).
+        let state = unsafe { SrqBlock::state(srq) }?;
+        if attr.is_null() || mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
             return Err(libc::EINVAL);
         }
-        if mask & SRQ_MAX_WR != 0 {
+        if mask & IBV_SRQ_MAX_WR != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        if mask & SRQ_LIMIT != 0 {
-            // SAFETY: readable per the contract.
+        if mask & IBV_SRQ_LIMIT != 0 {
+            // SAFETY: `attr` is readable (this function's `# Safety`; not NULL here).
             let limit = unsafe { attr.read() }.srq_limit;
             state
                 .entry
@@ -181,8 +166,8 @@ symver!(ibv_modify_srq, "IBVERBS_1.1");
 /// `srq` is NULL or a live SRQ; `attr` is NULL or writable.
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     errno_code(|| {
-        // SAFETY: per the contract.
-        let state = unsafe { srq_state(srq) }?;
+        // SAFETY: `srq` is NULL or a live SRQ (this function's `# Safety`).
+        let state = unsafe { SrqBlock::state(srq) }?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
@@ -191,7 +176,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
             .device
             .query_srq(state.id)
             .map_err(|e| e.errno())?;
-        // SAFETY: writable per the contract.
+        // SAFETY: `attr` is writable (this function's `# Safety`; not NULL here).
         unsafe {
             attr.write(ibv_srq_attr {
                 max_wr,
@@ -214,15 +199,16 @@ pub unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: per the contract.
-    let state = unsafe { srq_state(srq) };
-    crate::qp::post_list(
+    // SAFETY: `srq` is NULL or a live SRQ (this function's `# Safety`).
+    let state = unsafe { SrqBlock::state(srq) };
+    post_list(
         wr,
         bad_wr,
         |w| w.next,
         |w| {
             let state = state?;
-            // SAFETY: per the contract.
+            // SAFETY: every request's scatter/gather list is readable (this function's
+            // `# Safety`), which is what `recv_wr` asks.
             let request = unsafe { recv_wr(w, state.max_sge) }?;
             state
                 .entry

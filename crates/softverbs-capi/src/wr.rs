@@ -1,0 +1,103 @@
+//! Work-request pieces QPs and SRQs share: reading a C scatter/gather list or an inline
+//! payload, the engine's receive request for a C one, and walking a C list of work
+//! requests the way `ibv_post_*(3)` report failure (`*bad_wr`).
+//!
+//! Its own module so that [`crate::srq`] (`post_srq_recv`) reaches them without depending
+//! on [`crate::qp`], which depends on `srq` (a QP may use an SRQ).
+
+use crate::abi::*;
+use crate::boundary::{guarded, Errno};
+use softverbs_proto::{RecvWr, Sge};
+use std::ffi::c_int;
+
+/// Reads a C scatter/gather list of `num_sge` entries (`EINVAL` for a negative count, more
+/// than `max`, or a NULL list with entries).
+///
+/// # Safety
+///
+/// `sg_list` is readable for `num_sge` entries when `num_sge > 0`.
+pub(crate) unsafe fn sges(
+    sg_list: *const ibv_sge,
+    num_sge: c_int,
+    max: u32,
+) -> Result<Vec<Sge>, Errno> {
+    if num_sge < 0 || num_sge as u32 > max || (num_sge > 0 && sg_list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    let mut out = Vec::with_capacity(num_sge as usize);
+    for i in 0..num_sge as usize {
+        // SAFETY: `i < num_sge`, and the caller's contract makes that many entries
+        // readable (`sg_list` is not NULL: checked above).
+        let s = unsafe { sg_list.add(i).read() };
+        out.push(Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        });
+    }
+    Ok(out)
+}
+
+/// Copies an inline payload out of the application's buffers (`IBV_SEND_INLINE`: the
+/// buffers may be reused as soon as `ibv_post_send` returns; the lkeys are not checked).
+///
+/// # Safety
+///
+/// Every entry's `[addr, addr + length)` is readable (the `ibv_post_send(3)` contract).
+pub(crate) unsafe fn inline_payload(list: &[Sge], max: u32) -> Result<Vec<u8>, Errno> {
+    let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+    if total > u64::from(max) {
+        return Err(libc::EINVAL);
+    }
+    let mut bytes = Vec::with_capacity(total as usize);
+    for s in list.iter().filter(|s| s.length > 0) {
+        // SAFETY: the caller's contract makes `[addr, addr + length)` readable; the bytes
+        // are copied before the slice goes out of scope.
+        let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+        bytes.extend_from_slice(src);
+    }
+    Ok(bytes)
+}
+
+/// The engine's receive request for a C one.
+///
+/// # Safety
+///
+/// `wr.sg_list` is readable for `wr.num_sge` entries.
+pub unsafe fn recv_wr(wr: &ibv_recv_wr, max_sge: u32) -> Result<RecvWr, Errno> {
+    Ok(RecvWr {
+        wr_id: wr.wr_id,
+        // SAFETY: `sges` needs exactly this function's contract.
+        sg_list: unsafe { sges(wr.sg_list, wr.num_sge, max_sge) }?,
+    })
+}
+
+/// Posts a C list of work requests one by one; on the first failure `*bad_wr` names it
+/// and its errno is returned (the ones before it were posted).
+pub(crate) fn post_list<W>(
+    first: *mut W,
+    bad_wr: *mut *mut W,
+    next: impl Fn(&W) -> *mut W,
+    mut post: impl FnMut(&W) -> Result<(), Errno>,
+) -> c_int {
+    let mut wr = first;
+    let result = guarded(|| {
+        while !wr.is_null() {
+            // SAFETY: the list is readable (the `ibv_post_*(3)` contract).
+            let w = unsafe { &*wr };
+            post(w)?;
+            wr = next(w);
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            if !bad_wr.is_null() {
+                // SAFETY: `bad_wr` is writable (the `ibv_post_*(3)` contract; not NULL here).
+                unsafe { bad_wr.write(wr) };
+            }
+            e
+        }
+    }
+}
