@@ -258,7 +258,7 @@ fn a_ud_qp_attached_to_an_srq_takes_its_receives_from_it() {
             );
             assert_eq!(sim.nodes[1].mem.bytes(b.addr + 1024 + 40, 9), b"datagrams");
             assert_eq!(sim.nodes[1].ep.counters().drops(DropReason::NoReceive), 1);
-                Ok(())
+            Ok(())
         },
     );
 }
