@@ -8,7 +8,7 @@
 
 use crate::abi::*;
 use crate::boundary::{errno_code, minus_one, pointer, Errno};
-use crate::handles::{Block, PdBlock, Tagged};
+use crate::handles::{Block, DeviceEntry, PdBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::IBV_WC_GRH;
 use softverbs_proto::AddressVector;
@@ -20,6 +20,9 @@ pub struct AhState {
     pub av: AddressVector,
     /// The handle of its protection domain (a UD QP of another PD refuses it).
     pub pd: u32,
+    /// The device's address handle (it holds the PD).
+    id: u32,
+    entry: &'static DeviceEntry,
     _pd: PdUse,
 }
 
@@ -88,9 +91,10 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         // SAFETY: `attr` is readable (this function's `# Safety`; not NULL here).
         let av = address_vector(&unsafe { attr.read() })?;
-        ctx.entry
+        let id = ctx
+            .entry
             .device
-            .check_address_vector(&av)
+            .create_ah(pd_handle, av)
             .map_err(|e| e.errno())?;
         Ok(AhBlock::allocate(
             ibv_ah {
@@ -101,6 +105,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             AhState {
                 av,
                 pd: pd_handle,
+                id,
+                entry: ctx.entry,
                 _pd: hold,
             },
         ))
@@ -116,7 +122,12 @@ symver!(ibv_create_ah, "IBVERBS_1.1");
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     errno_code(|| {
         // SAFETY: `ah` is NULL or a live AH (this function's `# Safety`).
-        unsafe { AhBlock::state(ah) }?;
+        let state = unsafe { AhBlock::state(ah) }?;
+        state
+            .entry
+            .device
+            .destroy_ah(state.id)
+            .map_err(|e| e.errno())?;
         // SAFETY: `ah` passed `state` above and the caller gives the AH up with this call.
         unsafe { AhBlock::free(ah) };
         Ok(())

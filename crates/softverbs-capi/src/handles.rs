@@ -252,12 +252,10 @@ impl ContextBlock {
     }
 }
 
-/// The library's part of a protection domain.
+/// The library's part of a protection domain: nothing beyond the C struct (the device
+/// keeps which objects are in it).
 #[derive(Debug, Default)]
-pub struct PdState {
-    /// MRs, QPs, SRQs and AHs created in it and not yet destroyed.
-    pub users: std::sync::atomic::AtomicUsize,
-}
+pub struct PdState;
 
 impl Tagged for PdState {
     const MAGIC: u64 = PD_MAGIC;

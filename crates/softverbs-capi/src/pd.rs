@@ -5,7 +5,8 @@
 //! | `ibv_alloc_pd`, `ibv_dealloc_pd` | 1.1 | real |
 //!
 //! `ibv_dealloc_pd` refuses (`EBUSY`) a PD that MRs, QPs, SRQs or AHs still use, as the
-//! kernel does. A QP reaches only memory regions of its own PD: an L_Key or R_Key of a
+//! kernel does: the device keeps that rule ([`softverbs_device::Device::dealloc_pd`]), for
+//! the safe API too; this file translates. A QP reaches only memory regions of its own PD: an L_Key or R_Key of a
 //! region in another PD is refused like an invalid key (`IBV_WC_LOC_PROT_ERR` locally,
 //! `IBV_WC_REM_ACCESS_ERR` at the requester for a remote access), as rxe and hardware do.
 
@@ -13,7 +14,6 @@ use crate::abi::*;
 use crate::boundary::{errno_code, pointer, Errno};
 use crate::handles::{ContextBlock, PdBlock, PdState};
 use std::ffi::c_int;
-use std::sync::atomic::Ordering;
 
 /// `ibv_alloc_pd(3)`: `NULL` with errno on failure.
 ///
@@ -25,10 +25,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
         let handle = block.entry.device.alloc_pd();
-        Ok(PdBlock::allocate(
-            ibv_pd { context, handle },
-            PdState::default(),
-        ))
+        Ok(PdBlock::allocate(ibv_pd { context, handle }, PdState))
     })
 }
 symver!(ibv_alloc_pd, "IBVERBS_1.1");
@@ -41,23 +38,29 @@ symver!(ibv_alloc_pd, "IBVERBS_1.1");
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     errno_code(|| {
         // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
-        let state = unsafe { PdBlock::state(pd) }?;
-        if state.users.load(Ordering::Acquire) > 0 {
-            return Err(libc::EBUSY);
-        }
-        // SAFETY: `pd` passed `state` above, `state` is not used again, and the caller
-        // gives the PD up with this call; no object held it at the check above.
+        unsafe { PdBlock::state(pd) }?;
+        // SAFETY: `pd` passed `PdBlock::state`, so it points at a live `ibv_pd`.
+        let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
+        // SAFETY: the context of a live PD is open (libibverbs requires a context's
+        // objects to be destroyed before `ibv_close_device`).
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+        // The rule: refused while a memory region, QP, SRQ or address handle is in the PD.
+        // Every object of ours that points at this block is one of those, so once the
+        // device lets the PD go, nothing of ours refers to the block any more.
+        ctx.entry.device.dealloc_pd(handle).map_err(|e| e.errno())?;
+        // SAFETY: `pd` passed `state` above, and the caller gives the PD up with this call;
+        // the device confirmed no object is left in it.
         unsafe { PdBlock::free(pd) };
         Ok(())
     })
 }
 symver!(ibv_dealloc_pd, "IBVERBS_1.1");
 
-/// An object's hold on its PD: `ibv_dealloc_pd` refuses while one exists. Dropped with the
-/// object's state.
+/// An object's link to its PD: the PD block outlives it because the device refuses
+/// `ibv_dealloc_pd` while the object exists ([`softverbs_device::Device::dealloc_pd`]).
 #[derive(Debug)]
 pub struct PdUse {
-    pd: *mut ibv_pd,
+    _pd: *mut ibv_pd,
 }
 
 /// What creating an object in a PD takes from it (MRs, QPs, SRQs, AHs).
@@ -73,8 +76,8 @@ pub struct PdParent<'a> {
 }
 
 impl PdUse {
-    /// Takes a hold on `pd` and finds its context: `EINVAL` if `pd` is not a live PD of
-    /// ours or its context is not a live context of ours.
+    /// Checks `pd` and finds its context: `EINVAL` if `pd` is not a live PD of ours or its
+    /// context is not a live context of ours.
     ///
     /// # Safety
     ///
@@ -83,9 +86,8 @@ impl PdUse {
     /// `ibv_close_device`.
     pub unsafe fn acquire<'a>(pd: *mut ibv_pd) -> Result<PdParent<'a>, Errno> {
         // SAFETY: `pd`'s handle contract is this function's.
-        let state = unsafe { PdBlock::state(pd) }?;
-        state.users.fetch_add(1, Ordering::AcqRel);
-        let hold = PdUse { pd };
+        unsafe { PdBlock::state(pd) }?;
+        let hold = PdUse { _pd: pd };
         // SAFETY: `pd` passed `PdBlock::state`, so it points at a live `ibv_pd` (C's
         // fields, read as C left them).
         let (context, handle) = unsafe { ((*pd).context, (*pd).handle) };
@@ -97,15 +99,5 @@ impl PdUse {
             ctx,
             handle,
         })
-    }
-}
-
-impl Drop for PdUse {
-    fn drop(&mut self) {
-        // SAFETY: `self.pd` passed `PdBlock::state` in `acquire`, and the PD outlives every
-        // hold on it (`ibv_dealloc_pd` refuses while one exists).
-        if let Ok(state) = unsafe { PdBlock::state(self.pd) } {
-            state.users.fetch_sub(1, Ordering::AcqRel);
-        }
     }
 }

@@ -47,24 +47,27 @@ pub unsafe extern "C" fn ibv_create_srq(
     pointer(|| {
         // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
         let PdParent {
-            hold, context, ctx, ..
+            hold,
+            context,
+            ctx,
+            handle,
         } = unsafe { PdUse::acquire(pd) }?;
         if init_attr.is_null() {
             return Err(libc::EINVAL);
         }
         // SAFETY: `init_attr` is readable (this function's `# Safety`; not NULL here).
         let attr = unsafe { init_attr.read() };
+        // The engine checks the sizes against the device's limits (EINVAL).
         let device = &ctx.entry.device;
-        let limits = device.query_device();
-        if attr.attr.max_wr > limits.max_srq_wr || attr.attr.max_sge > limits.max_srq_sge {
-            return Err(libc::EINVAL);
-        }
         let id = device
-            .create_srq(SrqInit {
-                max_wr: attr.attr.max_wr,
-                max_sge: attr.attr.max_sge.max(1),
-                srq_limit: attr.attr.srq_limit,
-            })
+            .create_srq(
+                handle,
+                SrqInit {
+                    max_wr: attr.attr.max_wr,
+                    max_sge: attr.attr.max_sge.max(1),
+                    srq_limit: attr.attr.srq_limit,
+                },
+            )
             .map_err(|e| e.errno())?;
         let (max_wr, max_sge, srq_limit) = device.query_srq(id).map_err(|e| e.errno())?;
         // SAFETY: `init_attr` is writable (this function's `# Safety`; not NULL here).

@@ -4,6 +4,7 @@ use crate::error::CreateAhError;
 use crate::pd::Pd;
 use softverbs_device::{DeviceError, Gid};
 use softverbs_proto::{AddressVector, VerbsError};
+use std::sync::Arc;
 
 /// What an address handle points at (`struct ibv_ah_attr` on RoCEv2: always global).
 ///
@@ -89,8 +90,21 @@ impl AhAttr {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Ah {
-    pd: Pd,
+    handle: Arc<AhHandle>,
     pub(crate) av: AddressVector,
+}
+
+/// The device's address handle, destroyed with the last clone of its [`Ah`].
+#[derive(Debug)]
+struct AhHandle {
+    pd: Pd,
+    id: u32,
+}
+
+impl Drop for AhHandle {
+    fn drop(&mut self) {
+        let _ = self.pd.inner.ctx.inner.device.destroy_ah(self.id);
+    }
 }
 
 impl Ah {
@@ -101,7 +115,7 @@ impl Ah {
 
     /// The protection domain it belongs to.
     pub fn pd(&self) -> &Pd {
-        &self.pd
+        &self.handle.pd
     }
 
     /// The address vector it stands for.
@@ -115,11 +129,12 @@ impl Pd {
     pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, CreateAhError> {
         let av = attr.address_vector()?;
         // The device's rule, the one the drop-in's `ibv_create_ah` and every QP path get.
-        self.inner
+        let id = self
+            .inner
             .ctx
             .inner
             .device
-            .check_address_vector(&av)
+            .create_ah(self.inner.handle, av)
             .map_err(|e| match e {
                 DeviceError::Verbs(VerbsError::BadSgidIndex { index, .. }) => {
                     CreateAhError::NoSuchGidIndex(index)
@@ -127,7 +142,10 @@ impl Pd {
                 _ => CreateAhError::NoSuchPort(av.port_num),
             })?;
         Ok(Ah {
-            pd: self.clone(),
+            handle: Arc::new(AhHandle {
+                pd: self.clone(),
+                id,
+            }),
             av,
         })
     }

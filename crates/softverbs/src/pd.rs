@@ -12,6 +12,16 @@ pub(crate) struct PdInner {
     pub(crate) handle: u32,
 }
 
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // Every object in the PD holds a `Pd` and destroys its device object before
+        // letting it go, so the device's rule (`ibv_dealloc_pd(3)`: refused while an
+        // object is in the PD) always lets it go here; were it to refuse, the PD number
+        // would only stay allocated.
+        let _ = self.ctx.inner.device.dealloc_pd(self.handle);
+    }
+}
+
 /// A protection domain (`struct ibv_pd`). Cloning gives another handle to the same PD;
 /// every object created in it holds one, so it lives as long as they do
 /// (`ibv_dealloc_pd(3)` "fails if any other resource is still associated": here it

@@ -109,7 +109,12 @@ impl Srq {
 impl Pd {
     /// Creates a shared receive queue (`ibv_create_srq(3)`).
     pub fn create_srq(&self, init: SrqInit) -> Result<Srq, SrqError> {
-        let id = self.inner.ctx.inner.device.create_srq(init)?;
+        let id = self
+            .inner
+            .ctx
+            .inner
+            .device
+            .create_srq(self.inner.handle, init)?;
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 pd: self.clone(),

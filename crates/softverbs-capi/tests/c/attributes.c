@@ -15,6 +15,9 @@
  *     above ibv_query_device's max_qp_rd_atom: EINVAL, the QP stays in INIT
  *   5 ibv_create_ah with sgid_index outside the GID table, or port_num 2: NULL, EINVAL;
  *     index 0 works
+ *   6 ibv_dealloc_pd(3) "fails if any other resource is still associated with the PD":
+ *     EBUSY while a memory region, a queue pair, a shared receive queue or an address
+ *     handle is in it, 0 once the last is destroyed
  *
  * Prints one "rule N ...: ok" line per rule and "ok <checks> checks" at the end.
  */
@@ -184,6 +187,30 @@ int main(void)
 	CHECK(good != NULL);
 	CHECK(ibv_destroy_ah(good) == 0);
 	rule_ok("an address handle outside the GID table or port is EINVAL");
+
+	start_rule("6");
+	struct ibv_pd *pd6 = ibv_alloc_pd(context);
+	CHECK(pd6 != NULL);
+	static char region[4096];
+	struct ibv_mr *mr6 = ibv_reg_mr(pd6, region, sizeof(region), IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr6 != NULL);
+	CHECKF((rc = ibv_dealloc_pd(pd6)) == EBUSY, "with an MR: %d, expected EBUSY", rc);
+	CHECK(ibv_dereg_mr(mr6) == 0);
+	struct ibv_qp *qp6 = ibv_create_qp(pd6, &init);
+	CHECK(qp6 != NULL);
+	CHECKF((rc = ibv_dealloc_pd(pd6)) == EBUSY, "with a QP: %d, expected EBUSY", rc);
+	CHECK(ibv_destroy_qp(qp6) == 0);
+	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq6 = ibv_create_srq(pd6, &srq_init);
+	CHECK(srq6 != NULL);
+	CHECKF((rc = ibv_dealloc_pd(pd6)) == EBUSY, "with an SRQ: %d, expected EBUSY", rc);
+	CHECK(ibv_destroy_srq(srq6) == 0);
+	struct ibv_ah *ah6 = ibv_create_ah(pd6, &ah);
+	CHECK(ah6 != NULL);
+	CHECKF((rc = ibv_dealloc_pd(pd6)) == EBUSY, "with an AH: %d, expected EBUSY", rc);
+	CHECK(ibv_destroy_ah(ah6) == 0);
+	CHECKF((rc = ibv_dealloc_pd(pd6)) == 0, "with nothing in it: %d", rc);
+	rule_ok("ibv_dealloc_pd is EBUSY while an MR, QP, SRQ or AH is in the PD");
 
 	start_rule("teardown");
 	CHECK(ibv_destroy_qp(qp) == 0);

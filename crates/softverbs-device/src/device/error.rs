@@ -20,6 +20,24 @@ pub enum DeviceError {
     /// No such object.
     #[error("no such {0}")]
     NoSuch(&'static str),
+    /// The protection domain was never allocated, or is deallocated (`EINVAL`, as the
+    /// kernel answers an unknown PD handle).
+    #[error("no protection domain {pd}")]
+    NoSuchPd {
+        /// The PD asked for.
+        pd: u32,
+    },
+    /// The object is still used by others (`EBUSY`): `ibv_dealloc_pd(3)` of a PD that
+    /// memory regions, queue pairs, shared receive queues or address handles still hold.
+    #[error("{object} still in use by {count} {by}(s)")]
+    InUse {
+        /// What was to be destroyed.
+        object: &'static str,
+        /// The kind of object still holding it.
+        by: &'static str,
+        /// How many of them.
+        count: u32,
+    },
 }
 
 impl DeviceError {
@@ -29,7 +47,8 @@ impl DeviceError {
             DeviceError::Verbs(e) => e.errno(),
             DeviceError::Register(e) => e.errno(),
             DeviceError::Io(e) => e.raw_os_error().unwrap_or(5),
-            DeviceError::NoSuch(_) => 22,
+            DeviceError::NoSuch(_) | DeviceError::NoSuchPd { .. } => 22,
+            DeviceError::InUse { .. } => 16,
         }
     }
 }

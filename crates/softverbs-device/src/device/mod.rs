@@ -34,12 +34,14 @@ mod config;
 mod error;
 mod grh;
 mod mtu;
+mod objects;
 mod registry;
 mod runtime;
 
 pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
 pub use config::{parse_faults, DeviceConfig, FaultSetup, Network, FAULTS_ENV, PCAP_ENV};
 pub use error::DeviceError;
+pub use objects::{AddressHandle, PdUser};
 
 use attr::GID_TABLE_LEN;
 use completions::Route;
@@ -75,7 +77,7 @@ struct State {
     routes: HashMap<u32, Route>,
     /// Completions a back-pressure CQ refused, retried in order on every run.
     held: VecDeque<Completion>,
-    next_pd: u32,
+    objects: objects::Objects,
     scratch: Vec<u8>,
 }
 
@@ -185,7 +187,7 @@ impl Device {
                 memory: MemoryTable::new(),
                 routes: HashMap::new(),
                 held: VecDeque::new(),
-                next_pd: 1,
+                objects: objects::Objects::new(),
                 scratch: vec![0u8; 16 * 1024],
             }),
             transport,
@@ -288,12 +290,32 @@ impl Device {
         &self.inner.events
     }
 
-    /// Allocates a protection domain handle.
+    /// Allocates a protection domain (`ibv_alloc_pd(3)`); returns its handle.
     pub fn alloc_pd(&self) -> u32 {
+        lock(&self.inner.state).objects.alloc_pd()
+    }
+
+    /// Deallocates a protection domain (`ibv_dealloc_pd(3)`): refused with
+    /// [`DeviceError::InUse`] (`EBUSY`) while a memory region, queue pair, shared receive
+    /// queue or address handle is in it, [`DeviceError::NoSuchPd`] (`EINVAL`) for a PD
+    /// not allocated.
+    pub fn dealloc_pd(&self, pd: u32) -> Result<(), DeviceError> {
+        lock(&self.inner.state).objects.dealloc_pd(pd)
+    }
+
+    /// Creates an address handle in `pd` (`ibv_create_ah(3)`): the PD must be allocated
+    /// and the address vector pass [`Device::check_address_vector`]. The handle holds the
+    /// PD until [`Device::destroy_ah`].
+    pub fn create_ah(&self, pd: u32, av: AddressVector) -> Result<u32, DeviceError> {
         let mut st = lock(&self.inner.state);
-        let pd = st.next_pd;
-        st.next_pd += 1;
-        pd
+        st.objects.check_pd(pd)?;
+        st.engine.check_address_vector(&av)?;
+        Ok(st.objects.add_ah(AddressHandle { pd, av }))
+    }
+
+    /// Destroys an address handle (`ibv_destroy_ah(3)`); returns what it was.
+    pub fn destroy_ah(&self, ah: u32) -> Result<AddressHandle, DeviceError> {
+        lock(&self.inner.state).objects.remove_ah(ah)
     }
 
     /// Registers memory (`ibv_reg_mr_iova2(3)`). Refused as [`MemoryTable::register`]
@@ -313,20 +335,23 @@ impl Device {
         iova: u64,
         access: AccessFlags,
     ) -> Result<Region, DeviceError> {
+        let mut st = lock(&self.inner.state);
+        st.objects.check_pd(pd)?;
         // SAFETY: forwarded contract.
-        Ok(unsafe {
-            lock(&self.inner.state)
-                .memory
-                .register(pd, addr, len, iova, access)
-        }?)
+        let region = unsafe { st.memory.register(pd, addr, len, iova, access) }?;
+        st.objects.hold(pd, PdUser::MemoryRegion);
+        Ok(region)
     }
 
     /// Deregisters the region with local key `lkey`; the device never touches it again.
     pub fn dereg_mr(&self, lkey: u32) -> Result<Region, DeviceError> {
-        lock(&self.inner.state)
+        let mut st = lock(&self.inner.state);
+        let region = st
             .memory
             .deregister(lkey)
-            .ok_or(DeviceError::NoSuch("memory region"))
+            .ok_or(DeviceError::NoSuch("memory region"))?;
+        st.objects.release(region.pd, PdUser::MemoryRegion);
+        Ok(region)
     }
 
     /// How many accesses to registered memory faulted because the application unmapped
@@ -348,7 +373,9 @@ impl Device {
         recv_cq: CqProducer,
     ) -> Result<u32, DeviceError> {
         let mut st = lock(&self.inner.state);
+        st.objects.check_pd(init.pd)?;
         let qpn = st.engine.create_qp(init)?;
+        st.objects.hold(init.pd, PdUser::QueuePair);
         send_cq.attach_qp();
         if recv_cq.cq_id() != send_cq.cq_id() {
             recv_cq.attach_qp();
@@ -366,7 +393,9 @@ impl Device {
     /// Destroys a QP; its CQs may then be destroyed.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
         let mut st = lock(&self.inner.state);
+        let (_, init) = st.engine.query_qp(qpn)?;
         st.engine.destroy_qp(qpn)?;
+        st.objects.release(init.pd, PdUser::QueuePair);
         if let Some(route) = st.routes.remove(&qpn) {
             route.send.detach_qp();
             if route.recv.cq_id() != route.send.cq_id() {
@@ -410,9 +439,13 @@ impl Device {
         Ok(())
     }
 
-    /// Creates a shared receive queue (`ibv_create_srq(3)`).
-    pub fn create_srq(&self, init: SrqInit) -> Result<SrqId, DeviceError> {
-        Ok(lock(&self.inner.state).engine.create_srq(init)?)
+    /// Creates a shared receive queue in protection domain `pd` (`ibv_create_srq(3)`).
+    pub fn create_srq(&self, pd: u32, init: SrqInit) -> Result<SrqId, DeviceError> {
+        let mut st = lock(&self.inner.state);
+        st.objects.check_pd(pd)?;
+        let srq = st.engine.create_srq(init)?;
+        st.objects.add_srq(srq.0, pd);
+        Ok(srq)
     }
 
     /// Posts to a shared receive queue (`ibv_post_srq_recv(3)`).
@@ -433,7 +466,10 @@ impl Device {
 
     /// Destroys a shared receive queue.
     pub fn destroy_srq(&self, srq: SrqId) -> Result<(), DeviceError> {
-        Ok(lock(&self.inner.state).engine.destroy_srq(srq)?)
+        let mut st = lock(&self.inner.state);
+        st.engine.destroy_srq(srq)?;
+        st.objects.remove_srq(srq.0);
+        Ok(())
     }
 
     /// Receives and handles what has arrived and runs due timers, without blocking.

@@ -1,0 +1,157 @@
+//! The device's record of its protection domains and of what holds each: memory regions,
+//! queue pairs, shared receive queues and address handles. It is what makes
+//! `ibv_dealloc_pd(3)` ("fails if any other resource is still associated with the PD",
+//! `EBUSY`) one rule for both front doors, and what refuses an object in a PD that was
+//! never allocated or is gone (`EINVAL`, as the kernel refuses an unknown PD handle).
+//!
+//! Everything here is read and written under the device's state lock.
+
+use std::collections::HashMap;
+
+use softverbs_proto::AddressVector;
+
+use super::DeviceError;
+
+/// The kinds of object a protection domain holds, as [`DeviceError::InUse`] names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PdUser {
+    /// A memory region (`ibv_reg_mr`).
+    MemoryRegion,
+    /// A queue pair (`ibv_create_qp`).
+    QueuePair,
+    /// A shared receive queue (`ibv_create_srq`).
+    SharedReceiveQueue,
+    /// An address handle (`ibv_create_ah`).
+    AddressHandle,
+}
+
+impl PdUser {
+    const ALL: [PdUser; 4] = [
+        PdUser::MemoryRegion,
+        PdUser::QueuePair,
+        PdUser::SharedReceiveQueue,
+        PdUser::AddressHandle,
+    ];
+
+    /// The object's name in the man pages' words.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PdUser::MemoryRegion => "memory region",
+            PdUser::QueuePair => "queue pair",
+            PdUser::SharedReceiveQueue => "shared receive queue",
+            PdUser::AddressHandle => "address handle",
+        }
+    }
+}
+
+impl std::fmt::Display for PdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An address handle: its protection domain and the checked address vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddressHandle {
+    /// The protection domain it was created in.
+    pub pd: u32,
+    /// Where it points.
+    pub av: AddressVector,
+}
+
+/// Protection domains, their users, and the objects whose PD the engine does not keep.
+#[derive(Debug)]
+pub(super) struct Objects {
+    next_pd: u32,
+    /// Live PDs and how many objects of each kind hold each.
+    pds: HashMap<u32, [u32; 4]>,
+    /// The PD of each SRQ (the engine's SRQs have none).
+    srq_pds: HashMap<u32, u32>,
+    next_ah: u32,
+    ahs: HashMap<u32, AddressHandle>,
+}
+
+impl Objects {
+    pub(super) fn new() -> Objects {
+        Objects {
+            next_pd: 1,
+            pds: HashMap::new(),
+            srq_pds: HashMap::new(),
+            next_ah: 1,
+            ahs: HashMap::new(),
+        }
+    }
+
+    pub(super) fn alloc_pd(&mut self) -> u32 {
+        let pd = self.next_pd;
+        self.next_pd = self.next_pd.wrapping_add(1).max(1);
+        self.pds.insert(pd, [0; 4]);
+        pd
+    }
+
+    /// `ibv_dealloc_pd(3)`: refused while an object holds the PD.
+    pub(super) fn dealloc_pd(&mut self, pd: u32) -> Result<(), DeviceError> {
+        let users = self.pds.get(&pd).ok_or(DeviceError::NoSuchPd { pd })?;
+        if let Some(by) = PdUser::ALL.into_iter().find(|u| users[*u as usize] > 0) {
+            return Err(DeviceError::InUse {
+                object: "protection domain",
+                by: by.name(),
+                count: users[by as usize],
+            });
+        }
+        self.pds.remove(&pd);
+        Ok(())
+    }
+
+    /// Refuses a PD that is not allocated (`EINVAL`).
+    pub(super) fn check_pd(&self, pd: u32) -> Result<(), DeviceError> {
+        if self.pds.contains_key(&pd) {
+            Ok(())
+        } else {
+            Err(DeviceError::NoSuchPd { pd })
+        }
+    }
+
+    /// Counts one more `user` of `pd` (checked with [`Objects::check_pd`] before the object
+    /// was made).
+    pub(super) fn hold(&mut self, pd: u32, user: PdUser) {
+        if let Some(users) = self.pds.get_mut(&pd) {
+            users[user as usize] += 1;
+        }
+    }
+
+    /// Counts one `user` of `pd` fewer.
+    pub(super) fn release(&mut self, pd: u32, user: PdUser) {
+        if let Some(users) = self.pds.get_mut(&pd) {
+            users[user as usize] = users[user as usize].saturating_sub(1);
+        }
+    }
+
+    pub(super) fn add_srq(&mut self, srq: u32, pd: u32) {
+        self.srq_pds.insert(srq, pd);
+        self.hold(pd, PdUser::SharedReceiveQueue);
+    }
+
+    pub(super) fn remove_srq(&mut self, srq: u32) {
+        if let Some(pd) = self.srq_pds.remove(&srq) {
+            self.release(pd, PdUser::SharedReceiveQueue);
+        }
+    }
+
+    pub(super) fn add_ah(&mut self, ah: AddressHandle) -> u32 {
+        let id = self.next_ah;
+        self.next_ah = self.next_ah.wrapping_add(1).max(1);
+        self.ahs.insert(id, ah);
+        self.hold(ah.pd, PdUser::AddressHandle);
+        id
+    }
+
+    pub(super) fn remove_ah(&mut self, id: u32) -> Result<AddressHandle, DeviceError> {
+        let ah = self
+            .ahs
+            .remove(&id)
+            .ok_or(DeviceError::NoSuch("address handle"))?;
+        self.release(ah.pd, PdUser::AddressHandle);
+        Ok(ah)
+    }
+}

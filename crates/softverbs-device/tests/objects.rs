@@ -1,0 +1,111 @@
+//! What a protection domain holds, kept by the device for both front doors:
+//! `ibv_dealloc_pd(3)` fails with `EBUSY` while a memory region, queue pair, shared
+//! receive queue or address handle is in the PD, and succeeds once the last is gone; an
+//! object in a PD that was never allocated, or is deallocated, is `EINVAL` (the kernel's
+//! answer to an unknown PD handle).
+
+use softverbs_cq::CqBuilder;
+use softverbs_device::{Device, DeviceConfig, DeviceError};
+use softverbs_proto::{AccessFlags, AddressVector, QpInit, QpType, SrqInit};
+
+fn in_use_by(result: Result<(), DeviceError>) -> &'static str {
+    match result {
+        Err(e @ DeviceError::InUse { by, .. }) => {
+            assert_eq!(e.errno(), 16, "EBUSY");
+            by
+        }
+        other => panic!("expected InUse, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_pd_cannot_be_deallocated_while_an_object_is_in_it() {
+    let device = Device::open(DeviceConfig::in_process()).unwrap();
+    let cq = CqBuilder::new(16).build().unwrap();
+    let mut buf = vec![0u8; 4096];
+
+    let pd = device.alloc_pd();
+    // SAFETY: `buf` outlives the registration (deregistered below).
+    let mr = unsafe {
+        device.reg_mr(
+            pd,
+            buf.as_mut_ptr() as usize,
+            4096,
+            buf.as_mut_ptr() as u64,
+            AccessFlags::LOCAL_WRITE,
+        )
+    }
+    .unwrap();
+    assert_eq!(in_use_by(device.dealloc_pd(pd)), "memory region");
+    device.dereg_mr(mr.lkey).unwrap();
+
+    let qpn = device
+        .create_qp(
+            QpInit::new(QpType::Rc).with_pd(pd),
+            cq.producer(),
+            cq.producer(),
+        )
+        .unwrap();
+    assert_eq!(in_use_by(device.dealloc_pd(pd)), "queue pair");
+    device.destroy_qp(qpn).unwrap();
+
+    let srq = device.create_srq(pd, SrqInit::default()).unwrap();
+    assert_eq!(in_use_by(device.dealloc_pd(pd)), "shared receive queue");
+    device.destroy_srq(srq).unwrap();
+
+    let av = AddressVector {
+        dgid: device.gid(0).unwrap().0,
+        port_num: 1,
+        is_global: true,
+        ..AddressVector::default()
+    };
+    let ah = device.create_ah(pd, av).unwrap();
+    assert_eq!(in_use_by(device.dealloc_pd(pd)), "address handle");
+    assert_eq!(device.destroy_ah(ah).unwrap().av, av);
+
+    device.dealloc_pd(pd).unwrap();
+    let gone = device.dealloc_pd(pd).unwrap_err();
+    assert!(matches!(gone, DeviceError::NoSuchPd { .. }), "{gone:?}");
+    assert_eq!(gone.errno(), 22, "EINVAL");
+}
+
+#[test]
+fn objects_in_a_pd_never_allocated_or_deallocated_are_einval() {
+    let device = Device::open(DeviceConfig::in_process()).unwrap();
+    let cq = CqBuilder::new(16).build().unwrap();
+    let gone = device.alloc_pd();
+    device.dealloc_pd(gone).unwrap();
+    let mut buf = vec![0u8; 4096];
+    for pd in [gone, 0x7777] {
+        // SAFETY: refused before anything is recorded.
+        let mr = unsafe {
+            device.reg_mr(
+                pd,
+                buf.as_mut_ptr() as usize,
+                4096,
+                0,
+                AccessFlags::LOCAL_WRITE,
+            )
+        };
+        assert!(matches!(mr, Err(DeviceError::NoSuchPd { .. })), "{mr:?}");
+        let qp = device.create_qp(
+            QpInit::new(QpType::Rc).with_pd(pd),
+            cq.producer(),
+            cq.producer(),
+        );
+        assert_eq!(qp.map_err(|e| e.errno()), Err(22));
+        assert_eq!(
+            device
+                .create_srq(pd, SrqInit::default())
+                .map_err(|e| e.errno()),
+            Err(22)
+        );
+        let av = AddressVector {
+            port_num: 1,
+            is_global: true,
+            ..AddressVector::default()
+        };
+        assert_eq!(device.create_ah(pd, av).map_err(|e| e.errno()), Err(22));
+    }
+    assert_eq!(cq.attached_qps(), 0, "no QP was attached to the CQ");
+}
