@@ -13,7 +13,7 @@ use crate::srq::SrqBlock;
 use crate::verbs_h::{
     IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 };
-use softverbs_proto::{QpCaps, QpInit, QpState as EngineQpState, QpType};
+use softverbs_proto::{QpCaps, QpInit, QpState as EngineQpState};
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 
@@ -51,22 +51,9 @@ unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno>
         // not NULL here).
         Some(unsafe { SrqBlock::state(attr.srq) }?.id)
     };
-    if srq.is_some() && qp_type == QpType::Ud {
-        // An SRQ with UD is allowed by IBTA, but the engine only attaches SRQs to
-        // connected QPs.
-        return Err(libc::EOPNOTSUPP);
-    }
     let device = &ctx.entry.device;
-    let limits = device.query_device();
+    // The engine checks the capacities against the device's limits (EINVAL).
     let cap = attr.cap;
-    let sge_max = limits.max_sge;
-    if cap.max_send_wr > limits.max_qp_wr
-        || (srq.is_none() && cap.max_recv_wr > limits.max_qp_wr)
-        || cap.max_send_sge > sge_max
-        || cap.max_recv_sge > sge_max
-    {
-        return Err(libc::EINVAL);
-    }
     let caps = QpCaps {
         // A queue of 0 still holds what the engine needs to run it; C asked for none.
         max_send_wr: cap.max_send_wr.max(1),

@@ -67,8 +67,12 @@ unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, Errno> {
         },
         _ => return Err(libc::EINVAL),
     };
-    let inline = flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic();
-    let gather = if inline {
+    let gather = if flags.contains(SendFlags::INLINE) && op.is_read_or_atomic() {
+        // `ibv_post_send(3)`: IBV_SEND_INLINE is "valid only for Send and RDMA Write"; the
+        // engine refuses the flag on a READ or atomic (EINVAL), so it gets the flag, not
+        // the buffers (which a READ writes, not reads).
+        Gather::Inline(Vec::new())
+    } else if flags.contains(SendFlags::INLINE) {
         // SAFETY: with `IBV_SEND_INLINE` every entry's buffer is readable for its length
         // (this function's `# Safety`).
         Gather::Inline(unsafe { inline_payload(&list, state.caps.max_inline_data) }?)
