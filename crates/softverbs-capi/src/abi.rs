@@ -12,7 +12,7 @@
 //!   value, and an out-of-range Rust `enum` would be undefined behaviour;
 //! - `pthread_mutex_t` / `pthread_cond_t` are opaque byte blocks ([`PthreadMutex`],
 //!   [`PthreadCond`]); all-zero bytes are a valid default-initialised object on glibc;
-//! - `struct ibv_wc` is [`softverbs_cq::WorkCompletion`], which already has the layout.
+//! - `struct ibv_wc` is [`softverbs::core::cq::WorkCompletion`], which already has the layout.
 //!
 //! Names are the C names, so that the mirrors read like the header.
 
@@ -20,7 +20,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-pub use softverbs_cq::WorkCompletion as ibv_wc;
+pub use softverbs::core::cq::WorkCompletion as ibv_wc;
 
 /// `pthread_mutex_t` on x86_64 glibc: 40 bytes, align 8.
 #[repr(C)]

@@ -11,7 +11,7 @@ use crate::boundary::{errno_code, minus_one, pointer, Errno};
 use crate::handles::{Block, DeviceEntry, PdBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::IBV_WC_GRH;
-use softverbs_proto::AddressVector;
+use softverbs::core::engine::AddressVector;
 use std::ffi::c_int;
 
 /// The library's part of an address handle.

@@ -24,11 +24,11 @@ use crate::verbs_h::{
     IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN, IBV_CREATE_CQ_ATTR_SINGLE_THREADED,
     IBV_CREATE_CQ_SUP_WC_FLAGS,
 };
-use softverbs_cq::{
+use softverbs::core::cq::{
     AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqBuilder, Moderation,
     OverrunPolicy, PollBatch,
 };
-use softverbs_device::AsyncEvent;
+use softverbs::core::device::AsyncEvent;
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             cq_context,
             channel,
             comp_vector,
-            wc_flags: softverbs_cq::WcFields::STANDARD.bits(),
+            wc_flags: softverbs::core::cq::WcFields::STANDARD.bits(),
             ignore_overrun: false,
             extended: false,
         };
@@ -684,7 +684,9 @@ unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
     // `ibv_wc_read_imm_data` returns network order; `ibv_wc_read_invalidated_rkey` reads
     // the same slot (host order, which is what the raw word holds for an rkey).
     read(cq, |b| {
-        if b.wc_flags().contains(softverbs_cq::WcFlags::WITH_INV) {
+        if b.wc_flags()
+            .contains(softverbs::core::cq::WcFlags::WITH_INV)
+        {
             b.invalidated_rkey().unwrap_or(0)
         } else {
             b.imm_data_raw().unwrap_or(0)

@@ -28,7 +28,7 @@ use crate::verbs_h::{
     IBV_DEVICE_SYS_IMAGE_GUID, IBV_GID_TYPE_ROCE_V2, IBV_GID_TYPE_SYSFS_ROCE_V2,
     IBV_LINK_LAYER_ETHERNET, IBV_PORT_ACTIVE, IBV_PORT_IP_BASED_GIDS, IBV_VALUES_MASK_RAW_CLOCK,
 };
-use softverbs_cq::DeviceClock;
+use softverbs::core::cq::DeviceClock;
 use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
 

@@ -42,8 +42,8 @@
 
 use crate::abi::*;
 use crate::boundary::Errno;
-use softverbs_cq::CompletionChannel;
-use softverbs_device::{Device, DeviceConfig};
+use softverbs::core::cq::CompletionChannel;
+use softverbs::core::device::{Device, DeviceConfig};
 use std::ffi::c_char;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};

@@ -27,7 +27,7 @@ use crate::verbs_h::{
     IBV_EVENT_QP_REQ_ERR, IBV_EVENT_SQ_DRAINED, IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED,
     IBV_FORK_UNNEEDED,
 };
-use softverbs_device::AsyncEvent;
+use softverbs::core::device::AsyncEvent;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::OnceLock;
@@ -88,7 +88,7 @@ pub extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_char {
     // The cq crate holds the one table of status texts (rdma-core 44's wording).
     u32::try_from(status)
         .map_or(c"unknown", |raw| {
-            softverbs_cq::WcStatus::from_raw(raw).as_c_str()
+            softverbs::core::cq::WcStatus::from_raw(raw).as_c_str()
         })
         .as_ptr()
 }

@@ -18,13 +18,13 @@
 //! `ZERO_BASED` fail with `EOPNOTSUPP` (the device reports no ODP).
 //!
 //! Registration checks what a kernel device checks when it pins the pages
-//! (`softverbs_device::memory`), and fails with the errno rdma-core reports there: `EINVAL`
+//! (`softverbs::core::device::memory`), and fails with the errno rdma-core reports there: `EINVAL`
 //! for length 0, `EFAULT` for a page of the range that is not mapped (NULL included), or is
 //! mapped read-only while the access asks for writing (`LOCAL_WRITE`, `REMOTE_WRITE`,
 //! `REMOTE_ATOMIC`, `MW_BIND`), `ENOMEM` past `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`.
 //!
 //! The device reads and writes registered memory with fault-tolerant copies and atomics
-//! (`softverbs_device::guarded`) that never touch a byte outside the range: memory the
+//! (`softverbs::core::device::guarded`) that never touch a byte outside the range: memory the
 //! application unmaps or frees while it is registered (which `ibv_reg_mr(3)` forbids) makes
 //! the access fail — a peer's request gets a remote access error NAK (its completion
 //! `IBV_WC_REM_ACCESS_ERR`), a local work request `IBV_WC_LOC_PROT_ERR` — instead of
@@ -39,7 +39,7 @@ use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::{
     IBV_ACCESS_HUGETLB, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_ZERO_BASED,
 };
-use softverbs_proto::AccessFlags;
+use softverbs::core::engine::AccessFlags;
 use std::ffi::{c_int, c_void};
 
 /// The library's part of a memory region.

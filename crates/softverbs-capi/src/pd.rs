@@ -5,7 +5,7 @@
 //! | `ibv_alloc_pd`, `ibv_dealloc_pd` | 1.1 | real |
 //!
 //! `ibv_dealloc_pd` refuses (`EBUSY`) a PD that MRs, QPs, SRQs or AHs still use, as the
-//! kernel does: the device keeps that rule ([`softverbs_device::Device::dealloc_pd`]), for
+//! kernel does: the device keeps that rule ([`softverbs::core::device::Device::dealloc_pd`]), for
 //! the safe API too; this file translates. A QP reaches only memory regions of its own PD: an L_Key or R_Key of a
 //! region in another PD is refused like an invalid key (`IBV_WC_LOC_PROT_ERR` locally,
 //! `IBV_WC_REM_ACCESS_ERR` at the requester for a remote access), as rxe and hardware do.
@@ -57,7 +57,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 symver!(ibv_dealloc_pd, "IBVERBS_1.1");
 
 /// An object's link to its PD: the PD block outlives it because the device refuses
-/// `ibv_dealloc_pd` while the object exists ([`softverbs_device::Device::dealloc_pd`]).
+/// `ibv_dealloc_pd` while the object exists ([`softverbs::core::device::Device::dealloc_pd`]).
 #[derive(Debug)]
 pub struct PdUse {
     _pd: *mut ibv_pd,

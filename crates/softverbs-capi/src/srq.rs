@@ -15,7 +15,7 @@ use crate::handles::{
 use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::{IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR};
 use crate::wr::{post_list, recv_wr};
-use softverbs_proto::{SrqId, SrqInit};
+use softverbs::core::engine::{SrqId, SrqInit};
 use std::ffi::c_int;
 
 /// The library's part of an SRQ.

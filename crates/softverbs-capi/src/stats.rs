@@ -5,7 +5,7 @@
 //! [`crate::handles`] (the exit hook of the process's device) can call it without the two
 //! depending on each other; it needs only the device runtime.
 
-use softverbs_device::Device;
+use softverbs::core::device::Device;
 
 /// The environment variable naming where `ibv_close_device` reports the device's
 /// counters: `stderr` (or `-`), or a file the report is appended to. Unset: no report.

@@ -7,7 +7,7 @@
 
 use crate::abi::*;
 use crate::boundary::{guarded, Errno};
-use softverbs_proto::{RecvWr, Sge};
+use softverbs::core::engine::{RecvWr, Sge};
 use std::ffi::c_int;
 
 /// Reads a C scatter/gather list of `num_sge` entries (`EINVAL` for a negative count, more

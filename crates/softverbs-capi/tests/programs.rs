@@ -250,7 +250,7 @@ fn softverbs_pcap_capture_of_a_program_is_complete_when_the_program_exits() {
     };
     assert!(ok(&client), "client: {}", text(&client));
     assert!(ok(&server), "server: {}", text(&server));
-    let records = softverbs_device::pcap::read_capture(&file).expect("a readable pcap file");
+    let records = softverbs::core::device::pcap::read_capture(&file).expect("a readable pcap file");
     // Five round trips of one SEND each way, each ACKed: 20 packets, all of them there.
     assert_eq!(records.len(), 20, "{records:?}");
 }

@@ -83,6 +83,7 @@
 
 mod ah;
 mod context;
+pub mod core;
 mod cq;
 pub mod error;
 mod mr;

@@ -9,7 +9,7 @@ use crate::verbs_h::{
     IBV_QPT_DRIVER, IBV_QPT_RAW_PACKET, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
 };
-use softverbs_proto::{
+use softverbs::core::engine::{
     AccessFlags, AttrMask, Mtu, QpAttr, QpCaps, QpState as EngineQpState, QpType,
 };
 use std::ffi::c_int;

@@ -13,7 +13,7 @@ use crate::srq::SrqBlock;
 use crate::verbs_h::{
     IBV_QP_INIT_ATTR_CREATE_FLAGS, IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 };
-use softverbs_proto::{QpCaps, QpInit, QpState as EngineQpState};
+use softverbs::core::engine::{QpCaps, QpInit, QpState as EngineQpState};
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 

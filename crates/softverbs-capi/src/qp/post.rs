@@ -11,7 +11,7 @@ use crate::verbs_h::{
     IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, post_list, recv_wr, sges};
-use softverbs_proto::{Gather, QpType, SendFlags, SendOp, SendWr, UdDest};
+use softverbs::core::engine::{Gather, QpType, SendFlags, SendOp, SendWr, UdDest};
 use std::ffi::c_int;
 
 /// The `enum ibv_send_flags` the device honours (`0xf`).

@@ -23,7 +23,7 @@ use crate::verbs_h::{
     IBV_QP_EX_WITH_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM, IBV_QP_EX_WITH_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, sges};
-use softverbs_proto::{Gather, SendFlags, SendOp, SendWr, Sge, UdDest};
+use softverbs::core::engine::{Gather, SendFlags, SendOp, SendWr, Sge, UdDest};
 use std::ffi::{c_int, c_void};
 
 /// What the device offers (no local invalidate, memory windows, TSO, atomic write).

@@ -4,7 +4,7 @@ use crate::abi::*;
 use crate::boundary::Errno;
 use crate::handles::{Block, DeviceEntry, Tagged};
 use crate::pd::PdUse;
-use softverbs_proto::{QpCaps, QpType, SendWr};
+use softverbs::core::engine::{QpCaps, QpType, SendWr};
 use std::cell::UnsafeCell;
 
 /// The library's part of a QP.

@@ -1,0 +1,24 @@
+//! The verbs core: the tier both front doors stand on.
+//!
+//! The safe API above (this crate's types: [`Context`](crate::Context), [`Pd`](crate::Pd),
+//! [`Mr`](crate::Mr), …) adds typing, ownership and lifetimes; the drop-in
+//! `libibverbs.so.1` (`softverbs-capi`) adds ABI translation — pointers ↔ handles,
+//! `repr(C)` layouts, errno — and reaches the device only through this module. The rules of
+//! the man pages live below it, once, where both front doors meet them:
+//!
+//! | module | holds | rules it owns |
+//! |---|---|---|
+//! | [`device`] | [`device::Device`]: the verbs objects of one device (protection domains and what holds them, memory regions, QPs, SRQs, address handles), registered memory, the runtime | registration (mapped range, access, `RLIMIT_MEMLOCK`), a PD's users (`ibv_dealloc_pd`: `EBUSY`), unknown PDs (`EINVAL`), the GID table, faults in registered memory |
+//! | [`engine`] | the sans-IO queue-pair engine | QP states, transitions and attribute values, capacities against the device's limits, which opcodes and flags a QP type takes, address vectors (`sgid_index`, port), SRQ sizes and use, every completion status |
+//! | [`cq`] | the completion queue | `ibv_poll_cq`, notification, channels, overrun, resize, moderation, a CQ in use (`EBUSY`) |
+//!
+//! Every refusal carries its errno from one place per layer ([`engine::VerbsError::errno`],
+//! [`device::RegisterError::errno`], [`device::DeviceError::errno`], which forwards both).
+//!
+//! A second backend (rdma-core's own `libibverbs.so.1` loaded at run time, for kernel rxe
+//! and real NICs) would sit here, under the safe API's types, which hold this tier's
+//! handles and never show them.
+
+pub use softverbs_cq as cq;
+pub use softverbs_device as device;
+pub use softverbs_proto as engine;
