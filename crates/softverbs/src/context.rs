@@ -6,7 +6,6 @@
 //! the device stays open until the last PD, MR, CQ, QP, SRQ and AH is gone.
 
 use crate::error::{EventError, OpenError, QueryPortError};
-use crate::pd::Pd;
 use softverbs_device::{AsyncEvent, Device, DeviceAttr, DeviceConfig, Gid, PortAttr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,11 +164,6 @@ impl Context {
     /// GID table entry `index` of port 1 (`ibv_query_gid(3)`); only index 0 exists.
     pub fn gid(&self, index: u32) -> Option<Gid> {
         self.inner.device.gid(index)
-    }
-
-    /// Allocates a protection domain (`ibv_alloc_pd(3)`).
-    pub fn alloc_pd(&self) -> Pd {
-        Pd::new(self.clone())
     }
 
     /// Receives and handles what has arrived, without blocking. [`Cq::poll`](crate::Cq::poll)

@@ -484,6 +484,14 @@ impl FromStr for RemoteAddr {
     }
 }
 
+impl Pd {
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it with
+    /// `access` (`ibv_reg_mr(3)`). `REMOTE_WRITE` and `REMOTE_ATOMIC` need `LOCAL_WRITE`.
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, RegMrError> {
+        Mr::register(self, len, access)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

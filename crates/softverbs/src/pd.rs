@@ -2,9 +2,6 @@
 //! shared receive queues and address handles.
 
 use crate::context::Context;
-use crate::error::RegMrError;
-use crate::mr::Mr;
-use softverbs_proto::AccessFlags;
 use std::sync::Arc;
 
 pub(crate) struct PdInner {
@@ -66,13 +63,14 @@ impl Pd {
         self.inner.handle
     }
 
-    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it with
-    /// `access` (`ibv_reg_mr(3)`). `REMOTE_WRITE` and `REMOTE_ATOMIC` need `LOCAL_WRITE`.
-    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, RegMrError> {
-        Mr::register(self, len, access)
-    }
-
     pub(crate) fn same(&self, other: &Pd) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Context {
+    /// Allocates a protection domain (`ibv_alloc_pd(3)`).
+    pub fn alloc_pd(&self) -> Pd {
+        Pd::new(self.clone())
     }
 }
