@@ -375,71 +375,36 @@ mod tests {
 
     use super::*;
     use crate::codec;
-    use crate::memory::{AtomicOp, MemError, MemKey};
+    use crate::memory::{AtomicOp, MemError, MemKey, RegionInfo};
     use crate::types::{AccessFlags, AddressVector, Mtu, QpType};
     use crate::wr::{SendOp, Sge};
 
     /// Flat memory: one region, key 1, in protection domain 0, every access allowed.
     struct Flat(Vec<u8>);
 
-    impl Flat {
-        fn range(
-            &self,
-            pd: u32,
-            addr: u64,
-            len: usize,
-        ) -> Result<std::ops::Range<usize>, MemError> {
-            if pd != 0 {
-                return Err(MemError::PdMismatch);
-            }
-            let start = usize::try_from(addr).map_err(|_| MemError::OutOfBounds)?;
-            let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
-            if end > self.0.len() {
-                return Err(MemError::OutOfBounds);
-            }
-            Ok(start..end)
-        }
-    }
-
     impl Memory for Flat {
-        fn check_local(
-            &self,
-            pd: u32,
-            lkey: u32,
-            addr: u64,
-            len: u64,
-            _: AccessFlags,
-        ) -> Result<(), MemError> {
-            if lkey != 1 {
+        type Handle = ();
+
+        fn lookup(&self, key: MemKey) -> Result<((), RegionInfo), MemError> {
+            let (MemKey::Local(1) | MemKey::Remote(1)) = key else {
                 return Err(MemError::InvalidKey);
-            }
-            self.range(pd, addr, len as usize).map(|_| ())
+            };
+            let len = self.0.len() as u64;
+            Ok(((), RegionInfo::new(0, 0, len, AccessFlags::all())))
         }
-        fn check_remote(
-            &self,
-            pd: u32,
-            rkey: u32,
-            va: u64,
-            len: u64,
-            need: AccessFlags,
-        ) -> Result<(), MemError> {
-            self.check_local(pd, rkey, va, len, need)
-        }
-        fn read(&self, pd: u32, _: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-            let r = self.range(pd, addr, buf.len())?;
-            buf.copy_from_slice(&self.0[r]);
+        fn read_region(&self, _: (), at: usize, buf: &mut [u8]) -> Result<(), MemError> {
+            buf.copy_from_slice(&self.0[at..at + buf.len()]);
             Ok(())
         }
-        fn write(&mut self, pd: u32, _: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
-            let r = self.range(pd, addr, data.len())?;
-            self.0[r].copy_from_slice(data);
+        fn write_region(&mut self, _: (), at: usize, data: &[u8]) -> Result<(), MemError> {
+            self.0[at..at + data.len()].copy_from_slice(data);
             Ok(())
         }
-        fn atomic(&mut self, pd: u32, _: u32, va: u64, _: AtomicOp) -> Result<u64, MemError> {
-            self.range(pd, va, 8).map(|_| 0)
+        fn atomic_region(&mut self, _: (), _: usize, _: AtomicOp) -> Result<u64, MemError> {
+            Ok(0)
         }
-        fn invalidate(&mut self, pd: u32, _: u32) -> Result<(), MemError> {
-            self.range(pd, 0, 0).map(|_| ())
+        fn invalidate_region(&mut self, _: ()) -> Result<(), MemError> {
+            Ok(())
         }
     }
 

@@ -81,7 +81,9 @@ mod types;
 mod wr;
 
 pub use endpoint::Endpoint;
-pub use memory::{AtomicOp, MemError, MemKey, Memory};
+pub use memory::{
+    access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
+};
 pub use output::{Completion, Counters, CqTarget, DropReason, Event, Transmit};
 pub use srq::SrqInit;
 pub use types::{

@@ -4,7 +4,7 @@
 //! the PD of QPs whose [`QpParams`](crate::QpParams) do not name one;
 //! [`SimMemory::register_in`] names the PD.
 
-use softverbs_proto::{AccessFlags, AtomicOp, MemError, MemKey, Memory};
+use softverbs_proto::{atomic_result, AccessFlags, AtomicOp, MemError, MemKey, Memory, RegionInfo};
 
 /// One registered region.
 #[derive(Clone, Debug)]
@@ -117,129 +117,45 @@ impl SimMemory {
         let at = (addr - r.addr) as usize;
         r.data[at..at + data.len()].copy_from_slice(data);
     }
-
-    fn find(&self, key: MemKey) -> Result<usize, MemError> {
-        self.regions
-            .iter()
-            .position(|r| {
-                r.valid
-                    && match key {
-                        MemKey::Local(k) => r.lkey == k,
-                        MemKey::Remote(k) => r.rkey == k,
-                    }
-            })
-            .ok_or(MemError::InvalidKey)
-    }
-
-    fn check(
-        &self,
-        pd: u32,
-        key: MemKey,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<usize, MemError> {
-        let i = self.find(key)?;
-        let r = &self.regions[i];
-        if r.pd != pd {
-            return Err(MemError::PdMismatch);
-        }
-        let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        if addr < r.addr || end > r.addr + r.data.len() as u64 {
-            return Err(MemError::OutOfBounds);
-        }
-        if !r.access.contains(need) {
-            return Err(MemError::AccessDenied);
-        }
-        Ok(i)
-    }
 }
 
+/// The rule (key, PD, access, bounds; zero length) is the trait's provided methods; the
+/// simulator finds the region of a key and copies.
 impl Memory for SimMemory {
-    fn check_local(
-        &self,
-        pd: u32,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.check(pd, MemKey::Local(lkey), addr, len, need)
-            .map(|_| ())
-    }
+    /// The index of the region.
+    type Handle = usize;
 
-    fn check_remote(
-        &self,
-        pd: u32,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.check(pd, MemKey::Remote(rkey), va, len, need)
-            .map(|_| ())
-    }
-
-    fn read(&self, pd: u32, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let need = match key {
-            MemKey::Local(_) => AccessFlags::empty(),
-            MemKey::Remote(_) => AccessFlags::REMOTE_READ,
-        };
-        let i = self.check(pd, key, addr, buf.len() as u64, need)?;
+    fn lookup(&self, key: MemKey) -> Result<(usize, RegionInfo), MemError> {
+        let i = self
+            .regions
+            .iter()
+            .position(|r| r.valid && key.names(r.lkey, r.rkey))
+            .ok_or(MemError::InvalidKey)?;
         let r = &self.regions[i];
-        let at = (addr - r.addr) as usize;
-        buf.copy_from_slice(&r.data[at..at + buf.len()]);
+        Ok((
+            i,
+            RegionInfo::new(r.pd, r.addr, r.data.len() as u64, r.access),
+        ))
+    }
+
+    fn read_region(&self, i: usize, at: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        buf.copy_from_slice(&self.regions[i].data[at..at + buf.len()]);
         Ok(())
     }
 
-    fn write(&mut self, pd: u32, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let need = match key {
-            MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
-            MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
-        };
-        let i = self.check(pd, key, addr, data.len() as u64, need)?;
-        let r = &mut self.regions[i];
-        let at = (addr - r.addr) as usize;
-        r.data[at..at + data.len()].copy_from_slice(data);
+    fn write_region(&mut self, i: usize, at: usize, data: &[u8]) -> Result<(), MemError> {
+        self.regions[i].data[at..at + data.len()].copy_from_slice(data);
         Ok(())
     }
 
-    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        if !va.is_multiple_of(8) {
-            return Err(MemError::Misaligned);
-        }
-        let i = self.check(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
-        let r = &mut self.regions[i];
-        let at = (va - r.addr) as usize;
-        let word: [u8; 8] = r.data[at..at + 8]
-            .try_into()
-            .map_err(|_| MemError::OutOfBounds)?;
-        let orig = u64::from_ne_bytes(word);
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if orig == compare {
-                    swap
-                } else {
-                    orig
-                }
-            }
-            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-        };
-        r.data[at..at + 8].copy_from_slice(&new.to_ne_bytes());
+    fn atomic_region(&mut self, i: usize, at: usize, op: AtomicOp) -> Result<u64, MemError> {
+        let word = &mut self.regions[i].data[at..at + 8];
+        let orig = u64::from_ne_bytes(word.try_into().map_err(|_| MemError::OutOfBounds)?);
+        word.copy_from_slice(&atomic_result(orig, op).to_ne_bytes());
         Ok(orig)
     }
 
-    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        let i = self.find(MemKey::Remote(rkey))?;
-        if self.regions[i].pd != pd {
-            return Err(MemError::PdMismatch);
-        }
+    fn invalidate_region(&mut self, i: usize) -> Result<(), MemError> {
         self.regions[i].valid = false;
         Ok(())
     }

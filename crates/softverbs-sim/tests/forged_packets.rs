@@ -16,30 +16,16 @@ mod common;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use common::{pattern, recv, sge, two_nodes, Op, Traffic, ALL_ACCESS};
+use common::{
+    atomic_ack_values, capture, pattern, psn_of, rc_fetch_add_once, rc_read_once, recv, sge,
+    two_nodes, word_at, OneRequest, Op, Traffic, ALL_ACCESS,
+};
 use softverbs_proto::{CqTarget, DropReason, QpType, SendOp, SendWr};
 use softverbs_sim::{connect, run_seeds, FaultRules, QpParams, Sim, SimError};
 use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn, Qpn};
 
 const STEPS: u64 = 2_000_000;
 const PSN_MASK: u32 = 0xFF_FFFF;
-
-/// Every packet `(from node, bytes)` in send order.
-type Capture = Rc<RefCell<Vec<(usize, Vec<u8>)>>>;
-
-fn capture(sim: &mut Sim) -> Capture {
-    let log: Capture = Rc::new(RefCell::new(Vec::new()));
-    let sink = log.clone();
-    sim.intercept = Some(Box::new(move |from, _, b: &mut Vec<u8>| {
-        sink.borrow_mut().push((from, b.clone()));
-        true
-    }));
-    log
-}
-
-fn psn_of(b: &[u8]) -> u32 {
-    u32::from_be_bytes([0, b[9], b[10], b[11]])
-}
 
 /// `a - b` in 24-bit serial arithmetic.
 fn psn_diff(a: u32, b: u32) -> i32 {
@@ -256,19 +242,7 @@ fn rc_flood_of_duplicate_sends_gets_one_ack_per_window_and_the_exchange_complete
             let mut sim = two_nodes(seed, FaultRules::perfect());
             let log = capture(&mut sim);
             let t = Traffic::start(&mut sim, QpType::Rc, &Op::ALL, 60, &QpParams::default())?;
-            let (n, r) = (t.msgs.len(), t.expected_recvs());
-            let done = |s: &Sim| {
-                s.completions(0)
-                    .iter()
-                    .filter(|c| c.cq == CqTarget::Send)
-                    .count()
-                    >= n
-                    && s.completions(1)
-                        .iter()
-                        .filter(|c| c.cq == CqTarget::Recv)
-                        .count()
-                        >= r
-            };
+            let done = |s: &Sim| t.done(s);
             let (bursts, copies) = (20u32, 10_000u32);
             let mut sent_bursts = 0u32;
             let mut answers = 0u64;
@@ -334,25 +308,13 @@ fn duplicate_read_flood_replays_the_data_once_per_window() {
         &[4],
         |seed| {
             let mut sim = two_nodes(seed, FaultRules::perfect());
-            let (qa, qb) = connect(&mut sim, 0, 1, QpType::Rc, &QpParams::default())?;
-            let a = sim.nodes[0].mem.register(8192, ALL_ACCESS);
-            let b = sim.nodes[1].mem.register(8192, ALL_ACCESS);
             let data = pattern(seed, 0, 4096);
-            sim.nodes[1].mem.fill(b.addr, &data);
-            let log = capture(&mut sim);
-            let read = SendOp::RdmaRead {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-            };
-            sim.post_send(0, qa, SendWr::new(1, read, vec![sge(&a, 0, 4096)]))?;
-            sim.run_idle(STEPS)?;
-            assert_eq!(sim.nodes[0].mem.bytes(a.addr, 4096), &data[..]);
-            let req = log
-                .borrow()
-                .iter()
-                .find(|(from, b)| *from == 0 && b[0] == Opcode::RC_RDMA_READ_REQUEST.0)
-                .map(|(_, b)| b.clone())
-                .expect("the read request");
+            let OneRequest {
+                qb,
+                b,
+                request: req,
+                ..
+            } = rc_read_once(&mut sim, &data, STEPS)?;
             assert_eq!(flood(&mut sim, &req, 1_000)?, 4, "one replay of 4 packets");
             sim.now += window(&sim);
             assert_eq!(
@@ -390,36 +352,18 @@ fn duplicate_atomic_flood_gets_one_atomic_ack_per_window() {
         &[5],
         |seed| {
             let mut sim = two_nodes(seed, FaultRules::perfect());
-            let (qa, _qb) = connect(&mut sim, 0, 1, QpType::Rc, &QpParams::default())?;
-            let a = sim.nodes[0].mem.register(4096, ALL_ACCESS);
-            let b = sim.nodes[1].mem.register(4096, ALL_ACCESS);
-            sim.nodes[1].mem.fill(b.addr, &40u64.to_ne_bytes());
-            let log = capture(&mut sim);
-            let faa = SendOp::FetchAdd {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-                add: 2,
-            };
-            sim.post_send(0, qa, SendWr::new(1, faa, vec![sge(&a, 0, 8)]))?;
-            sim.run_idle(STEPS)?;
-            let req = log
-                .borrow()
-                .iter()
-                .find(|(from, b)| *from == 0 && b[0] == Opcode::RC_FETCH_ADD.0)
-                .map(|(_, b)| b.clone())
-                .expect("the atomic request");
+            let OneRequest {
+                b,
+                log,
+                request: req,
+                ..
+            } = rc_fetch_add_once(&mut sim, STEPS)?;
             assert_eq!(flood(&mut sim, &req, 1_000)?, 1, "one AtomicAck");
             sim.now += window(&sim);
             assert_eq!(flood(&mut sim, &req, 1_000)?, 1, "one more a window later");
             sim.run_idle(STEPS)?;
-            let word = u64::from_ne_bytes(sim.nodes[1].mem.bytes(b.addr, 8).try_into().unwrap());
-            assert_eq!(word, 42, "executed once");
-            let replies: Vec<u64> = log
-                .borrow()
-                .iter()
-                .filter(|(from, b)| *from == 1 && b[0] == Opcode::RC_ATOMIC_ACKNOWLEDGE.0)
-                .map(|(_, b)| u64::from_be_bytes(b[16..24].try_into().unwrap()))
-                .collect();
+            assert_eq!(word_at(&sim, 1, b.addr), 42, "executed once");
+            let replies = atomic_ack_values(&log, 1);
             assert_eq!(replies, vec![40, 40, 40], "the saved original value");
             Ok(())
         },

@@ -34,9 +34,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_cq::{WcOpcode, WcStatus};
 use softverbs_proto::{
-    AccessFlags, AddressVector, AtomicOp, AttrMask, Completion, CqTarget, Endpoint, EndpointConfig,
-    MemError, MemKey, Memory, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr, SendOp, SendWr,
-    Sge,
+    atomic_result, AccessFlags, AddressVector, AtomicOp, AttrMask, Completion, CqTarget, Endpoint,
+    EndpointConfig, MemError, MemKey, Memory, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr,
+    RegionInfo, SendOp, SendWr, Sge,
 };
 
 const DEFAULT_SEED: u64 = 0x5EED_0011;
@@ -171,123 +171,45 @@ impl CanaryMemory {
         }
         Ok(())
     }
-
-    fn find(&self, key: MemKey) -> Result<usize, MemError> {
-        self.regions
-            .iter()
-            .position(|r| {
-                r.valid
-                    && match key {
-                        MemKey::Local(k) => r.lkey == k,
-                        MemKey::Remote(k) => r.rkey == k,
-                    }
-            })
-            .ok_or(MemError::InvalidKey)
-    }
-
-    /// Offset of `[addr, addr + len)` in the store, after the key, PD, bounds and access
-    /// checks.
-    fn checked(
-        &self,
-        pd: u32,
-        key: MemKey,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<usize, MemError> {
-        let r = self.regions[self.find(key)?];
-        if r.pd != pd {
-            return Err(MemError::PdMismatch);
-        }
-        let end = addr.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        if addr < r.addr || end > r.addr + r.len {
-            return Err(MemError::OutOfBounds);
-        }
-        if !r.access.contains(need) {
-            return Err(MemError::AccessDenied);
-        }
-        Ok((addr - BASE) as usize)
-    }
 }
 
+/// The rule is the trait's provided methods; the canary memory finds a key's region and
+/// copies within the store.
 impl Memory for CanaryMemory {
-    fn check_local(
-        &self,
-        pd: u32,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.checked(pd, MemKey::Local(lkey), addr, len, need)
-            .map(|_| ())
+    /// The index of the region.
+    type Handle = usize;
+
+    fn lookup(&self, key: MemKey) -> Result<(usize, RegionInfo), MemError> {
+        let i = self
+            .regions
+            .iter()
+            .position(|r| r.valid && key.names(r.lkey, r.rkey))
+            .ok_or(MemError::InvalidKey)?;
+        let r = self.regions[i];
+        Ok((i, RegionInfo::new(r.pd, r.addr, r.len, r.access)))
     }
 
-    fn check_remote(
-        &self,
-        pd: u32,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        self.checked(pd, MemKey::Remote(rkey), va, len, need)
-            .map(|_| ())
-    }
-
-    fn read(&self, pd: u32, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let need = match key {
-            MemKey::Local(_) => AccessFlags::empty(),
-            MemKey::Remote(_) => AccessFlags::REMOTE_READ,
-        };
-        let at = self.checked(pd, key, addr, buf.len() as u64, need)?;
+    fn read_region(&self, i: usize, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        let at = (self.regions[i].addr - BASE) as usize + offset;
         buf.copy_from_slice(&self.store[at..at + buf.len()]);
         Ok(())
     }
 
-    fn write(&mut self, pd: u32, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let need = match key {
-            MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
-            MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
-        };
-        let at = self.checked(pd, key, addr, data.len() as u64, need)?;
+    fn write_region(&mut self, i: usize, offset: usize, data: &[u8]) -> Result<(), MemError> {
+        let at = (self.regions[i].addr - BASE) as usize + offset;
         self.store[at..at + data.len()].copy_from_slice(data);
         Ok(())
     }
 
-    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        if !va.is_multiple_of(8) {
-            return Err(MemError::Misaligned);
-        }
-        let at = self.checked(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&self.store[at..at + 8]);
-        let orig = u64::from_ne_bytes(word);
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if orig == compare {
-                    swap
-                } else {
-                    orig
-                }
-            }
-            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-        };
-        self.store[at..at + 8].copy_from_slice(&new.to_ne_bytes());
+    fn atomic_region(&mut self, i: usize, offset: usize, op: AtomicOp) -> Result<u64, MemError> {
+        let at = (self.regions[i].addr - BASE) as usize + offset;
+        let word = &mut self.store[at..at + 8];
+        let orig = u64::from_ne_bytes(word.try_into().map_err(|_| MemError::OutOfBounds)?);
+        word.copy_from_slice(&atomic_result(orig, op).to_ne_bytes());
         Ok(orig)
     }
 
-    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        let i = self.find(MemKey::Remote(rkey))?;
-        if self.regions[i].pd != pd {
-            return Err(MemError::PdMismatch);
-        }
+    fn invalidate_region(&mut self, i: usize) -> Result<(), MemError> {
         self.regions[i].valid = false;
         Ok(())
     }

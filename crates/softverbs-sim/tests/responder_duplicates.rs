@@ -6,32 +6,15 @@
 
 mod common;
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
-use common::{recv, sge, two_nodes, ALL_ACCESS};
+use common::{
+    atomic_ack_values, capture, first_packet, psn_of, rc_fetch_add_once, rc_read_once, recv, sge,
+    two_nodes, word_at, OneRequest, ALL_ACCESS,
+};
 use softverbs_proto::{QpType, SendOp, SendWr};
-use softverbs_sim::{connect, run_seeds, FaultRules, QpParams, Sim};
+use softverbs_sim::{connect, run_seeds, FaultRules, QpParams};
 use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn, Qpn, RethRepr};
 
 const STEPS: u64 = 200_000;
-
-/// Every packet `(from node, bytes)` in send order.
-type Capture = Rc<RefCell<Vec<(usize, Vec<u8>)>>>;
-
-fn capture(sim: &mut Sim) -> Capture {
-    let log: Capture = Rc::new(RefCell::new(Vec::new()));
-    let sink = log.clone();
-    sim.intercept = Some(Box::new(move |from, _, b: &mut Vec<u8>| {
-        sink.borrow_mut().push((from, b.clone()));
-        true
-    }));
-    log
-}
-
-fn psn_of(b: &[u8]) -> u32 {
-    u32::from_be_bytes([0, b[9], b[10], b[11]])
-}
 
 #[test]
 fn duplicate_send_is_reacked_without_a_second_completion() {
@@ -48,13 +31,7 @@ fn duplicate_send_is_reacked_without_a_second_completion() {
             let log = capture(&mut sim);
             sim.post_send(0, qa, SendWr::new(1, SendOp::Send, vec![sge(&a, 0, 8)]))?;
             sim.run_idle(STEPS)?;
-            let send = log
-                .borrow()
-                .iter()
-                .find(|(f, b)| *f == 0 && b[0] == 0x04)
-                .unwrap()
-                .1
-                .clone();
+            let send = first_packet(&log, 0, Opcode::RC_SEND_ONLY);
             let acks_before = sim.nodes[1].ep.counters().acks_sent;
             sim.inject(1, &send)?;
             sim.run_idle(STEPS)?;
@@ -79,26 +56,14 @@ fn duplicate_read_for_a_sub_range_is_replayed_from_memory() {
         &[2],
         |seed| {
             let mut sim = two_nodes(seed, FaultRules::perfect());
-            let (qa, qb) = connect(&mut sim, 0, 1, QpType::Rc, &QpParams::default())?;
-            let a = sim.nodes[0].mem.register(8192, ALL_ACCESS);
-            let b = sim.nodes[1].mem.register(8192, ALL_ACCESS);
             let data: Vec<u8> = (0..3072u32).map(|i| i as u8).collect();
-            sim.nodes[1].mem.fill(b.addr, &data);
-            let log = capture(&mut sim);
-            let read = SendOp::RdmaRead {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-            };
-            sim.post_send(0, qa, SendWr::new(1, read, vec![sge(&a, 0, 3072)]))?;
-            sim.run_idle(STEPS)?;
-            assert_eq!(sim.nodes[0].mem.bytes(a.addr, 3072), &data[..]);
-            let req = log
-                .borrow()
-                .iter()
-                .find(|(f, b)| *f == 0 && b[0] == 0x0C)
-                .unwrap()
-                .1
-                .clone();
+            let OneRequest {
+                qb,
+                b,
+                log,
+                request: req,
+                ..
+            } = rc_read_once(&mut sim, &data, STEPS)?;
             // The same READ re-asked from its second response on: VA + 1 MTU, 2 MTUs long.
             let dup = PacketRepr {
                 bth: BthRepr {
@@ -156,25 +121,13 @@ fn duplicate_atomic_returns_saved_value_and_executes_once() {
         &[3],
         |seed| {
             let mut sim = two_nodes(seed, FaultRules::perfect());
-            let (qa, _qb) = connect(&mut sim, 0, 1, QpType::Rc, &QpParams::default())?;
-            let a = sim.nodes[0].mem.register(4096, ALL_ACCESS);
-            let b = sim.nodes[1].mem.register(4096, ALL_ACCESS);
-            sim.nodes[1].mem.fill(b.addr, &40u64.to_ne_bytes());
-            let log = capture(&mut sim);
-            let faa = SendOp::FetchAdd {
-                remote_addr: b.addr,
-                rkey: b.rkey,
-                add: 2,
-            };
-            sim.post_send(0, qa, SendWr::new(1, faa, vec![sge(&a, 0, 8)]))?;
-            sim.run_idle(STEPS)?;
-            let req = log
-                .borrow()
-                .iter()
-                .find(|(f, b)| *f == 0 && b[0] == 0x14)
-                .unwrap()
-                .1
-                .clone();
+            let OneRequest {
+                a,
+                b,
+                log,
+                request: req,
+                ..
+            } = rc_fetch_add_once(&mut sim, STEPS)?;
             // Two retransmissions a reply window apart, as a requester's ACK timeouts space
             // them: each is answered (two copies inside one window get one answer, see
             // forged_packets.rs).
@@ -184,23 +137,14 @@ fn duplicate_atomic_returns_saved_value_and_executes_once() {
             sim.now += window;
             sim.inject(1, &req)?;
             sim.run_idle(STEPS)?;
-            let word = u64::from_ne_bytes(sim.nodes[1].mem.bytes(b.addr, 8).try_into().unwrap());
-            assert_eq!(word, 42, "executed once");
-            let acks: Vec<u64> = log
-                .borrow()
-                .iter()
-                .filter(|(f, b)| *f == 1 && b[0] == 0x12)
-                .map(|(_, b)| u64::from_be_bytes(b[16..24].try_into().unwrap()))
-                .collect();
+            assert_eq!(word_at(&sim, 1, b.addr), 42, "executed once");
+            let acks = atomic_ack_values(&log, 1);
             assert_eq!(
                 acks,
                 vec![40, 40, 40],
                 "the replay cache returns the original value"
             );
-            assert_eq!(
-                u64::from_ne_bytes(sim.nodes[0].mem.bytes(a.addr, 8).try_into().unwrap()),
-                40
-            );
+            assert_eq!(word_at(&sim, 0, a.addr), 40);
             Ok(())
         },
     );

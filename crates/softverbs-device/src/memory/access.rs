@@ -1,6 +1,7 @@
 //! The accesses to registered memory ([`softverbs_proto::Memory`] for [`MemoryTable`]):
 //! every read, write, atomic and invalidation checks the key, the region's protection
-//! domain, the access flags and the bounds before a byte moves, and moves it only through
+//! domain, the access flags and the bounds before a byte moves (the trait's rule, written
+//! once in `softverbs-proto`; the table only finds a key's region), and moves it only through
 //! the guarded copies and atomics ([`crate::guarded`]). An access that faults (the
 //! application unmapped the region) is counted, marks the region, and fails with
 //! [`MemError::Fault`]; later accesses to the region are refused without touching memory.
@@ -8,38 +9,31 @@
 use super::shared::{copy_from_shared, copy_to_shared};
 use super::{MemoryTable, Slot};
 use crate::guarded::{self, Faulted};
-use softverbs_proto::{AccessFlags, AtomicOp, MemError, MemKey, Memory};
+use softverbs_proto::{AtomicOp, MemError, MemKey, Memory, RegionInfo};
 use std::sync::atomic::Ordering;
 
 impl MemoryTable {
-    /// The slot of `key` if its region belongs to `pd` (a key of another PD is as good
-    /// as none for the QP asking, IBTA ch. 10 protection domains; rxe's MR lookup compares
-    /// the PDs the same way), grants `need`, holds `[va, va + len)` and has not faulted,
-    /// with the offset of `va`.
-    fn check(
-        &self,
-        pd: u32,
-        key: MemKey,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(&Slot, usize), MemError> {
-        let slot = self.slot(key)?;
-        let region = &slot.region;
-        if region.pd != pd {
-            return Err(MemError::PdMismatch);
+    /// The slot at `index` and the offset of `[offset, offset + len)` in its memory as an
+    /// address, if the range is inside the region. The range was checked already
+    /// ([`softverbs_proto::check_access`]) when the index comes from [`Memory::lookup`]:
+    /// checking it again (one comparison) keeps the raw accesses, safe methods, sound for
+    /// any index and offset.
+    #[inline]
+    fn target(&self, index: usize, offset: usize, len: usize) -> Result<(&Slot, usize), MemError> {
+        let slot = self
+            .regions
+            .get(index)
+            .and_then(Option::as_ref)
+            .ok_or(MemError::InvalidKey)?;
+        let end = offset.checked_add(len).ok_or(MemError::OutOfBounds)?;
+        if end as u64 > slot.region.len {
+            return Err(MemError::OutOfBounds);
         }
-        if !region.access.contains(need) {
-            return Err(MemError::AccessDenied);
-        }
-        let offset = region.offset(va, len)?;
-        if slot.faulted.load(Ordering::Relaxed) {
-            return Err(MemError::Fault);
-        }
-        Ok((slot, offset))
+        Ok((slot, slot.region.addr.wrapping_add(offset)))
     }
 
     /// Records that an access to `slot`'s memory faulted.
+    #[cold]
     fn faulted(&self, slot: &Slot, what: &'static str, fault: Faulted) -> MemError {
         self.faulted_accesses.fetch_add(1, Ordering::Relaxed);
         if !slot.faulted.swap(true, Ordering::Relaxed) {
@@ -57,78 +51,56 @@ impl MemoryTable {
     }
 }
 
+/// The rule (key, PD, access, bounds, fault; zero length) is the trait's provided methods;
+/// the table finds the slot of a key (a region of another PD is as good as none for the QP
+/// asking, IBTA ch. 10 protection domains, which [`softverbs_proto::check_access`] applies)
+/// and moves the bytes.
 impl Memory for MemoryTable {
-    fn check_local(
-        &self,
-        pd: u32,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.check(pd, MemKey::Local(lkey), addr, len, need)
-            .map(|_| ())
-    }
+    /// The index of the slot in `regions`.
+    type Handle = usize;
 
-    fn check_remote(
-        &self,
-        pd: u32,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), MemError> {
-        if len == 0 {
-            return Ok(());
-        }
-        self.check(pd, MemKey::Remote(rkey), va, len, need)
-            .map(|_| ())
-    }
-
-    fn read(&self, pd: u32, key: MemKey, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let need = match key {
-            MemKey::Local(_) => AccessFlags::empty(),
-            MemKey::Remote(_) => AccessFlags::REMOTE_READ,
+    #[inline]
+    fn lookup(&self, key: MemKey) -> Result<(usize, RegionInfo), MemError> {
+        let (index, slot) = self.slot(key)?;
+        let region = &slot.region;
+        let info = RegionInfo {
+            pd: region.pd,
+            start: region.iova,
+            len: region.len,
+            access: region.access,
+            faulted: slot.faulted.load(Ordering::Relaxed),
         };
-        let (slot, offset) = self.check(pd, key, addr, buf.len() as u64, need)?;
-        let src = slot.region.addr.wrapping_add(offset) as *const u8;
-        // SAFETY: `check` proved `[offset, offset + buf.len())` lies inside the region,
+        Ok((index, info))
+    }
+
+    #[inline]
+    fn read_region(&self, index: usize, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
+        let (slot, src) = self.target(index, offset, buf.len())?;
+        // SAFETY: `target` proved `[offset, offset + buf.len())` lies inside the region,
         // whose memory the registration contract keeps readable and accessed only
         // atomically, through these copies or by the application outside Rust's view; if
         // the application broke the contract and unmapped it, the guarded copy reports the
         // fault instead of touching anything else.
-        unsafe { copy_from_shared(src, buf) }.map_err(|f| self.faulted(slot, "read", f))
+        unsafe { copy_from_shared(src as *const u8, buf) }
+            .map_err(|f| self.faulted(slot, "read", f))
     }
 
-    fn write(&mut self, pd: u32, key: MemKey, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        let need = match key {
-            MemKey::Local(_) => AccessFlags::LOCAL_WRITE,
-            MemKey::Remote(_) => AccessFlags::REMOTE_WRITE,
-        };
-        let (slot, offset) = self.check(pd, key, addr, data.len() as u64, need)?;
-        let dst = slot.region.addr.wrapping_add(offset) as *mut u8;
-        // SAFETY: as in `read`: the range is inside a registered region whose memory the
-        // registration keeps valid (a fault is reported, not fatal); `data` is engine
+    #[inline]
+    fn write_region(&mut self, index: usize, offset: usize, data: &[u8]) -> Result<(), MemError> {
+        let (slot, dst) = self.target(index, offset, data.len())?;
+        // SAFETY: as in `read_region`: the range is inside a registered region whose memory
+        // the registration keeps valid (a fault is reported, not fatal); `data` is engine
         // memory, not the region, and the copy writes nothing outside the range.
-        unsafe { copy_to_shared(data, dst) }.map_err(|f| self.faulted(slot, "write", f))
+        unsafe { copy_to_shared(data, dst as *mut u8) }.map_err(|f| self.faulted(slot, "write", f))
     }
 
-    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        if !va.is_multiple_of(8) {
-            return Err(MemError::Misaligned);
-        }
-        let (slot, offset) =
-            self.check(pd, MemKey::Remote(rkey), va, 8, AccessFlags::REMOTE_ATOMIC)?;
-        let target = slot.region.addr.wrapping_add(offset);
+    fn atomic_region(
+        &mut self,
+        index: usize,
+        offset: usize,
+        op: AtomicOp,
+    ) -> Result<u64, MemError> {
+        let (slot, target) = self.target(index, offset, 8)?;
         if !target.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
@@ -148,12 +120,7 @@ impl Memory for MemoryTable {
         result.map_err(|f| self.faulted(slot, "atomic", f))
     }
 
-    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        let region = self.region(MemKey::Remote(rkey))?;
-        if region.pd != pd {
-            // A peer may invalidate only keys of its QP's PD (rdmavt checks this too).
-            return Err(MemError::PdMismatch);
-        }
+    fn invalidate_region(&mut self, _: usize) -> Result<(), MemError> {
         // Every region of this table comes from `ibv_reg_mr`; only memory windows and
         // fast-registered regions can be invalidated (IBTA 10.6.6; rxe's
         // `rxe_invalidate_mr` refuses any other type), so the R_Key stays valid and the

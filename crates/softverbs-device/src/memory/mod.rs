@@ -32,7 +32,7 @@
 //! |---|---|
 //! | `mod.rs` | [`MemoryTable`]: the regions, their keys, registration and deregistration |
 //! | `registration.rs` | [`RegisterError`] and the checks a registration passes before the table records it |
-//! | `access.rs` | the [`softverbs_proto::Memory`] accesses: key, PD, access and bounds checks, then the guarded copies and atomics |
+//! | `access.rs` | the [`softverbs_proto::Memory`] accesses: a key's region for the trait's checks (key, PD, access, bounds), then the guarded copies and atomics |
 //! | `shared.rs` | [`copy_from_shared`] / [`copy_to_shared`]: the copies into and out of application memory |
 
 mod access;
@@ -68,18 +68,6 @@ pub struct Region {
     pub lkey: u32,
     /// Remote key.
     pub rkey: u32,
-}
-
-impl Region {
-    /// The offset of `[va, va + len)` inside the region, if it is inside.
-    fn offset(&self, va: u64, len: u64) -> Result<usize, MemError> {
-        let start = va.checked_sub(self.iova).ok_or(MemError::OutOfBounds)?;
-        let end = start.checked_add(len).ok_or(MemError::OutOfBounds)?;
-        if end > self.len {
-            return Err(MemError::OutOfBounds);
-        }
-        usize::try_from(start).map_err(|_| MemError::OutOfBounds)
-    }
 }
 
 /// A region in the table, with what the table keeps about it.
@@ -242,16 +230,15 @@ impl MemoryTable {
         self.faulted_accesses.load(Ordering::Relaxed)
     }
 
-    fn slot(&self, key: MemKey) -> Result<&Slot, MemError> {
-        let index = match key {
+    /// The index and slot of the region of `key`.
+    #[inline]
+    fn slot(&self, key: MemKey) -> Result<(usize, &Slot), MemError> {
+        let index = *match key {
             MemKey::Local(k) => self.by_lkey.get(&k),
             MemKey::Remote(k) => self.by_rkey.get(&k),
         }
         .ok_or(MemError::InvalidKey)?;
-        self.regions[*index].as_ref().ok_or(MemError::InvalidKey)
-    }
-
-    fn region(&self, key: MemKey) -> Result<&Region, MemError> {
-        self.slot(key).map(|slot| &slot.region)
+        let slot = self.regions[index].as_ref().ok_or(MemError::InvalidKey)?;
+        Ok((index, slot))
     }
 }

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus};
@@ -10,6 +13,7 @@ use softverbs_proto::{
     AccessFlags, CqTarget, EndpointConfig, Mtu, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
 use softverbs_sim::{connect, FaultRules, Mr, QpParams, Sim, SimError};
+use softverbs_wire::Opcode;
 
 pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -37,6 +41,114 @@ pub fn recv(wr_id: u64, mr: &Mr, offset: u64, len: u32) -> RecvWr {
         wr_id,
         sg_list: vec![sge(mr, offset, len)],
     }
+}
+
+/// Every packet `(from node, bytes)` in send order.
+pub type Capture = Rc<RefCell<Vec<(usize, Vec<u8>)>>>;
+
+/// Records every packet the simulator carries from now on (and lets it through).
+pub fn capture(sim: &mut Sim) -> Capture {
+    let log: Capture = Rc::new(RefCell::new(Vec::new()));
+    let sink = log.clone();
+    sim.intercept = Some(Box::new(move |from, _, b: &mut Vec<u8>| {
+        sink.borrow_mut().push((from, b.clone()));
+        true
+    }));
+    log
+}
+
+/// The PSN of the BTH of packet `b`.
+pub fn psn_of(b: &[u8]) -> u32 {
+    u32::from_be_bytes([0, b[9], b[10], b[11]])
+}
+
+/// The first packet captured from node `from` with BTH opcode `opcode`.
+pub fn first_packet(log: &Capture, from: usize, opcode: Opcode) -> Vec<u8> {
+    log.borrow()
+        .iter()
+        .find(|(f, b)| *f == from && b[0] == opcode.0)
+        .map(|(_, b)| b.clone())
+        .unwrap_or_else(|| panic!("a packet of opcode {:#04x} from node {from}", opcode.0))
+}
+
+/// The original values every AtomicAck captured from node `from` carries, in order.
+pub fn atomic_ack_values(log: &Capture, from: usize) -> Vec<u64> {
+    log.borrow()
+        .iter()
+        .filter(|(f, b)| *f == from && b[0] == Opcode::RC_ATOMIC_ACKNOWLEDGE.0)
+        .map(|(_, b)| u64::from_be_bytes(b[16..24].try_into().unwrap()))
+        .collect()
+}
+
+/// The 8-byte word (native byte order) at `addr` of `node`'s memory.
+pub fn word_at(sim: &Sim, node: usize, addr: u64) -> u64 {
+    u64::from_ne_bytes(sim.nodes[node].mem.bytes(addr, 8).try_into().unwrap())
+}
+
+/// One request from A to B on a fresh RC connection, run to completion with every packet
+/// captured from just before it was posted.
+pub struct OneRequest {
+    pub qa: u32,
+    pub qb: u32,
+    /// A's region (the local side).
+    pub a: Mr,
+    /// B's region (the target).
+    pub b: Mr,
+    pub log: Capture,
+    /// The request packet as A sent it.
+    pub request: Vec<u8>,
+}
+
+/// An RDMA READ by A of `data`, placed at the start of B's 8 KiB region, into A's; checks
+/// that A got it.
+pub fn rc_read_once(sim: &mut Sim, data: &[u8], steps: u64) -> Result<OneRequest, SimError> {
+    let (qa, qb) = connect(sim, 0, 1, QpType::Rc, &QpParams::default())?;
+    let a = sim.nodes[0].mem.register(8192, ALL_ACCESS);
+    let b = sim.nodes[1].mem.register(8192, ALL_ACCESS);
+    sim.nodes[1].mem.fill(b.addr, data);
+    let log = capture(sim);
+    let read = SendOp::RdmaRead {
+        remote_addr: b.addr,
+        rkey: b.rkey,
+    };
+    let len = data.len() as u32;
+    sim.post_send(0, qa, SendWr::new(1, read, vec![sge(&a, 0, len)]))?;
+    sim.run_idle(steps)?;
+    assert_eq!(sim.nodes[0].mem.bytes(a.addr, data.len()), data);
+    let request = first_packet(&log, 0, Opcode::RC_RDMA_READ_REQUEST);
+    Ok(OneRequest {
+        qa,
+        qb,
+        a,
+        b,
+        log,
+        request,
+    })
+}
+
+/// A FETCH ADD of 2 by A on the word at the start of B's 4 KiB region, which holds 40.
+pub fn rc_fetch_add_once(sim: &mut Sim, steps: u64) -> Result<OneRequest, SimError> {
+    let (qa, qb) = connect(sim, 0, 1, QpType::Rc, &QpParams::default())?;
+    let a = sim.nodes[0].mem.register(4096, ALL_ACCESS);
+    let b = sim.nodes[1].mem.register(4096, ALL_ACCESS);
+    sim.nodes[1].mem.fill(b.addr, &40u64.to_ne_bytes());
+    let log = capture(sim);
+    let faa = SendOp::FetchAdd {
+        remote_addr: b.addr,
+        rkey: b.rkey,
+        add: 2,
+    };
+    sim.post_send(0, qa, SendWr::new(1, faa, vec![sge(&a, 0, 8)]))?;
+    sim.run_idle(steps)?;
+    let request = first_packet(&log, 0, Opcode::RC_FETCH_ADD);
+    Ok(OneRequest {
+        qa,
+        qb,
+        a,
+        b,
+        log,
+        request,
+    })
 }
 
 /// The operations the traffic generator mixes.
@@ -265,21 +377,17 @@ impl Traffic {
         self.msgs.iter().filter(|m| m.op.consumes_recv()).count()
     }
 
+    /// Whether A has a completion for every message and B for every receive.
+    pub fn done(&self, sim: &Sim) -> bool {
+        let (n, r) = (self.msgs.len(), self.expected_recvs());
+        let count =
+            |node: usize, cq: CqTarget| sim.completions(node).iter().filter(|c| c.cq == cq).count();
+        count(0, CqTarget::Send) >= n && count(1, CqTarget::Recv) >= r
+    }
+
     /// Runs until A has a completion for every message and B for every receive.
     pub fn run(&self, sim: &mut Sim, max_steps: u64) -> Result<(), SimError> {
-        let (n, r) = (self.msgs.len(), self.expected_recvs());
-        sim.run_until(max_steps, |s| {
-            s.completions(0)
-                .iter()
-                .filter(|c| c.cq == CqTarget::Send)
-                .count()
-                >= n
-                && s.completions(1)
-                    .iter()
-                    .filter(|c| c.cq == CqTarget::Recv)
-                    .count()
-                    >= r
-        })?;
+        sim.run_until(max_steps, |s| self.done(s))?;
         sim.run_idle(max_steps)
     }
 
