@@ -342,17 +342,18 @@ pub enum ModifyQpError {
 /// let cq = ctx.create_cq(8)?;
 /// let qp = ctx.alloc_pd().qp_builder(QpType::Rc, &cq, &cq).build()?;
 /// let err = qp.post_send(SendRequest::send_inline(1, b"x")).unwrap_err(); // QP in RESET
-/// assert!(matches!(err, PostError::Verbs(_)));
+/// assert!(matches!(err, PostError::InvalidRequest(_)));
 /// assert_eq!(err.errno(), 22);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, thiserror::Error)]
 pub enum PostError {
-    /// The request does not make sense for this QP or operation (an atomic whose local
-    /// buffer is not 8 bytes, a UD send with no destination, a connected send with one, …).
+    /// The request does not make sense for this QP, its state or the operation (an atomic
+    /// whose local buffer is not 8 bytes, a UD send with no destination, a connected send
+    /// with one, a post before RTS, …): the engine's refusal, the one the drop-in gets too.
     #[error("invalid work request: {0}")]
     InvalidRequest(&'static str),
-    /// The engine refused it (queue full: `ENOMEM`; wrong state or too many SGEs: `EINVAL`).
+    /// The engine refused it for another reason than the request (queue full: `ENOMEM`).
     #[error(transparent)]
     Verbs(VerbsError),
     /// Another device error.

@@ -14,9 +14,9 @@ use crate::mr::ParseError;
 use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
 use crate::wr::{RecvRequest, SendRequest};
-use softverbs_device::Gid;
+use softverbs_device::{DeviceError, Gid};
 use softverbs_proto::{
-    AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType,
+    AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, VerbsError,
 };
 use std::fmt;
 use std::net::IpAddr;
@@ -619,30 +619,18 @@ impl Qp {
             }
             _ => {}
         }
-        if wr.wr.ud.as_ref().is_some_and(|ud| ud.pd != self.init.pd) {
-            // IBTA 10.2.3: a QP uses only address handles of its own protection domain.
-            return Err(PostError::InvalidRequest(
-                "the address handle is of another protection domain than the QP's",
-            ));
-        }
-        if wr.wr.op.is_read_or_atomic() {
-            if qp_type != QpType::Rc {
-                return Err(PostError::InvalidRequest(
-                    "RDMA reads and atomics need an RC QP",
-                ));
-            }
-            if wr.is_inline() {
-                return Err(PostError::InvalidRequest(
-                    "RDMA reads and atomics cannot be inline",
-                ));
-            }
-            if wr.wr.op.is_atomic() && wr.len() != 8 {
-                return Err(PostError::InvalidRequest(
-                    "an atomic's local buffer must be exactly 8 bytes",
-                ));
-            }
-        }
-        Ok(self.device().post_send(self.qpn, wr.wr)?)
+        // The engine checks the rest, as it does for the drop-in: which opcodes the QP type
+        // takes, inline only on sends and writes, an atomic's 8 bytes, the AH's protection
+        // domain (IBTA 10.2.3), the SGE count, the QP's state. A request it finds invalid is
+        // `InvalidRequest` here.
+        self.device()
+            .post_send(self.qpn, wr.wr)
+            .map_err(|e| match e {
+                DeviceError::Verbs(VerbsError::InvalidArgument(why)) => {
+                    PostError::InvalidRequest(why)
+                }
+                other => other.into(),
+            })
     }
 
     /// Posts several send work requests in order, stopping at the first refused

@@ -9,7 +9,7 @@
 
 use crate::ah::Ah;
 use crate::mr::{MrSlice, RemoteAddr};
-use softverbs_proto::{Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use softverbs_proto::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 fn sges(local: &[MrSlice<'_>]) -> Vec<Sge> {
     local.iter().map(MrSlice::sge).collect()
@@ -196,10 +196,6 @@ impl SendRequest {
     /// The engine's work request this stands for.
     pub fn as_wr(&self) -> &SendWr {
         &self.wr
-    }
-
-    pub(crate) fn is_inline(&self) -> bool {
-        matches!(self.wr.gather, Gather::Inline(_))
     }
 }
 
