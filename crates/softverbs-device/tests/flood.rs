@@ -159,7 +159,7 @@ fn a_flood_of_on_path_duplicates_costs_throughput_not_the_connection() {
         "the duplicates reached the responder: {counters}"
     );
     // Each real SEND from a gets its ACK; the duplicates may add one per expected PSN (a
-    // round moves it) and one per reply window (`EndpointConfig::duplicate_reply_window_ns`,
+    // round moves it) and one per reply window (`EngineConfig::duplicate_reply_window_ns`,
     // at most 65.5 µs), never one each.
     let real = rounds as u64 + 1;
     let windows = elapsed.as_nanos() as u64 / 65_536 + 1;

@@ -1,4 +1,4 @@
-//! [`Endpoint`]: the sans-IO engine of one device port — its QPs and SRQs, the packet
+//! [`Engine`]: the sans-IO engine of one device port — its QPs and SRQs, the packet
 //! demultiplexer, and the `poll_*` outputs.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -10,7 +10,7 @@ use crate::output::{Completion, Counters, DropReason, Event, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
 use crate::types::{
-    AddressVector, AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType, SrqId, VerbsError,
+    AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId, VerbsError,
 };
 use crate::wr::{RecvWr, SendWr};
 
@@ -35,8 +35,8 @@ use crate::wr::{RecvWr, SendWr};
 /// - Memory is reached only through the [`Memory`] passed to each call; the engine keeps no
 ///   reference to it.
 #[derive(Debug)]
-pub struct Endpoint {
-    config: EndpointConfig,
+pub struct Engine {
+    config: EngineConfig,
     qps: BTreeMap<u32, Qp>,
     srqs: BTreeMap<u32, Srq>,
     next_qpn: u32,
@@ -60,10 +60,10 @@ macro_rules! ctx {
     };
 }
 
-impl Endpoint {
+impl Engine {
     /// A new endpoint with no QPs.
-    pub fn new(config: EndpointConfig) -> Self {
-        Endpoint {
+    pub fn new(config: EngineConfig) -> Self {
+        Engine {
             config,
             qps: BTreeMap::new(),
             srqs: BTreeMap::new(),
@@ -77,7 +77,7 @@ impl Endpoint {
     }
 
     /// The limits this endpoint enforces.
-    pub fn config(&self) -> &EndpointConfig {
+    pub fn config(&self) -> &EngineConfig {
         &self.config
     }
 
@@ -408,11 +408,11 @@ mod tests {
         }
     }
 
-    fn rts(ep: &mut Endpoint, qp_type: QpType, mtu: Mtu, psn: u32) -> u32 {
+    fn rts(ep: &mut Engine, qp_type: QpType, mtu: Mtu, psn: u32) -> u32 {
         rts_with(ep, QpInit::new(qp_type), mtu, psn)
     }
 
-    fn rts_with(ep: &mut Endpoint, init: QpInit, mtu: Mtu, psn: u32) -> u32 {
+    fn rts_with(ep: &mut Engine, init: QpInit, mtu: Mtu, psn: u32) -> u32 {
         let qp_type = init.qp_type;
         let qpn = ep.create_qp(init).unwrap();
         let mut attr = QpAttr {
@@ -455,7 +455,7 @@ mod tests {
         qpn
     }
 
-    fn drain(ep: &mut Endpoint, mem: &Flat) -> Vec<Vec<u8>> {
+    fn drain(ep: &mut Engine, mem: &Flat) -> Vec<Vec<u8>> {
         let mut buf = vec![0u8; ep.max_packet_len()];
         let mut out = Vec::new();
         while let Some(t) = ep.poll_transmit(0, &mut buf, mem) {
@@ -469,7 +469,7 @@ mod tests {
     /// FIRST carries the whole length.
     #[test]
     fn segmentation_by_path_mtu_with_psns_across_the_wrap() {
-        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mut ep = Engine::new(EngineConfig::default());
         let mem = Flat(vec![5; 8192]);
         let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0xFF_FFFF);
         let op = SendOp::RdmaWrite {
@@ -514,7 +514,7 @@ mod tests {
     /// expected response packet (§1.6).
     #[test]
     fn zero_length_send_and_read_psn_consumption() {
-        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mut ep = Engine::new(EngineConfig::default());
         let mem = Flat(vec![0; 8192]);
         let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu256, 10);
         ep.post_send(qpn, SendWr::new(1, SendOp::Send, vec![]))
@@ -553,11 +553,11 @@ mod tests {
     /// The requester stops at `max_unacked_psns` unacknowledged PSNs (reference §2.2).
     #[test]
     fn requester_window_stops_at_max_unacked_psns() {
-        let config = EndpointConfig {
+        let config = EngineConfig {
             max_unacked_psns: 16,
-            ..EndpointConfig::default()
+            ..EngineConfig::default()
         };
-        let mut ep = Endpoint::new(config);
+        let mut ep = Engine::new(config);
         let mem = Flat(vec![0; 8192]);
         let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0);
         for i in 0..40 {
@@ -599,7 +599,7 @@ mod tests {
     /// extra attributes are EINVAL, never a panic.
     #[test]
     fn modify_is_all_or_nothing_and_checks_masks() {
-        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mut ep = Engine::new(EngineConfig::default());
         let qpn = ep.create_qp(QpInit::new(QpType::Rc)).unwrap();
         let attr = QpAttr {
             qp_state: QpState::Init,
@@ -644,7 +644,7 @@ mod tests {
             .post_send(qpn, SendWr::new(1, SendOp::Send, vec![]))
             .is_err());
         // UC refuses RDMA READ at post time (ibv_post_send(3) opcode table).
-        let mut ep2 = Endpoint::new(EndpointConfig::default());
+        let mut ep2 = Engine::new(EngineConfig::default());
         let uc = rts(&mut ep2, QpType::Uc, Mtu::Mtu1024, 0);
         let read = SendOp::RdmaRead {
             remote_addr: 0,
@@ -657,7 +657,7 @@ mod tests {
     /// attributes, the PD with them); `QpInit::new` is in PD 0.
     #[test]
     fn query_qp_reports_the_protection_domain() {
-        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mut ep = Engine::new(EngineConfig::default());
         let qpn = ep.create_qp(QpInit::new(QpType::Rc).with_pd(7)).unwrap();
         assert_eq!(ep.query_qp(qpn).unwrap().1.pd, 7);
         assert_eq!(QpInit::new(QpType::Ud).pd, 0);
@@ -669,7 +669,7 @@ mod tests {
     /// of PD 0 goes out.
     #[test]
     fn send_with_lkey_of_another_pd_fails_loc_prot_err_and_sends_nothing() {
-        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mut ep = Engine::new(EngineConfig::default());
         let mem = Flat(vec![9; 4096]);
         let other = rts_with(&mut ep, QpInit::new(QpType::Rc).with_pd(3), Mtu::Mtu1024, 0);
         let sge = Sge {
@@ -697,7 +697,7 @@ mod tests {
     /// refuses it), and the refused modify leaves the QP in INIT.
     #[test]
     fn a_path_outside_the_gid_table_is_refused_and_changes_nothing() {
-        let mut ep = Endpoint::new(EndpointConfig::default());
+        let mut ep = Engine::new(EngineConfig::default());
         let qpn = ep.create_qp(QpInit::new(QpType::Rc)).unwrap();
         let mut attr = QpAttr {
             qp_state: QpState::Init,
@@ -748,7 +748,7 @@ mod tests {
     #[test]
     fn connected_qps_take_packets_only_from_their_path() {
         for qp_type in [QpType::Rc, QpType::Uc] {
-            let mut ep = Endpoint::new(EndpointConfig::default());
+            let mut ep = Engine::new(EngineConfig::default());
             let mut mem = Flat(vec![0; 4096]);
             let qpn = rts(&mut ep, qp_type, Mtu::Mtu1024, 0);
             ep.post_recv(

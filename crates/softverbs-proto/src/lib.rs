@@ -1,6 +1,6 @@
 //! The softverbs queue-pair engine, sans I/O.
 //!
-//! [`Endpoint`] holds the RC, UC and UD queue pairs and shared receive queues of one device
+//! [`Engine`] holds the RC, UC and UD queue pairs and shared receive queues of one device
 //! port and runs the RoCEv2 transport for them (reference `rocev2.md` §1.5–§4.2): the
 //! `ibv_modify_qp(3)` state machine, the requester (segmentation, PSNs, read/atomic budget,
 //! fences), the responder (receive queues, RDMA write / read / atomics with key,
@@ -10,14 +10,14 @@
 //! ([`softverbs_cq::WorkCompletion`]).
 //!
 //! There is no clock, socket, thread or global RNG: inputs are
-//! [`Endpoint::handle_packet`] / [`Endpoint::handle_timeout`] with an explicit `now`, and
-//! the verbs; outputs are [`Endpoint::poll_transmit`], [`Endpoint::poll_completion`],
-//! [`Endpoint::poll_event`] and [`Endpoint::poll_timeout`]. Memory is reached only through
-//! the [`Memory`] trait the device implements. The calling contract is on [`Endpoint`].
+//! [`Engine::handle_packet`] / [`Engine::handle_timeout`] with an explicit `now`, and
+//! the verbs; outputs are [`Engine::poll_transmit`], [`Engine::poll_completion`],
+//! [`Engine::poll_event`] and [`Engine::poll_timeout`]. Memory is reached only through
+//! the [`Memory`] trait the device implements. The calling contract is on [`Engine`].
 //!
 //! | module | holds |
 //! |---|---|
-//! | `endpoint` | [`Endpoint`]: QP / SRQ tables, demultiplexing, the `poll_*` outputs |
+//! | `engine` | [`Engine`]: QP / SRQ tables, demultiplexing, the `poll_*` outputs |
 //! | `qp` | the state machine (`ibv_modify_qp(3)` masks), posting, error and flush |
 //! | `requester` | segmentation, PSNs, read/atomic budget, fences, AckReq; responder packets out |
 //! | `completer` | ACK / NAK / response handling, go-back-N, timers, error statuses |
@@ -69,7 +69,7 @@
 
 mod codec;
 mod completer;
-mod endpoint;
+mod engine;
 mod memory;
 mod output;
 mod psn;
@@ -80,14 +80,14 @@ mod srq;
 mod types;
 mod wr;
 
-pub use endpoint::Endpoint;
+pub use engine::Engine;
 pub use memory::{
     access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
 };
 pub use output::{Completion, Counters, CqTarget, DropReason, Event, Transmit};
 pub use srq::SrqInit;
 pub use types::{
-    AccessFlags, AddressVector, AttrMask, EndpointConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
+    AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
     QpType, SrqId, VerbsError,
 };
 pub use wr::{Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};

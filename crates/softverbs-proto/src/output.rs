@@ -68,7 +68,7 @@ pub enum Event {
     },
 }
 
-/// One packet written by [`Endpoint::poll_transmit`](crate::Endpoint::poll_transmit):
+/// One packet written by [`Engine::poll_transmit`](crate::Engine::poll_transmit):
 /// `len` bytes of BTH, extension headers, payload, pad and a zero ICRC placeholder, to be
 /// sent to `av`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,7 +214,7 @@ pub struct Counters {
     /// Replies the responder's limiter held back: ACKs and NAKs to duplicate or
     /// out-of-sequence requests, read-data and AtomicAck replays to duplicate reads and
     /// atomics, already answered within the window
-    /// ([`EndpointConfig::duplicate_reply_window_ns`](crate::EndpointConfig)) or already
+    /// ([`EngineConfig::duplicate_reply_window_ns`](crate::EngineConfig)) or already
     /// queued.
     pub duplicate_replies_suppressed: u64,
     drops: [u64; DropReason::ALL.len()],

@@ -2,7 +2,7 @@
 //! masks), its queues, posting, and the error / flush path (reference §2.7).
 //!
 //! The requester, completer and responder are further `impl Qp` blocks in their own
-//! modules. Everything here is reached through [`Endpoint`](crate::Endpoint).
+//! modules. Everything here is reached through [`Engine`](crate::Engine).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -12,14 +12,13 @@ use crate::output::{Completion, Counters, CqTarget, Event};
 use crate::psn::{self, PSN_MASK};
 use crate::srq::Srq;
 use crate::types::{
-    AccessFlags, AddressVector, AttrMask, EndpointConfig, QpAttr, QpInit, QpState, QpType,
-    VerbsError,
+    AccessFlags, AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, VerbsError,
 };
 use crate::wr::{Gather, RecvWr, SendOp, SendWr};
 
 /// The parts of the endpoint a QP writes to while it runs.
 pub(crate) struct Ctx<'a> {
-    pub config: &'a EndpointConfig,
+    pub config: &'a EngineConfig,
     pub srqs: &'a mut BTreeMap<u32, Srq>,
     pub completions: &'a mut VecDeque<Completion>,
     pub events: &'a mut VecDeque<Event>,
@@ -160,7 +159,7 @@ pub(crate) struct Qp {
     pub cur: CurMsg,
     pub resources: VecDeque<Resource>,
     pub resp_out: VecDeque<RespOut>,
-    /// Reply limiter (see `EndpointConfig::duplicate_reply_window_ns`): the expected PSN
+    /// Reply limiter (see `EngineConfig::duplicate_reply_window_ns`): the expected PSN
     /// and time of the last ACK queued in answer to a duplicate request.
     pub last_ack: Option<(u32, u64)>,
     /// The expected PSN and time of the last NAK sequence error queued.
@@ -317,7 +316,7 @@ impl Qp {
     }
 
     /// Payload bytes per packet for this QP.
-    pub fn mtu(&self, config: &EndpointConfig) -> u32 {
+    pub fn mtu(&self, config: &EngineConfig) -> u32 {
         match self.init.qp_type {
             QpType::Ud => config.port_mtu.bytes(),
             _ => self.attr.path_mtu.bytes(),
@@ -432,7 +431,7 @@ impl Qp {
         &self,
         attr: &QpAttr,
         mask: AttrMask,
-        config: &EndpointConfig,
+        config: &EngineConfig,
     ) -> Result<(), VerbsError> {
         let m = |f: AttrMask| mask.contains(f);
         let bad = VerbsError::InvalidArgument;
@@ -794,7 +793,7 @@ pub(crate) fn recv_flush(qpn: u32, wr_id: u64) -> Completion {
 /// index inside the port's GID table.
 pub(crate) fn check_address_vector(
     av: &AddressVector,
-    config: &EndpointConfig,
+    config: &EngineConfig,
 ) -> Result<(), VerbsError> {
     if av.port_num > 1 {
         return Err(VerbsError::InvalidArgument("ah_attr.port_num out of range"));

@@ -8,13 +8,13 @@
 //!
 //! Replies to duplicate and out-of-sequence RC requests go through a limiter (issue #11):
 //! per QP and expected PSN at most one ACK and one NAK sequence error per window
-//! ([`EndpointConfig::duplicate_reply_window_ns`]), per PSN at most one read-data or
+//! ([`EngineConfig::duplicate_reply_window_ns`]), per PSN at most one read-data or
 //! AtomicAck replay per window (at most one per responder resource in all), none while
 //! the same AtomicAck is still queued, and none while the output queue holds more than
 //! its protocol bound — so a flood of copies of a packet neither reflects one packet per
 //! copy to the peer, nor amplifies into read data, nor grows `resp_out`.
 //!
-//! [`EndpointConfig::duplicate_reply_window_ns`]: crate::EndpointConfig
+//! [`EngineConfig::duplicate_reply_window_ns`]: crate::EngineConfig
 
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -92,7 +92,7 @@ impl Qp {
     }
 
     /// The reply limiter's window of this QP: half its local ACK timeout, at most
-    /// [`EndpointConfig::duplicate_reply_window_ns`](crate::EndpointConfig) (which an
+    /// [`EngineConfig::duplicate_reply_window_ns`](crate::EngineConfig) (which an
     /// infinite timeout gets).
     pub(crate) fn reply_window(&self, ctx: &Ctx<'_>) -> u64 {
         let cap = ctx.config.duplicate_reply_window_ns;

@@ -211,7 +211,7 @@ pub struct AddressVector {
 }
 
 /// The attributes of a QP (`struct ibv_qp_attr`, the fields this engine uses). Which of
-/// them a [`modify`](crate::Endpoint::modify_qp) applies is said by an [`AttrMask`].
+/// them a [`modify`](crate::Engine::modify_qp) applies is said by an [`AttrMask`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct QpAttr {
     /// Next state (`IBV_QP_STATE`).
@@ -319,14 +319,14 @@ impl QpInit {
     }
 }
 
-/// A shared receive queue's handle inside one [`Endpoint`](crate::Endpoint).
+/// A shared receive queue's handle inside one [`Engine`](crate::Engine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SrqId(pub u32);
 
 /// Device-wide limits the engine enforces (the parts of `ibv_device_attr` /
 /// `ibv_port_attr` that the protocol needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EndpointConfig {
+pub struct EngineConfig {
     /// Active MTU of the port: largest `path_mtu` accepted, and the UD message limit.
     pub port_mtu: Mtu,
     /// `max_qp_rd_atom` (bound for `max_dest_rd_atomic`).
@@ -367,9 +367,9 @@ pub struct EndpointConfig {
     pub duplicate_reply_window_ns: u64,
 }
 
-impl Default for EndpointConfig {
+impl Default for EngineConfig {
     fn default() -> Self {
-        EndpointConfig {
+        EngineConfig {
             port_mtu: Mtu::Mtu4096,
             // rxe's limits: perftest without `-o` asks for the peer's max_qp_rd_atom.
             max_qp_rd_atom: 128,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use softverbs_proto::{
-    AccessFlags, AddressVector, AttrMask, Endpoint, EndpointConfig, Mtu, QpAttr, QpCaps, QpInit,
+    AccessFlags, AddressVector, AttrMask, Engine, EngineConfig, Mtu, QpAttr, QpCaps, QpInit,
     QpState, QpType, RecvWr, SendOp, SendWr, Sge,
 };
 use softverbs_sim::{Mr, SimMemory};
@@ -24,8 +24,8 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
 const DEPTH: u32 = 512;
 
 struct Pair {
-    a: Endpoint,
-    b: Endpoint,
+    a: Engine,
+    b: Engine,
     mem_a: SimMemory,
     mem_b: SimMemory,
     qa: u32,
@@ -36,7 +36,7 @@ struct Pair {
     next_id: u64,
 }
 
-fn up(ep: &mut Endpoint, qpn: u32, peer: u32, psn: u32, peer_psn: u32) {
+fn up(ep: &mut Engine, qpn: u32, peer: u32, psn: u32, peer_psn: u32) {
     let mut attr = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -93,12 +93,12 @@ fn up(ep: &mut Endpoint, qpn: u32, peer: u32, psn: u32, peer_psn: u32) {
 
 impl Pair {
     fn new(region: usize) -> Pair {
-        let config = EndpointConfig {
+        let config = EngineConfig {
             max_unacked_psns: 1024,
-            ..EndpointConfig::default()
+            ..EngineConfig::default()
         };
-        let mut a = Endpoint::new(config);
-        let mut b = Endpoint::new(config);
+        let mut a = Engine::new(config);
+        let mut b = Engine::new(config);
         let caps = QpCaps {
             max_send_wr: DEPTH,
             max_recv_wr: DEPTH,

@@ -1,7 +1,7 @@
 //! softverbs-sim: a deterministic simulator for the `softverbs-proto` engine (dev and test
 //! only).
 //!
-//! [`Sim`] joins several [`Endpoint`](softverbs_proto::Endpoint)s through a fabric with
+//! [`Sim`] joins several [`Engine`](softverbs_proto::Engine)s through a fabric with
 //! seeded drop, duplicate, reorder, delay and corrupt rules ([`FaultRules`]) under a
 //! virtual clock: nothing sleeps, and a run is a pure function of its seed. After every
 //! step the invariants are checked (each completion matches a posted, outstanding work

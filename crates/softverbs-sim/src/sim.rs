@@ -9,8 +9,8 @@ use std::net::Ipv4Addr;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_proto::{
-    Completion, CqTarget, Endpoint, EndpointConfig, Event, RecvWr, SendFlags, SendWr, SrqId,
-    Transmit, VerbsError,
+    Completion, CqTarget, Engine, EngineConfig, Event, RecvWr, SendFlags, SendWr, SrqId, Transmit,
+    VerbsError,
 };
 use softverbs_wire::icrc::{self, IpHeaderInfo, UdpHeaderInfo};
 
@@ -132,7 +132,7 @@ impl std::error::Error for SimError {}
 #[derive(Debug)]
 pub struct Node {
     /// The engine.
-    pub ep: Endpoint,
+    pub ep: Engine,
     /// Its registered memory.
     pub mem: SimMemory,
     /// Its GID (IPv4-mapped `::ffff:10.0.0.n`).
@@ -231,13 +231,13 @@ impl Sim {
     }
 
     /// Adds a node; returns its index.
-    pub fn add_node(&mut self, config: EndpointConfig) -> usize {
+    pub fn add_node(&mut self, config: EngineConfig) -> usize {
         let i = self.nodes.len();
         let mut gid = [0u8; 16];
         gid[10] = 0xFF;
         gid[11] = 0xFF;
         gid[12..].copy_from_slice(&[10, 0, 0, i as u8 + 1]);
-        let ep = Endpoint::new(config);
+        let ep = Engine::new(config);
         self.buf.resize(ep.max_packet_len().max(self.buf.len()), 0);
         self.nodes.push(Node {
             ep,

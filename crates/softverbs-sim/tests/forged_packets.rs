@@ -3,7 +3,7 @@
 //! by an unexpected PSN (IBTA vol. 1 §9.8), so no forged PSN can stall a UC connection; an
 //! RC responder answers duplicate and out-of-sequence requests (IBTA vol. 1 §9.7.5.1.1,
 //! C9-105 family) at most once per expected PSN, read or atomic PSN and reply window
-//! (`EndpointConfig::duplicate_reply_window_ns`), so a flood of copies neither reflects one
+//! (`EngineConfig::duplicate_reply_window_ns`), so a flood of copies neither reflects one
 //! packet per copy to the real peer, nor amplifies into read data, nor grows the
 //! responder's output queue — while an honest requester's retransmissions are answered.
 //!

@@ -34,8 +34,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_cq::{WcOpcode, WcStatus};
 use softverbs_proto::{
-    atomic_result, AccessFlags, AddressVector, AtomicOp, AttrMask, Completion, CqTarget, Endpoint,
-    EndpointConfig, MemError, MemKey, Memory, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr,
+    atomic_result, AccessFlags, AddressVector, AtomicOp, AttrMask, Completion, CqTarget, Engine,
+    EngineConfig, MemError, MemKey, Memory, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr,
     RegionInfo, SendOp, SendWr, Sge,
 };
 
@@ -284,7 +284,7 @@ impl std::ops::AddAssign for Tally {
 
 /// The two nodes of an exchange: A (node 0) requests, B (node 1) responds.
 struct World {
-    eps: [Endpoint; 2],
+    eps: [Engine; 2],
     mems: [CanaryMemory; 2],
     qpn: [u32; 2],
     qp_type: QpType,
@@ -304,7 +304,7 @@ struct World {
     target: Region,
 }
 
-fn bring_up(ep: &mut Endpoint, qpn: u32, qp_type: QpType, peer: u32, sq: u32, rq: u32) {
+fn bring_up(ep: &mut Engine, qpn: u32, qp_type: QpType, peer: u32, sq: u32, rq: u32) {
     let all = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     let mut attr = QpAttr {
         qp_state: QpState::Init,
@@ -357,8 +357,8 @@ impl World {
     /// always the same QPNs, PSNs, keys and addresses, so captured packets fit any world.
     fn new(qp_type: QpType) -> World {
         let mut eps = [
-            Endpoint::new(EndpointConfig::default()),
-            Endpoint::new(EndpointConfig::default()),
+            Engine::new(EngineConfig::default()),
+            Engine::new(EngineConfig::default()),
         ];
         let caps = QpCaps {
             max_send_wr: 64,
@@ -564,7 +564,7 @@ impl World {
                 }
             }
             let next_packet = self.wire.front().map(|p| p.2);
-            let next_timer = self.eps.iter().filter_map(Endpoint::poll_timeout).min();
+            let next_timer = self.eps.iter().filter_map(Engine::poll_timeout).min();
             let next = match (next_packet, next_timer) {
                 (Some(a), Some(b)) => a.min(b),
                 (a, b) => match a.or(b) {

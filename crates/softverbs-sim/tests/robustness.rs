@@ -9,7 +9,7 @@ use common::{recv, sge, ALL_ACCESS};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_proto::{
-    AccessFlags, AttrMask, Endpoint, EndpointConfig, Mtu, QpAttr, QpInit, QpState, QpType, SendOp,
+    AccessFlags, AttrMask, Engine, EngineConfig, Mtu, QpAttr, QpInit, QpState, QpType, SendOp,
     SendWr,
 };
 use softverbs_sim::{connect, run_seeds, FaultRules, QpParams, Sim, SimMemory};
@@ -43,8 +43,8 @@ fn garbage_and_mutated_packets_are_dropped_or_handled_without_panic() {
 
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             let mut sim = Sim::new(seed, FaultRules::perfect());
-            sim.add_node(EndpointConfig::default());
-            sim.add_node(EndpointConfig::default());
+            sim.add_node(EngineConfig::default());
+            sim.add_node(EngineConfig::default());
             let (qa, qb) = connect(&mut sim, 0, 1, QpType::Rc, &QpParams::default())?;
             let b = sim.nodes[1].mem.register(1 << 20, ALL_ACCESS);
             for i in 0..64 {
@@ -52,7 +52,7 @@ fn garbage_and_mutated_packets_are_dropped_or_handled_without_panic() {
             }
             let _ = qa;
             let mut mem = SimMemory::new();
-            let mut ep = Endpoint::new(EndpointConfig::default());
+            let mut ep = Engine::new(EngineConfig::default());
             let mut count = 0u64;
             for round in 0..20_000u32 {
                 let mut bytes = match round % 3 {
@@ -210,7 +210,7 @@ fn random_verb_sequences_keep_the_state_machine_legal() {
         &[3, 4, 5],
         |seed| {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut ep = Endpoint::new(EndpointConfig::default());
+            let mut ep = Engine::new(EngineConfig::default());
             let mut mem = SimMemory::new();
             let mr = mem.register(65536, ALL_ACCESS);
             let qps: Vec<u32> = [QpType::Rc, QpType::Uc, QpType::Ud]

@@ -10,7 +10,7 @@
 use crate::fault::FaultConfig;
 use crate::pcap::Capture;
 use crate::udp::UdpConfig;
-use softverbs_proto::EndpointConfig;
+use softverbs_proto::EngineConfig;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +33,7 @@ pub struct DeviceConfig {
     /// Where packets go.
     pub network: Network,
     /// Protocol limits and the port MTU.
-    pub engine: EndpointConfig,
+    pub engine: EngineConfig,
     /// Whether to start the progress thread (tests of the sans-IO paths may not want it).
     pub progress_thread: bool,
     /// Fault injection on the transport path (drop, duplicate, delay, reorder, corrupt),
@@ -121,7 +121,7 @@ impl DeviceConfig {
         DeviceConfig {
             name: "softverbs0".into(),
             network: Network::InProcess,
-            engine: EndpointConfig::default(),
+            engine: EngineConfig::default(),
             progress_thread: true,
             faults: None,
             capture: None,

@@ -1,4 +1,4 @@
-//! The soft RDMA device: one [`softverbs_proto::Endpoint`] (every QP and SRQ of the
+//! The soft RDMA device: one [`softverbs_proto::Engine`] (every QP and SRQ of the
 //! device), its registered memory, its transport, the CQs its QPs complete into, and the
 //! progress that keeps the protocol moving.
 //!
@@ -56,8 +56,8 @@ use crate::transport::{Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
-    AccessFlags, AddressVector, AttrMask, Completion, Endpoint as Engine, Mtu, QpAttr, QpInit,
-    QpState, RecvWr, SendWr, SrqId, SrqInit,
+    AccessFlags, AddressVector, AttrMask, Completion, Engine, Mtu, QpAttr, QpInit, QpState, RecvWr,
+    SendWr, SrqId, SrqInit,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io;

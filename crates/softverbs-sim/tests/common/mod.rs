@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus};
 use softverbs_proto::{
-    AccessFlags, CqTarget, EndpointConfig, Mtu, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    AccessFlags, CqTarget, EngineConfig, Mtu, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
 };
 use softverbs_sim::{connect, FaultRules, Mr, QpParams, Sim, SimError};
 use softverbs_wire::Opcode;
@@ -23,8 +23,8 @@ pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
 /// Two nodes with default engine config.
 pub fn two_nodes(seed: u64, rules: FaultRules) -> Sim {
     let mut sim = Sim::new(seed, rules);
-    sim.add_node(EndpointConfig::default());
-    sim.add_node(EndpointConfig::default());
+    sim.add_node(EngineConfig::default());
+    sim.add_node(EngineConfig::default());
     sim
 }
 
