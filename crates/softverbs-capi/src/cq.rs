@@ -354,9 +354,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     errno_code(|| {
         // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
         let state = unsafe { CqBlock::state(cq) }?;
-        if state.cq.attached_qps() > 0 {
-            return Err(libc::EBUSY);
-        }
+        state.cq.check_unused().map_err(|e| e.errno())?;
         // Its delivered async events acknowledged (IBV_EVENT_CQ_ERR), it leaves the
         // registry: no later event names it.
         let object = cq as usize;

@@ -42,11 +42,16 @@ impl CqShared {
         }
     }
 
-    fn destroy_now(this: &Arc<Self>) -> Result<(), DestroyError> {
-        let qps = this.attached_qps.load(Ordering::Acquire);
-        if qps > 0 {
-            return Err(DestroyError::QueuePairsAttached(qps));
+    /// Refuses while a QP uses the CQ.
+    pub(super) fn check_unused(this: &Arc<Self>) -> Result<(), DestroyError> {
+        match this.attached_qps.load(Ordering::Acquire) {
+            0 => Ok(()),
+            qps => Err(DestroyError::QueuePairsAttached(qps)),
         }
+    }
+
+    fn destroy_now(this: &Arc<Self>) -> Result<(), DestroyError> {
+        Self::check_unused(this)?;
         // The channel's queue lock orders destroy against delivery: an event is either
         // queued before (and purged here) or sees the destroyed state and is dropped.
         let queue_guard = this.events.channel().map(|ch| ch.lock_queue());

@@ -241,6 +241,14 @@ macro_rules! common_cq_methods {
             self.shared.attached_qps.load(Ordering::Acquire)
         }
 
+        /// `ibv_destroy_cq(3)`'s first rule, for a front door that must refuse before it
+        /// starts tearing down: the CQ "fails if any queue pair is still associated with
+        /// this CQ" ([`DestroyError::QueuePairsAttached`], `EBUSY`). Destroying checks it
+        /// again.
+        pub fn check_unused(&self) -> Result<(), DestroyError> {
+            CqShared::check_unused(&self.shared)
+        }
+
         /// Counters and levels.
         pub fn stats(&self) -> CqStats {
             self.shared.stats()
