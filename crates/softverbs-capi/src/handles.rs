@@ -96,8 +96,9 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     if let Some(entry) = *slot {
         return Ok(entry);
     }
-    let config =
-        DeviceConfig::udp_from_env().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+    // As the safe API opens it: SOFTVERBS_NETWORK, SOFTVERBS_ADDR, SOFTVERBS_PCAP,
+    // SOFTVERBS_FAULTS.
+    let config = DeviceConfig::from_env().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
     let device = Device::open(config).map_err(|e| e.errno())?;
     let node_guid = device.query_device().node_guid;
     let mut ibv = ibv_device {

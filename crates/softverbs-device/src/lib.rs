@@ -59,8 +59,8 @@ pub mod transport;
 pub mod udp;
 
 pub use device::{
-    parse_faults, AddressHandle, Device, DeviceAttr, DeviceConfig, DeviceError, FaultSetup,
-    Network, PdUser, PortAttr, FAULTS_ENV, PCAP_ENV,
+    network_from_env, parse_faults, AddressHandle, Device, DeviceAttr, DeviceConfig, DeviceError,
+    FaultSetup, Network, NetworkKind, PdUser, PortAttr, FAULTS_ENV, NETWORK_ENV, PCAP_ENV,
 };
 pub use events::{AsyncEvent, AsyncEventQueue};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};

@@ -6,29 +6,13 @@
 //! the device stays open until the last PD, MR, CQ, QP, SRQ and AH is gone.
 
 use crate::error::{EventError, OpenError, QueryPortError};
-use softverbs_device::{AsyncEvent, Device, DeviceAttr, DeviceConfig, Gid, PortAttr};
+use softverbs_device::{
+    network_from_env, AsyncEvent, Device, DeviceAttr, DeviceConfig, Gid, PortAttr,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The environment variable choosing the network of [`Context::open`]: `inprocess` or
-/// `udp` (the default).
-pub const NETWORK_ENV: &str = "SOFTVERBS_NETWORK";
-
-/// Which network a device listed by [`devices`] would use.
-///
-/// ```
-/// use softverbs::{Context, DeviceConfig, NetworkKind};
-/// let ctx = Context::open_with(DeviceConfig::in_process())?;
-/// assert_eq!(ctx.network(), NetworkKind::InProcess);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NetworkKind {
-    /// Devices of this process only.
-    InProcess,
-    /// RoCEv2 over UDP.
-    Udp,
-}
+pub use softverbs_device::{NetworkKind, NETWORK_ENV};
 
 /// One entry of the device list (`struct ibv_device`).
 ///
@@ -58,18 +42,6 @@ impl DeviceInfo {
     /// Opens the device, as [`Context::open`].
     pub fn open(&self) -> Result<Context, OpenError> {
         Context::open()
-    }
-}
-
-fn network_from_env() -> Result<NetworkKind, String> {
-    match std::env::var(NETWORK_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(NetworkKind::Udp),
-        Ok(v) if v.eq_ignore_ascii_case("udp") => Ok(NetworkKind::Udp),
-        Ok(v) if v.eq_ignore_ascii_case("inprocess") || v.eq_ignore_ascii_case("in-process") => {
-            Ok(NetworkKind::InProcess)
-        }
-        Ok(v) => Err(v),
-        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
     }
 }
 
@@ -109,15 +81,13 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Opens the device as the environment says: `SOFTVERBS_NETWORK=inprocess|udp`
-    /// (default `udp`), and for UDP `SOFTVERBS_ADDR` (`IP`, `IP:PORT` or `[IPv6]:PORT`;
-    /// unset, the first free 127.0.0.x:4791).
+    /// Opens the device as the environment says, as the drop-in does
+    /// ([`DeviceConfig::from_env`]): `SOFTVERBS_NETWORK=inprocess|udp` (default `udp`), for
+    /// UDP `SOFTVERBS_ADDR` (`IP`, `IP:PORT` or `[IPv6]:PORT`; unset, the first free
+    /// 127.0.0.x:4791), and `SOFTVERBS_PCAP` / `SOFTVERBS_FAULTS` on either network.
     pub fn open() -> Result<Context, OpenError> {
-        let config = match network_from_env().map_err(OpenError::BadNetwork)? {
-            NetworkKind::InProcess => DeviceConfig::in_process(),
-            NetworkKind::Udp => DeviceConfig::udp_from_env()?,
-        };
-        Context::open_with(config)
+        network_from_env().map_err(OpenError::BadNetwork)?;
+        Context::open_with(DeviceConfig::from_env()?)
     }
 
     /// Opens a device with an explicit configuration.

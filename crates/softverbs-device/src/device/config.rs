@@ -55,6 +55,41 @@ pub struct FaultSetup {
 
 /// Environment variable naming a pcap file to capture the device's traffic into.
 pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
+
+/// Environment variable choosing a device's network ([`DeviceConfig::from_env`]):
+/// `inprocess` (devices of this process only) or `udp` (the default).
+pub const NETWORK_ENV: &str = "SOFTVERBS_NETWORK";
+
+/// Which network [`NETWORK_ENV`] asks for.
+///
+/// ```
+/// use softverbs_device::{Device, DeviceConfig, NetworkKind};
+/// let device = Device::open(DeviceConfig::in_process())?;
+/// assert!(device.transport_counters().is_none()); // NetworkKind::InProcess
+/// # let _ = NetworkKind::Udp;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkKind {
+    /// Devices of this process only.
+    InProcess,
+    /// RoCEv2 over UDP.
+    Udp,
+}
+
+/// The network [`NETWORK_ENV`] asks for: `udp` when unset; the value itself when it is
+/// neither `udp` nor `inprocess` (`in-process`), any case.
+pub fn network_from_env() -> Result<NetworkKind, String> {
+    match std::env::var(NETWORK_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(NetworkKind::Udp),
+        Ok(v) if v.eq_ignore_ascii_case("udp") => Ok(NetworkKind::Udp),
+        Ok(v) if v.eq_ignore_ascii_case("inprocess") || v.eq_ignore_ascii_case("in-process") => {
+            Ok(NetworkKind::InProcess)
+        }
+        Ok(v) => Err(v),
+        Err(std::env::VarError::NotUnicode(v)) => Err(v.to_string_lossy().into_owned()),
+    }
+}
 /// Environment variable with fault-injection rules, e.g.
 /// `drop=0.05,duplicate=0.01,corrupt=0.001,delay=0.01:2ms,reorder=0.01:1ms,seed=7`.
 pub const FAULTS_ENV: &str = "SOFTVERBS_FAULTS";
@@ -170,5 +205,20 @@ impl DeviceConfig {
     /// 127.0.0.x:4791).
     pub fn udp_from_env() -> io::Result<Self> {
         DeviceConfig::udp(UdpConfig::from_env()?).with_env()
+    }
+
+    /// The device the environment asks for, as every front door opens it: the network of
+    /// [`NETWORK_ENV`] (for UDP, `SOFTVERBS_ADDR` as [`DeviceConfig::udp_from_env`] reads
+    /// it), with the capture and faults of [`DeviceConfig::with_env`]. A bad
+    /// `SOFTVERBS_NETWORK` is `InvalidInput` naming the variable and its value.
+    pub fn from_env() -> io::Result<Self> {
+        match network_from_env() {
+            Ok(NetworkKind::InProcess) => DeviceConfig::in_process().with_env(),
+            Ok(NetworkKind::Udp) => DeviceConfig::udp_from_env(),
+            Err(value) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{NETWORK_ENV}={value:?}: expected \"inprocess\" or \"udp\""),
+            )),
+        }
     }
 }

@@ -39,7 +39,10 @@ mod registry;
 mod runtime;
 
 pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
-pub use config::{parse_faults, DeviceConfig, FaultSetup, Network, FAULTS_ENV, PCAP_ENV};
+pub use config::{
+    network_from_env, parse_faults, DeviceConfig, FaultSetup, Network, NetworkKind, FAULTS_ENV,
+    NETWORK_ENV, PCAP_ENV,
+};
 pub use error::DeviceError;
 pub use objects::{AddressHandle, PdUser};
 
