@@ -79,10 +79,6 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
     // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
     let ctx = unsafe { ContextBlock::from_ptr(context) }?;
     let entry = ctx.entry;
-    let max_cqe = entry.device.query_device().max_cqe;
-    if request.cqe < 1 || request.cqe as u32 > max_cqe {
-        return Err(libc::EINVAL);
-    }
     // SAFETY: `context` passed `ContextBlock::from_ptr`, so it points at a live
     // `ibv_context`; `num_comp_vectors` is its own field.
     let vectors = unsafe { (*context).num_comp_vectors };
@@ -100,6 +96,8 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
             user_context,
         });
     });
+    // The CQ core refuses a size outside 1..=max_cqe (EINVAL); a negative `cqe` becomes a
+    // size above it.
     let mut builder = CqBuilder::new(request.cqe as u32)
         .raw_fields(request.wc_flags)
         .comp_vector(request.comp_vector as u32)
@@ -389,10 +387,8 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     errno_code(|| {
         // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
         let state = unsafe { CqBlock::state(cq) }?;
-        let max_cqe = state.entry.device.query_device().max_cqe;
-        if cqe < 1 || cqe as u32 > max_cqe {
-            return Err(libc::EINVAL);
-        }
+        // The CQ core refuses a size outside 1..=max_cqe (EINVAL; a negative `cqe` becomes
+        // a size above it) or below the unpolled completions.
         let capacity = state.cq.resize(cqe as u32).map_err(|e| e.errno())?;
         // SAFETY: `cqe` is a field of the live CQ; C reads it, only the library writes it.
         unsafe { (&raw mut (*cq).cqe).write(capacity.min(i32::MAX as u32) as c_int) };
