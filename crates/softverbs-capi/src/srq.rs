@@ -14,7 +14,7 @@ use crate::handles::{
 };
 use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::{IBV_SRQ_LIMIT, IBV_SRQ_MAX_WR};
-use crate::wr::{post_list, recv_wr};
+use crate::wr::post_recv_list;
 use softverbs::core::engine::{SrqId, SrqInit};
 use std::ffi::c_int;
 
@@ -204,20 +204,16 @@ pub unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: `srq` is NULL or a live SRQ (this function's `# Safety`).
     let state = unsafe { SrqBlock::state(srq) };
-    post_list(
-        wr,
-        bad_wr,
-        |w| w.next,
-        |w| {
+    // SAFETY: the list, its scatter/gather lists and `bad_wr` are valid as
+    // `ibv_post_srq_recv(3)` requires (this function's `# Safety`).
+    unsafe {
+        post_recv_list(wr, bad_wr, state.map(|s| s.max_sge), |request| {
             let state = state?;
-            // SAFETY: every request's scatter/gather list is readable (this function's
-            // `# Safety`), which is what `recv_wr` asks.
-            let request = unsafe { recv_wr(w, state.max_sge) }?;
             state
                 .entry
                 .device
                 .post_srq_recv(state.id, request)
                 .map_err(|e| e.errno())
-        },
-    )
+        })
+    }
 }

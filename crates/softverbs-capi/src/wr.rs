@@ -74,7 +74,12 @@ pub unsafe fn recv_wr(wr: &ibv_recv_wr, max_sge: u32) -> Result<RecvWr, Errno> {
 
 /// Posts a C list of work requests one by one; on the first failure `*bad_wr` names it
 /// and its errno is returned (the ones before it were posted).
-pub(crate) fn post_list<W>(
+///
+/// # Safety
+///
+/// The list from `first` (linked by `next`) is readable, and `bad_wr` is NULL or writable:
+/// the `ibv_post_*(3)` contract the caller was given.
+pub(crate) unsafe fn post_list<W>(
     first: *mut W,
     bad_wr: *mut *mut W,
     next: impl Fn(&W) -> *mut W,
@@ -83,7 +88,7 @@ pub(crate) fn post_list<W>(
     let mut wr = first;
     let result = guarded(|| {
         while !wr.is_null() {
-            // SAFETY: the list is readable (the `ibv_post_*(3)` contract).
+            // SAFETY: the list is readable (this function's `# Safety`).
             let w = unsafe { &*wr };
             post(w)?;
             wr = next(w);
@@ -94,10 +99,34 @@ pub(crate) fn post_list<W>(
         Ok(()) => 0,
         Err(e) => {
             if !bad_wr.is_null() {
-                // SAFETY: `bad_wr` is writable (the `ibv_post_*(3)` contract; not NULL here).
+                // SAFETY: `bad_wr` is writable (this function's `# Safety`; not NULL here).
                 unsafe { bad_wr.write(wr) };
             }
             e
         }
     }
+}
+
+/// Posts a C list of receive requests, as `ibv_post_recv(3)` and `ibv_post_srq_recv(3)` both
+/// do: each is read against `max_sge`, the receive queue's limit (or the errno saying there
+/// is no such queue), and handed to `post`; failures as [`post_list`].
+///
+/// # Safety
+///
+/// As [`post_list`], and every request's scatter/gather list is readable for its
+/// `num_sge` entries.
+pub(crate) unsafe fn post_recv_list(
+    first: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    max_sge: Result<u32, Errno>,
+    mut post: impl FnMut(RecvWr) -> Result<(), Errno>,
+) -> c_int {
+    let post_one = |w: &ibv_recv_wr| {
+        let max_sge = max_sge?;
+        // SAFETY: `w`'s scatter/gather list is readable (this function's `# Safety`), which
+        // is what `recv_wr` asks.
+        post(unsafe { recv_wr(w, max_sge) }?)
+    };
+    // SAFETY: the list and `bad_wr` are as `post_list` asks (this function's `# Safety`).
+    unsafe { post_list(first, bad_wr, |w| w.next, post_one) }
 }

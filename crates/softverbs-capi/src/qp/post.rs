@@ -10,7 +10,7 @@ use crate::verbs_h::{
     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
     IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
 };
-use crate::wr::{inline_payload, post_list, recv_wr, sges};
+use crate::wr::{inline_payload, post_list, post_recv_list, sges};
 use softverbs::core::engine::{Gather, QpType, SendFlags, SendOp, SendWr, UdDest};
 use std::ffi::c_int;
 
@@ -116,22 +116,20 @@ pub unsafe extern "C" fn post_send(
 ) -> c_int {
     // SAFETY: `qp` is NULL or a live QP (this function's `# Safety`).
     let state = unsafe { QpBlock::state(qp) };
-    post_list(
-        wr,
-        bad_wr,
-        |w| w.next,
-        |w| {
-            let state = state?;
-            // SAFETY: every request of the list is valid as `ibv_post_send(3)` requires
-            // (this function's `# Safety`), which is what `send_wr` asks.
-            let request = unsafe { send_wr(w, state) }?;
-            state
-                .entry
-                .device
-                .post_send(state.qpn, request)
-                .map_err(|e| e.errno())
-        },
-    )
+    let post_one = |w: &ibv_send_wr| {
+        let state = state?;
+        // SAFETY: every request of the list is valid as `ibv_post_send(3)` requires (this
+        // function's `# Safety`), which is what `send_wr` asks.
+        let request = unsafe { send_wr(w, state) }?;
+        state
+            .entry
+            .device
+            .post_send(state.qpn, request)
+            .map_err(|e| e.errno())
+    };
+    // SAFETY: the list and `bad_wr` are valid as `ibv_post_send(3)` requires (this
+    // function's `# Safety`).
+    unsafe { post_list(wr, bad_wr, |w| w.next, post_one) }
 }
 
 /// `ops.post_recv` (`ibv_post_recv(3)`): as [`post_send`]; a QP with an SRQ has no
@@ -147,20 +145,16 @@ pub unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: `qp` is NULL or a live QP (this function's `# Safety`).
     let state = unsafe { QpBlock::state(qp) };
-    post_list(
-        wr,
-        bad_wr,
-        |w| w.next,
-        |w| {
+    // SAFETY: the list, its scatter/gather lists and `bad_wr` are valid as
+    // `ibv_post_recv(3)` requires (this function's `# Safety`).
+    unsafe {
+        post_recv_list(wr, bad_wr, state.map(|s| s.caps.max_recv_sge), |request| {
             let state = state?;
-            // SAFETY: every request's scatter/gather list is readable (this function's
-            // `# Safety`), which is what `recv_wr` asks.
-            let request = unsafe { recv_wr(w, state.caps.max_recv_sge) }?;
             state
                 .entry
                 .device
                 .post_recv(state.qpn, request)
                 .map_err(|e| e.errno())
-        },
-    )
+        })
+    }
 }
