@@ -9,9 +9,9 @@ use common::{recv, sge, two_nodes, Op, Traffic, ALL_ACCESS};
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus};
 use softverbs_proto::{
     AddressVector, AttrMask, CqTarget, DropReason, Event, QpAttr, QpState, QpType, SendOp, SendWr,
-    SrqInit, UdDest,
+    SrqId, SrqInit, UdDest,
 };
-use softverbs_sim::{bring_up, connect, create_qp, run_seeds, FaultRules, QpParams};
+use softverbs_sim::{bring_up, connect, create_qp, run_seeds, FaultRules, QpParams, Sim};
 
 const STEPS: u64 = 2_000_000;
 
@@ -197,6 +197,18 @@ fn ud_grh_area_qkey_check_and_src_qp() {
     });
 }
 
+/// An SRQ of `max_wr` single-SGE entries on node 1, limit disarmed.
+fn srq_on_node_1(sim: &mut Sim, max_wr: u32) -> SrqId {
+    sim.nodes[1]
+        .ep
+        .create_srq(SrqInit {
+            max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap()
+}
+
 /// A UD QP may take its receives from an SRQ (`ibv_create_qp(3)`: `srq` for any QP type
 /// but XRC initiators; IBTA 10.2.9.2; rxe and rdmavt attach SRQs to UD QPs): each datagram
 /// consumes the SRQ's next entry, with its GRH area, and a datagram finding the SRQ empty
@@ -209,14 +221,7 @@ fn a_ud_qp_attached_to_an_srq_takes_its_receives_from_it() {
         |seed| {
             let mut sim = two_nodes(seed, FaultRules::perfect());
             let p = QpParams::default();
-            let srq = sim.nodes[1]
-                .ep
-                .create_srq(SrqInit {
-                    max_wr: 4,
-                    max_sge: 1,
-                    srq_limit: 0,
-                })
-                .unwrap();
+            let srq = srq_on_node_1(&mut sim, 4);
             let qa = create_qp(&mut sim, 0, QpType::Ud, &p, None)?;
             let qb = create_qp(&mut sim, 1, QpType::Ud, &p, Some(srq))?;
             bring_up(&mut sim, 0, qa, QpType::Ud, None, &p, (100, 0))?;
@@ -274,14 +279,7 @@ fn srq_shared_by_two_qps_with_limit_and_last_wqe_events() {
         |seed| {
             let mut sim = two_nodes(seed, FaultRules::perfect());
             let p = QpParams::default();
-            let srq = sim.nodes[1]
-                .ep
-                .create_srq(SrqInit {
-                    max_wr: 16,
-                    max_sge: 1,
-                    srq_limit: 0,
-                })
-                .unwrap();
+            let srq = srq_on_node_1(&mut sim, 16);
             let mut pairs = Vec::new();
             for _ in 0..2 {
                 let qa = create_qp(&mut sim, 0, QpType::Rc, &p, None)?;
