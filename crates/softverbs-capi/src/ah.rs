@@ -7,7 +7,7 @@
 //! | `ibv_resolve_eth_l2_from_gid` | 1.1 | documented failure (`EOPNOTSUPP`): no Ethernet layer 2 under UDP |
 
 use crate::abi::*;
-use crate::boundary::{errno_code, minus_one, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, minus_one, pointer, Errno};
 use crate::handles::{Block, DeviceEntry, PdBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::IBV_WC_GRH;
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
             .entry
             .device
             .create_ah(pd_handle, av)
-            .map_err(|e| e.errno())?;
+            .map_err(errno_of)?;
         Ok(AhBlock::allocate(
             ibv_ah {
                 context,
@@ -123,11 +123,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     errno_code(|| {
         // SAFETY: `ah` is NULL or a live AH (this function's `# Safety`).
         let state = unsafe { AhBlock::state(ah) }?;
-        state
-            .entry
-            .device
-            .destroy_ah(state.id)
-            .map_err(|e| e.errno())?;
+        state.entry.device.destroy_ah(state.id).map_err(errno_of)?;
         // SAFETY: `ah` passed `state` above and the caller gives the AH up with this call.
         unsafe { AhBlock::free(ah) };
         Ok(())

@@ -17,6 +17,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// An errno value (`libc::EINVAL`, …).
 pub type Errno = c_int;
 
+/// The errno of an error of the verbs core: [`Error::errno`](softverbs::core::Error::errno),
+/// the one place a cause becomes an errno. Every refusal of the core reaches C through here.
+pub fn errno_of(e: impl Into<softverbs::core::Error>) -> Errno {
+    e.into().errno()
+}
+
 /// The errno a panic inside the library turns into.
 pub const PANIC_ERRNO: Errno = libc::EIO;
 

@@ -14,7 +14,7 @@
 //! first 128 bytes), so every entry point takes either pointer.
 
 use crate::abi::*;
-use crate::boundary::{errno_code, guarded, infallible, minus_one, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, guarded, infallible, minus_one, pointer, Errno};
 use crate::handles::{
     once_acknowledged, with_registry, Block, ChannelBlock, ChannelState, ContextBlock, DeviceEntry,
     Tagged, DESTROY_ACK_WAIT,
@@ -111,7 +111,7 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
         let channel = unsafe { ChannelBlock::state(request.channel) }?;
         builder = builder.channel(&channel.inner);
     }
-    let cq = builder.build().map_err(|e| e.errno())?;
+    let cq = builder.build().map_err(errno_of)?;
     let capacity = cq.capacity();
     let ops = extended_ops(request.extended);
     let c = ibv_cq_ex {
@@ -222,8 +222,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     pointer(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let ctx = unsafe { ContextBlock::from_ptr(context) }?;
-        let inner =
-            CompletionChannel::new().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
+        let inner = CompletionChannel::new().map_err(errno_of)?;
         // A thread blocked in ibv_get_cq_event receives the device's packets itself.
         let entry: &'static DeviceEntry = ctx.entry;
         if let Some(fd) = entry.device.readiness_fd() {
@@ -250,11 +249,8 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     errno_code(|| {
         // SAFETY: `channel` is NULL or a live completion channel (this function's `# Safety`).
         let block = unsafe { ChannelBlock::state(channel) }?;
-        // SAFETY: `refcnt` is read through the raw pointer: C owns the struct's fields.
-        let refcnt = unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) };
-        if block.inner.attached_cqs() > 0 || refcnt.load(Ordering::Relaxed) != 0 {
-            return Err(libc::EBUSY);
-        }
+        // The CQ core's rule: no CQ may still use the channel (`EBUSY`).
+        block.inner.check_unused().map_err(errno_of)?;
         // SAFETY: `channel` passed `state` above, `block` is not used again, and the
         // caller gives the channel up with this call.
         unsafe { ChannelBlock::free(channel) };
@@ -352,7 +348,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     errno_code(|| {
         // SAFETY: `cq` is NULL or a live CQ (this function's `# Safety`).
         let state = unsafe { CqBlock::state(cq) }?;
-        state.cq.check_unused().map_err(|e| e.errno())?;
+        state.cq.check_unused().map_err(errno_of)?;
         // Its delivered async events acknowledged (IBV_EVENT_CQ_ERR), it leaves the
         // registry: no later event names it.
         let object = cq as usize;
@@ -361,7 +357,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // the acknowledgements come through it (`ibv_ack_cq_events` from other threads).
         if let Err(e) = state.cq.destroy_wait_in_place(DESTROY_ACK_WAIT) {
             with_registry(|r| r.cqs.insert(object));
-            return Err(e.errno());
+            return Err(errno_of(e));
         }
         let channel = state.channel;
         // SAFETY: destroyed; the caller gives the CQ up (a poll in progress on another
@@ -389,7 +385,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         let state = unsafe { CqBlock::state(cq) }?;
         // The CQ core refuses a size outside 1..=max_cqe (EINVAL; a negative `cqe` becomes
         // a size above it) or below the unpolled completions.
-        let capacity = state.cq.resize(cqe as u32).map_err(|e| e.errno())?;
+        let capacity = state.cq.resize(cqe as u32).map_err(errno_of)?;
         // SAFETY: `cqe` is a field of the live CQ; C reads it, only the library writes it.
         unsafe { (&raw mut (*cq).cqe).write(capacity.min(i32::MAX as u32) as c_int) };
         Ok(())
@@ -415,10 +411,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             return Err(libc::EINVAL);
         }
         let ptr = loop {
-            let event = block
-                .inner
-                .get_event()
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            let event = block.inner.get_event().map_err(errno_of)?;
             // The CQ's user context is its C pointer (set at creation).
             let ptr = event.user_context() as *mut ibv_cq;
             // SAFETY: the CQ is alive: its destroy waits for this event to be acknowledged.
@@ -496,10 +489,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         // not NULL and `num_entries > 0` here); `ibv_wc` is `WorkCompletion`, which has no
         // invalid bit patterns the poll could read.
         let wcs = unsafe { std::slice::from_raw_parts_mut(wc, num_entries as usize) };
-        let mut n = state.cq.poll(wcs).map_err(|e| e.errno())?;
+        let mut n = state.cq.poll(wcs).map_err(errno_of)?;
         if n == 0 {
             state.entry.device.progress();
-            n = state.cq.poll(wcs).map_err(|e| e.errno())?;
+            n = state.cq.poll(wcs).map_err(errno_of)?;
         }
         Ok(n as c_int)
     });
@@ -546,7 +539,7 @@ pub unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_att
                 count: attr.moderate.cq_count,
                 period_us: attr.moderate.cq_period,
             };
-            state.cq.modify(moderation).map_err(|_| libc::EIO)?;
+            state.cq.modify(moderation).map_err(errno_of)?;
         }
         Ok(())
     })
@@ -599,10 +592,10 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
         if slot.is_some() {
             return Err(libc::EINVAL);
         }
-        let mut batch = state.cq.start_poll().map_err(|e| e.errno())?;
+        let mut batch = state.cq.start_poll().map_err(errno_of)?;
         if batch.is_none() {
             state.entry.device.progress();
-            batch = state.cq.start_poll().map_err(|e| e.errno())?;
+            batch = state.cq.start_poll().map_err(errno_of)?;
         }
         let Some(batch) = batch else {
             return Err(libc::ENOENT);

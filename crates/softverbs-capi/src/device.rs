@@ -21,7 +21,7 @@
 //! | `verbs_context.query_port` / `.query_device_ex` / `.query_rt_values` | (ops) | real |
 
 use crate::abi::*;
-use crate::boundary::{errno_code, infallible, minus_one, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, infallible, minus_one, pointer, Errno};
 use crate::handles::{device_entry, device_from_ptr, ContextBlock, DeviceEntry, DeviceList};
 use crate::verbs_h::{
     IBV_ATOMIC_HCA, IBV_ATOMIC_NONE, IBV_DEVICE_PORT_ACTIVE_EVENT, IBV_DEVICE_RC_RNR_NAK_GEN,
@@ -122,7 +122,7 @@ fn device_attr_ex(entry: &DeviceEntry) -> ibv_device_attr_ex {
 }
 
 fn port_attr(entry: &DeviceEntry) -> ibv_port_attr {
-    let p = entry.device.query_port();
+    let p = entry.device.port_attr();
     ibv_port_attr {
         state: if p.active { IBV_PORT_ACTIVE } else { 1 },
         max_mtu: p.max_mtu.to_raw(),
@@ -174,12 +174,9 @@ unsafe fn write_sized<T: Copy>(out: *mut T, len: usize, value: &T) {
     }
 }
 
-fn check_port(port: u32) -> Result<(), Errno> {
-    if port == PORT {
-        Ok(())
-    } else {
-        Err(libc::EINVAL)
-    }
+/// The device's port rule (only port 1 exists), for the verbs that name a port.
+fn check_port(entry: &DeviceEntry, port: u32) -> Result<(), Errno> {
+    entry.device.query_port(port).map(drop).map_err(errno_of)
 }
 
 /// `ibv_get_device_list(3)`: the one soft device. Returns `NULL` with `errno` when the
@@ -405,7 +402,7 @@ pub unsafe extern "C" fn ibv_query_port(
     errno_code(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(u32::from(port_num))?;
+        check_port(block.entry, u32::from(port_num))?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
@@ -438,7 +435,7 @@ pub unsafe extern "C" fn query_port_ex(
     errno_code(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(u32::from(port_num))?;
+        check_port(block.entry, u32::from(port_num))?;
         if attr.is_null() || len < LEGACY_PORT_ATTR_LEN {
             return Err(libc::EINVAL);
         }
@@ -513,12 +510,7 @@ pub unsafe extern "C" fn query_rt_values(
 }
 
 fn gid_of(entry: &DeviceEntry, index: u32) -> Result<[u8; 16], Errno> {
-    let len = entry.device.query_port().gid_tbl_len;
-    if index >= len {
-        return Err(libc::EINVAL);
-    }
-    // An index inside the table with no GID is an all-zero entry (reference §3.4).
-    Ok(entry.device.gid(index).map_or([0; 16], |g| g.octets()))
+    entry.device.query_gid(PORT, index).map_err(errno_of)
 }
 
 /// `ibv_query_gid(3)`: 0, or -1 with errno (`EINVAL` for a bad port or index).
@@ -535,7 +527,7 @@ pub unsafe extern "C" fn ibv_query_gid(
     minus_one(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(u32::from(port_num))?;
+        check_port(block.entry, u32::from(port_num))?;
         let index = u32::try_from(index).map_err(|_| libc::EINVAL)?;
         if gid.is_null() {
             return Err(libc::EINVAL);
@@ -563,7 +555,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     minus_one(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(u32::from(port_num))?;
+        check_port(block.entry, u32::from(port_num))?;
         gid_of(block.entry, index)?;
         if gid_type.is_null() {
             return Err(libc::EINVAL);
@@ -607,7 +599,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     errno_code(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(port_num)?;
+        check_port(block.entry, port_num)?;
         if entry.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return Err(libc::EINVAL);
         }
@@ -639,7 +631,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         if entries.is_null() || flags != 0 || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return Err(libc::EINVAL);
         }
-        let len = block.entry.device.query_port().gid_tbl_len;
+        let len = block.entry.device.port_attr().gid_tbl_len;
         let mut written = 0usize;
         for index in 0..len {
             let Ok(value) = gid_entry(block.entry, index) else {
@@ -672,8 +664,8 @@ pub unsafe extern "C" fn ibv_query_pkey(
 ) -> c_int {
     minus_one(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
-        unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(u32::from(port_num))?;
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(block.entry, u32::from(port_num))?;
         if index != 0 || pkey.is_null() {
             return Err(libc::EINVAL);
         }
@@ -697,8 +689,8 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 ) -> c_int {
     minus_one(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
-        unsafe { ContextBlock::from_ptr(context) }?;
-        check_port(u32::from(port_num))?;
+        let block = unsafe { ContextBlock::from_ptr(context) }?;
+        check_port(block.entry, u32::from(port_num))?;
         if u16::from_be(pkey) == DEFAULT_PKEY {
             Ok(0)
         } else {

@@ -41,7 +41,7 @@
 //! from several threads at once; mutable state lives behind the device's own locks.
 
 use crate::abi::*;
-use crate::boundary::Errno;
+use crate::boundary::{errno_of, Errno};
 use softverbs::core::cq::CompletionChannel;
 use softverbs::core::device::{Device, DeviceConfig};
 use std::ffi::c_char;
@@ -99,7 +99,7 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     // As the safe API opens it: SOFTVERBS_NETWORK, SOFTVERBS_ADDR, SOFTVERBS_PCAP,
     // SOFTVERBS_FAULTS.
     let config = DeviceConfig::from_env().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
-    let device = Device::open(config).map_err(|e| e.errno())?;
+    let device = Device::open(config).map_err(errno_of)?;
     let node_guid = device.query_device().node_guid;
     let mut ibv = ibv_device {
         _ops: _ibv_device_ops::default(),

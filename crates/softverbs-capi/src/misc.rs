@@ -19,7 +19,7 @@
 //! | `ibv_unimport_pd`, `ibv_unimport_dm` | 1.10 / 1.13 | do nothing |
 
 use crate::abi::*;
-use crate::boundary::{infallible, minus_one, set_errno};
+use crate::boundary::{errno_of, infallible, minus_one, set_errno};
 use crate::handles::{acknowledge, with_registry, ContextBlock, Registry};
 use crate::verbs_h::{
     IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EVENT_PATH_MIG, IBV_EVENT_PATH_MIG_ERR,
@@ -306,9 +306,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
             let next = if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
                 queue.try_next()
             } else {
-                queue
-                    .next(None)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
+                queue.next(None).map_err(errno_of)?
             };
             let next = next.ok_or(libc::EAGAIN)?;
             let Some(element) = with_registry(|r| deliver(r, &next)) else {

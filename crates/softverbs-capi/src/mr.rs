@@ -33,7 +33,7 @@
 //! (or to the default action).
 
 use crate::abi::*;
-use crate::boundary::{errno_code, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, pointer, Errno};
 use crate::handles::{Block, ContextBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
 use crate::verbs_h::{
@@ -100,7 +100,7 @@ unsafe fn register(
             .device
             .reg_mr(handle, addr as usize, length as u64, iova, flags)
     }
-    .map_err(|e| e.errno())?;
+    .map_err(errno_of)?;
     let mr = ibv_mr {
         context,
         pd,
@@ -190,10 +190,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // registration; it is open while the region lives (libibverbs requires a
         // context's objects to be destroyed before `ibv_close_device`).
         let ctx = unsafe { ContextBlock::from_ptr(state.context) }?;
-        ctx.entry
-            .device
-            .dereg_mr(state.lkey)
-            .map_err(|e| e.errno())?;
+        ctx.entry.device.dereg_mr(state.lkey).map_err(errno_of)?;
         // SAFETY: `mr` passed `state` above, `state` is not used again, and the caller
         // gives the region up with this call.
         unsafe { MrBlock::free(mr) };

@@ -11,7 +11,7 @@
 //! `IBV_WC_REM_ACCESS_ERR` at the requester for a remote access), as rxe and hardware do.
 
 use crate::abi::*;
-use crate::boundary::{errno_code, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, pointer, Errno};
 use crate::handles::{ContextBlock, PdBlock, PdState};
 use std::ffi::c_int;
 
@@ -47,7 +47,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // The rule: refused while a memory region, QP, SRQ or address handle is in the PD.
         // Every object of ours that points at this block is one of those, so once the
         // device lets the PD go, nothing of ours refers to the block any more.
-        ctx.entry.device.dealloc_pd(handle).map_err(|e| e.errno())?;
+        ctx.entry.device.dealloc_pd(handle).map_err(errno_of)?;
         // SAFETY: `pd` passed `state` above, and the caller gives the PD up with this call;
         // the device confirmed no object is left in it.
         unsafe { PdBlock::free(pd) };

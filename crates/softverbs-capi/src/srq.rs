@@ -8,7 +8,7 @@
 //! | `verbs_context.create_srq_ex` | (ops) | NULL: the inline falls back to `ibv_create_srq` for basic SRQs |
 
 use crate::abi::*;
-use crate::boundary::{errno_code, pointer};
+use crate::boundary::{errno_code, errno_of, pointer};
 use crate::handles::{
     once_acknowledged, with_registry, Block, DeviceEntry, Tagged, DESTROY_ACK_WAIT,
 };
@@ -68,8 +68,8 @@ pub unsafe extern "C" fn ibv_create_srq(
                     srq_limit: attr.attr.srq_limit,
                 },
             )
-            .map_err(|e| e.errno())?;
-        let (max_wr, max_sge, srq_limit) = device.query_srq(id).map_err(|e| e.errno())?;
+            .map_err(errno_of)?;
+        let (max_wr, max_sge, srq_limit) = device.query_srq(id).map_err(errno_of)?;
         // SAFETY: `init_attr` is writable (this function's `# Safety`; not NULL here).
         unsafe {
             (&raw mut (*init_attr).attr).write(ibv_srq_attr {
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         })?;
         if let Err(e) = state.entry.device.destroy_srq(state.id) {
             with_registry(|r| r.srqs.insert(state.id.0, srq as usize));
-            return Err(e.errno());
+            return Err(errno_of(e));
         }
         // SAFETY: `srq` passed `state` above, `state` is not used again, and the caller
         // gives the SRQ up with this call.
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
                 .entry
                 .device
                 .arm_srq_limit(state.id, limit)
-                .map_err(|e| e.errno())?;
+                .map_err(errno_of)?;
         }
         Ok(())
     })
@@ -174,11 +174,8 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        let (max_wr, max_sge, srq_limit) = state
-            .entry
-            .device
-            .query_srq(state.id)
-            .map_err(|e| e.errno())?;
+        let (max_wr, max_sge, srq_limit) =
+            state.entry.device.query_srq(state.id).map_err(errno_of)?;
         // SAFETY: `attr` is writable (this function's `# Safety`; not NULL here).
         unsafe {
             attr.write(ibv_srq_attr {
@@ -213,7 +210,7 @@ pub unsafe extern "C" fn post_srq_recv(
                 .entry
                 .device
                 .post_srq_recv(state.id, request)
-                .map_err(|e| e.errno())
+                .map_err(errno_of)
         })
     }
 }

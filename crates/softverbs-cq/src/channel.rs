@@ -25,6 +25,7 @@
 //! event holds. The CQ (`cq/`) owns one and imports this module; this module never names
 //! the CQ, so the dependency runs one way only.
 
+use crate::error::DestroyError;
 use crate::sync::{lock, Arc, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 use std::collections::VecDeque;
 use std::fmt;
@@ -313,6 +314,17 @@ impl CompletionChannel {
     /// CQs are still associated with the completion event channel being destroyed".
     pub fn attached_cqs(&self) -> usize {
         self.inner.attached.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_destroy_comp_channel(3)`'s rule: the channel "fails if any CQs are still
+    /// associated with the completion event channel being destroyed"
+    /// ([`DestroyError::CqsAttached`]). Both front doors check it before they let go of
+    /// the channel.
+    pub fn check_unused(&self) -> Result<(), DestroyError> {
+        match self.attached_cqs() {
+            0 => Ok(()),
+            n => Err(DestroyError::CqsAttached(n)),
+        }
     }
 
     /// Events waiting to be taken.

@@ -1,5 +1,5 @@
-//! Typed errors of every CQ operation, each mapping to the errno libibverbs documents for
-//! it (`errno()`), which only the C boundary turns into a number.
+//! Typed errors of every CQ operation, one variant per cause. The errno each cause is
+//! reported as is decided above this crate, in one place (`softverbs::core::Error`).
 
 use crate::wc::{WcFields, WorkCompletion};
 use thiserror::Error;
@@ -23,16 +23,6 @@ pub enum CreateError {
     UnsupportedFields(u64),
 }
 
-impl CreateError {
-    /// The errno libibverbs reports: `EINVAL` for sizes, `EOPNOTSUPP` for unknown flags.
-    pub const fn errno(&self) -> i32 {
-        match self {
-            CreateError::ZeroSize | CreateError::TooLarge { .. } => libc_errno::EINVAL,
-            CreateError::UnsupportedFields(_) => libc_errno::EOPNOTSUPP,
-        }
-    }
-}
-
 /// Why a poll failed (`ibv_poll_cq(3)`: "On failure, a negative value is returned").
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum PollError {
@@ -41,13 +31,6 @@ pub enum PollError {
     /// used."
     #[error("the CQ overran and is in the error state")]
     Overrun,
-}
-
-impl PollError {
-    /// The errno the C side reports.
-    pub const fn errno(&self) -> i32 {
-        libc_errno::EIO
-    }
 }
 
 /// Why a producer could not add a completion.
@@ -88,17 +71,8 @@ pub enum ResizeError {
     InError,
 }
 
-impl ResizeError {
-    /// The errno libibverbs reports: `EINVAL` (or `EIO` for an errored CQ).
-    pub const fn errno(&self) -> i32 {
-        match self {
-            ResizeError::InError => libc_errno::EIO,
-            _ => libc_errno::EINVAL,
-        }
-    }
-}
-
-/// Why a CQ could not be destroyed yet (`ibv_destroy_cq(3)`).
+/// Why a CQ (`ibv_destroy_cq(3)`) or a completion channel (`ibv_destroy_comp_channel(3)`)
+/// could not be destroyed yet.
 #[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
 pub enum DestroyError {
     /// `ibv_destroy_cq(3)`: "fails if any queue pair is still associated with this CQ".
@@ -108,13 +82,10 @@ pub enum DestroyError {
     /// acknowledged". The non-waiting form refuses instead.
     #[error("{0} completion events were delivered but not acknowledged")]
     UnacknowledgedEvents(u64),
-}
-
-impl DestroyError {
-    /// The errno the C side reports: `EBUSY`.
-    pub const fn errno(&self) -> i32 {
-        libc_errno::EBUSY
-    }
+    /// `ibv_destroy_comp_channel(3)`: "fails if any CQs are still associated with the
+    /// completion event channel being destroyed".
+    #[error("{0} CQs still use this completion channel")]
+    CqsAttached(usize),
 }
 
 /// Reading a field the extended CQ was not asked for at creation (`ibv_create_cq_ex(3)`:
@@ -129,24 +100,4 @@ pub enum ModifyError {
     /// The CQ is in the error state.
     #[error("the CQ is in the error state")]
     InError,
-}
-
-/// The errno values this crate reports (Linux numbering).
-pub mod libc_errno {
-    /// Operation not permitted.
-    pub const EPERM: i32 = 1;
-    /// No such entry (empty CQ in extended polling).
-    pub const ENOENT: i32 = 2;
-    /// I/O error.
-    pub const EIO: i32 = 5;
-    /// Try again (non-blocking channel with no event).
-    pub const EAGAIN: i32 = 11;
-    /// Out of memory.
-    pub const ENOMEM: i32 = 12;
-    /// Resource busy.
-    pub const EBUSY: i32 = 16;
-    /// Invalid argument.
-    pub const EINVAL: i32 = 22;
-    /// Operation not supported.
-    pub const EOPNOTSUPP: i32 = 95;
 }

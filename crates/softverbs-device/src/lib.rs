@@ -60,7 +60,7 @@ pub mod udp;
 
 pub use device::{
     network_from_env, parse_faults, AddressHandle, Device, DeviceAttr, DeviceConfig, DeviceError,
-    FaultSetup, Network, NetworkKind, PdUser, PortAttr, FAULTS_ENV, NETWORK_ENV, PCAP_ENV,
+    FaultSetup, Network, NetworkKind, PortAttr, FAULTS_ENV, NETWORK_ENV, PCAP_ENV,
 };
 pub use events::{AsyncEvent, AsyncEventQueue};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};

@@ -5,13 +5,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 
 use crate::codec::{self, ParseError};
+use crate::error::{Capacity, Object, Queue, VerbsError};
 use crate::memory::Memory;
 use crate::output::{Completion, Counters, DropReason, Event, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
-use crate::types::{
-    AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId, VerbsError,
-};
+use crate::types::{AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId};
 use crate::wr::{RecvWr, SendWr};
 
 /// The queue-pair engine of one device: every QP and SRQ, no I/O.
@@ -89,22 +88,34 @@ impl Engine {
     /// `ibv_create_qp`: a new QP in RESET; returns its number.
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
         let c = &init.caps;
-        if c.max_send_wr > self.config.max_qp_wr || c.max_recv_wr > self.config.max_qp_wr {
-            return Err(VerbsError::InvalidArgument("queue depth above max_qp_wr"));
-        }
-        if c.max_send_sge > self.config.max_sge || c.max_recv_sge > self.config.max_sge {
-            return Err(VerbsError::InvalidArgument("sge count above max_sge"));
-        }
-        if c.max_inline_data > self.config.max_inline_data {
-            return Err(VerbsError::InvalidArgument(
-                "max_inline_data above the device limit",
-            ));
+        let limits = [
+            (
+                Capacity::QueueDepth,
+                c.max_send_wr.max(c.max_recv_wr),
+                self.config.max_qp_wr,
+            ),
+            (
+                Capacity::SgeCount,
+                c.max_send_sge.max(c.max_recv_sge),
+                self.config.max_sge,
+            ),
+            (
+                Capacity::InlineData,
+                c.max_inline_data,
+                self.config.max_inline_data,
+            ),
+        ];
+        for (what, requested, max) in limits {
+            if requested > max {
+                return Err(VerbsError::CapacityAboveLimit {
+                    what,
+                    requested,
+                    max,
+                });
+            }
         }
         if let Some(id) = init.srq {
-            self.srqs
-                .get_mut(&id.0)
-                .ok_or(VerbsError::NoSuchObject("srq"))?
-                .users += 1;
+            self.srqs.get_mut(&id.0).ok_or(no_srq(id))?.users += 1;
         }
         let mut qpn = self.next_qpn;
         while !(2..0xFF_FFFF).contains(&qpn) || self.qps.contains_key(&qpn) {
@@ -117,10 +128,7 @@ impl Engine {
 
     /// `ibv_destroy_qp`: forgets the QP (no completions are generated).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
-        let qp = self
-            .qps
-            .remove(&qpn)
-            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
         if let Some(id) = qp.init.srq {
             if let Some(srq) = self.srqs.get_mut(&id.0) {
                 srq.users -= 1;
@@ -139,16 +147,13 @@ impl Engine {
     /// `ibv_modify_qp`: checks the transition and attribute mask against
     /// `ibv_modify_qp(3)` and applies all of it or nothing.
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
-        let qp = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         qp.modify(attr, mask, &mut ctx!(self))
     }
 
     /// `ibv_query_qp`: current attributes (with `qp_state`) and creation parameters.
     pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpInit), VerbsError> {
-        let qp = self.qps.get(&qpn).ok_or(VerbsError::NoSuchObject("qp"))?;
+        let qp = self.qps.get(&qpn).ok_or(no_qp(qpn))?;
         Ok((qp.query(), qp.init))
     }
 
@@ -159,32 +164,37 @@ impl Engine {
 
     /// `ibv_post_send` (one work request; a list is a loop that stops at the first error).
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
-        let qp = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         qp.post_send(wr, &mut ctx!(self))
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
-        let qp = self
-            .qps
-            .get_mut(&qpn)
-            .ok_or(VerbsError::NoSuchObject("qp"))?;
+        let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         qp.post_recv(wr, &mut ctx!(self))
     }
 
     /// `ibv_create_srq`.
     pub fn create_srq(&mut self, init: SrqInit) -> Result<SrqId, VerbsError> {
         if init.max_wr == 0 || init.max_wr > self.config.max_qp_wr {
-            return Err(VerbsError::InvalidArgument("srq max_wr out of range"));
+            return Err(VerbsError::CapacityAboveLimit {
+                what: Capacity::SrqDepth,
+                requested: init.max_wr,
+                max: self.config.max_qp_wr,
+            });
         }
         if init.max_sge > self.config.max_sge {
-            return Err(VerbsError::InvalidArgument("srq max_sge above max_sge"));
+            return Err(VerbsError::CapacityAboveLimit {
+                what: Capacity::SrqSgeCount,
+                requested: init.max_sge,
+                max: self.config.max_sge,
+            });
         }
         if init.srq_limit > init.max_wr {
-            return Err(VerbsError::InvalidArgument("srq_limit above max_wr"));
+            return Err(VerbsError::SrqLimitAboveMaxWr {
+                srq_limit: init.srq_limit,
+                max_wr: init.max_wr,
+            });
         }
         let id = self.next_srq;
         self.next_srq += 1;
@@ -194,12 +204,12 @@ impl Engine {
 
     /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event (0 disarms).
     pub fn arm_srq_limit(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
-        let s = self
-            .srqs
-            .get_mut(&srq.0)
-            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        let s = self.srqs.get_mut(&srq.0).ok_or(no_srq(srq))?;
         if limit > s.max_wr {
-            return Err(VerbsError::InvalidArgument("srq_limit above max_wr"));
+            return Err(VerbsError::SrqLimitAboveMaxWr {
+                srq_limit: limit,
+                max_wr: s.max_wr,
+            });
         }
         s.limit = limit;
         Ok(())
@@ -207,26 +217,21 @@ impl Engine {
 
     /// `ibv_query_srq`: `(max_wr, max_sge, armed limit)`.
     pub fn query_srq(&self, srq: SrqId) -> Result<(u32, u32, u32), VerbsError> {
-        let s = self
-            .srqs
-            .get(&srq.0)
-            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        let s = self.srqs.get(&srq.0).ok_or(no_srq(srq))?;
         Ok((s.max_wr, s.max_sge, s.limit))
     }
 
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
-        let s = self
-            .srqs
-            .get_mut(&srq.0)
-            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        let s = self.srqs.get_mut(&srq.0).ok_or(no_srq(srq))?;
         if wr.sg_list.len() > s.max_sge as usize {
-            return Err(VerbsError::InvalidArgument(
-                "num_sge above the SRQ's max_sge",
-            ));
+            return Err(VerbsError::TooManySges {
+                num_sge: wr.sg_list.len(),
+                max: s.max_sge,
+            });
         }
         if s.wqes.len() >= s.max_wr as usize {
-            return Err(VerbsError::NoRoom("srq full"));
+            return Err(VerbsError::QueueFull { queue: Queue::Srq });
         }
         s.wqes.push_back(wr);
         Ok(())
@@ -234,12 +239,13 @@ impl Engine {
 
     /// `ibv_destroy_srq`: refused while QPs use it.
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
-        let s = self
-            .srqs
-            .get(&srq.0)
-            .ok_or(VerbsError::NoSuchObject("srq"))?;
+        let s = self.srqs.get(&srq.0).ok_or(no_srq(srq))?;
         if s.users > 0 {
-            return Err(VerbsError::Busy("srq still attached to QPs"));
+            return Err(VerbsError::InUse {
+                object: Object::Srq,
+                by: Object::Qp,
+                count: s.users,
+            });
         }
         self.srqs.remove(&srq.0);
         Ok(())
@@ -365,6 +371,22 @@ fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
         source[12..16].copy_from_slice(&grh[32..36]);
     }
     &source == dgid
+}
+
+/// The error for a QP number the engine does not know.
+fn no_qp(qpn: u32) -> VerbsError {
+    VerbsError::NoSuchObject {
+        object: Object::Qp,
+        id: qpn,
+    }
+}
+
+/// The error for an SRQ the engine does not know.
+fn no_srq(srq: SrqId) -> VerbsError {
+    VerbsError::NoSuchObject {
+        object: Object::Srq,
+        id: srq.0,
+    }
 }
 
 #[cfg(test)]
@@ -613,7 +635,12 @@ mod tests {
             &attr,
             AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT,
         );
-        assert_eq!(e.unwrap_err().errno(), 22);
+        assert_eq!(
+            e.unwrap_err(),
+            VerbsError::MissingAttributes {
+                missing: AttrMask::ACCESS_FLAGS
+            }
+        );
         // Extra QKEY (UD only).
         let all = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
         assert!(ep.modify_qp(qpn, &attr, all | AttrMask::QKEY).is_err());
@@ -733,7 +760,6 @@ mod tests {
                 table_len: 1
             }
         );
-        assert_eq!(refused.errno(), 22);
         assert_eq!(ep.qp_state(qpn), Some(QpState::Init));
         assert_eq!(ep.check_address_vector(&attr.ah_attr), Err(refused.clone()));
         attr.ah_attr.sgid_index = 0;

@@ -70,6 +70,7 @@
 mod codec;
 mod completer;
 mod engine;
+mod error;
 mod memory;
 mod output;
 mod psn;
@@ -81,6 +82,7 @@ mod types;
 mod wr;
 
 pub use engine::Engine;
+pub use error::{Capacity, Object, PostVerb, Queue, VerbsError};
 pub use memory::{
     access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
 };
@@ -88,6 +90,6 @@ pub use output::{Completion, Counters, CqTarget, DropReason, Event, Transmit};
 pub use srq::SrqInit;
 pub use types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
-    QpType, SrqId, VerbsError,
+    QpType, SrqId,
 };
 pub use wr::{Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};

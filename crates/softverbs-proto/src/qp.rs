@@ -8,11 +8,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use softverbs_cq::{WcOpcode, WcStatus, WorkCompletion};
 
+use crate::error::{PostVerb, Queue, VerbsError};
 use crate::output::{Completion, Counters, CqTarget, Event};
 use crate::psn::{self, PSN_MASK};
 use crate::srq::Srq;
 use crate::types::{
-    AccessFlags, AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, VerbsError,
+    AccessFlags, AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType,
 };
 use crate::wr::{Gather, RecvWr, SendOp, SendWr};
 
@@ -336,18 +337,22 @@ impl Qp {
         } else {
             cur
         };
-        let (required, optional) = transition_masks(self.init.qp_type, cur, next)
-            .ok_or(VerbsError::InvalidArgument("illegal state transition"))?;
+        let qp_type = self.init.qp_type;
+        let (required, optional) =
+            transition_masks(qp_type, cur, next).ok_or(VerbsError::IllegalTransition {
+                qp_type,
+                from: cur,
+                to: next,
+            })?;
         let given = mask - AttrMask::STATE;
         if !given.contains(required) {
-            return Err(VerbsError::InvalidArgument(
-                "required attribute missing from mask",
-            ));
+            return Err(VerbsError::MissingAttributes {
+                missing: required - given,
+            });
         }
-        if !(given - required - optional).is_empty() {
-            return Err(VerbsError::InvalidArgument(
-                "attribute not allowed in this transition",
-            ));
+        let extra = given - required - optional;
+        if !extra.is_empty() {
+            return Err(VerbsError::AttributesNotAllowed { extra });
         }
         self.validate_values(attr, mask, ctx.config)?;
 
@@ -434,58 +439,73 @@ impl Qp {
         config: &EngineConfig,
     ) -> Result<(), VerbsError> {
         let m = |f: AttrMask| mask.contains(f);
-        let bad = VerbsError::InvalidArgument;
         if m(AttrMask::CUR_STATE) && attr.cur_qp_state != self.state {
-            return Err(bad("cur_qp_state does not match the QP state"));
-        }
-        if m(AttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
-            return Err(bad("pkey_index out of range (one default partition)"));
+            return Err(VerbsError::CurrentStateMismatch {
+                given: attr.cur_qp_state,
+                actual: self.state,
+            });
         }
         if m(AttrMask::PORT) && attr.port_num != 1 {
-            return Err(bad("port_num out of range"));
+            return Err(VerbsError::NoSuchPort {
+                port: u32::from(attr.port_num),
+            });
         }
-        if m(AttrMask::ACCESS_FLAGS)
-            && !(attr.qp_access_flags
-                - (AccessFlags::LOCAL_WRITE
-                    | AccessFlags::REMOTE_WRITE
-                    | AccessFlags::REMOTE_READ
-                    | AccessFlags::REMOTE_ATOMIC))
-                .is_empty()
-        {
-            return Err(bad("unknown qp_access_flags"));
-        }
-        if m(AttrMask::PATH_MTU) && attr.path_mtu > config.port_mtu {
-            return Err(bad("path_mtu larger than the port's active MTU"));
+        let known = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        if m(AttrMask::ACCESS_FLAGS) && !(attr.qp_access_flags - known).is_empty() {
+            return Err(VerbsError::UnknownAccessFlags {
+                bits: attr.qp_access_flags.bits(),
+            });
         }
         if m(AttrMask::AV) {
             check_address_vector(&attr.ah_attr, config)?;
         }
-        if m(AttrMask::TIMEOUT) && attr.timeout > 31 {
-            return Err(bad("timeout > 31"));
-        }
-        if m(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
-            return Err(bad("retry_cnt > 7"));
-        }
-        if m(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
-            return Err(bad("rnr_retry > 7"));
-        }
-        if m(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
-            return Err(bad("min_rnr_timer > 31"));
-        }
-        if m(AttrMask::RQ_PSN) && attr.rq_psn > PSN_MASK {
-            return Err(bad("rq_psn wider than 24 bits"));
-        }
-        if m(AttrMask::SQ_PSN) && attr.sq_psn > PSN_MASK {
-            return Err(bad("sq_psn wider than 24 bits"));
-        }
-        if m(AttrMask::DEST_QPN) && attr.dest_qp_num > PSN_MASK {
-            return Err(bad("dest_qp_num wider than 24 bits"));
-        }
-        if m(AttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > config.max_qp_init_rd_atom {
-            return Err(bad("max_rd_atomic above the device limit"));
-        }
-        if m(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > config.max_qp_rd_atom {
-            return Err(bad("max_dest_rd_atomic above the device limit"));
+        // Each ranged attribute with its value and its largest allowed value: P_Key index
+        // 0 only (one default partition), the 5-bit timers, the 3-bit retry counts, 24-bit
+        // PSNs and QPN, the device's read/atomic limits, the port's active MTU.
+        let ranged = [
+            (AttrMask::PKEY_INDEX, u64::from(attr.pkey_index), 0),
+            (
+                AttrMask::PATH_MTU,
+                u64::from(attr.path_mtu as u32),
+                u64::from(config.port_mtu as u32),
+            ),
+            (AttrMask::TIMEOUT, u64::from(attr.timeout), 31),
+            (AttrMask::RETRY_CNT, u64::from(attr.retry_cnt), 7),
+            (AttrMask::RNR_RETRY, u64::from(attr.rnr_retry), 7),
+            (AttrMask::MIN_RNR_TIMER, u64::from(attr.min_rnr_timer), 31),
+            (
+                AttrMask::RQ_PSN,
+                u64::from(attr.rq_psn),
+                u64::from(PSN_MASK),
+            ),
+            (
+                AttrMask::SQ_PSN,
+                u64::from(attr.sq_psn),
+                u64::from(PSN_MASK),
+            ),
+            (
+                AttrMask::DEST_QPN,
+                u64::from(attr.dest_qp_num),
+                u64::from(PSN_MASK),
+            ),
+            (
+                AttrMask::MAX_QP_RD_ATOMIC,
+                u64::from(attr.max_rd_atomic),
+                u64::from(config.max_qp_init_rd_atom),
+            ),
+            (
+                AttrMask::MAX_DEST_RD_ATOMIC,
+                u64::from(attr.max_dest_rd_atomic),
+                u64::from(config.max_qp_rd_atom),
+            ),
+        ];
+        for (attr, value, max) in ranged {
+            if m(attr) && value > max {
+                return Err(VerbsError::AttributeOutOfRange { attr, value, max });
+            }
         }
         Ok(())
     }
@@ -498,12 +518,11 @@ impl Qp {
 
     /// `ibv_post_send`.
     pub fn post_send(&mut self, wr: SendWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
-        let bad = VerbsError::InvalidArgument;
-        match self.state {
-            QpState::Reset | QpState::Init | QpState::Rtr => {
-                return Err(bad("post_send before RTS"));
-            }
-            _ => {}
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::WrongState {
+                verb: PostVerb::Send,
+                state: self.state,
+            });
         }
         let qp_type = self.init.qp_type;
         let allowed = match wr.op {
@@ -516,43 +535,47 @@ impl Qp {
             }
         };
         if !allowed {
-            return Err(bad(
-                "opcode not supported by this QP type (ibv_post_send(3) table)",
-            ));
+            return Err(VerbsError::OpcodeNotForQpType {
+                opcode: wr.op.name(),
+                qp_type,
+            });
         }
+        let caps = &self.init.caps;
         match &wr.gather {
-            Gather::Sges(sges) => {
-                if sges.len() > self.init.caps.max_send_sge as usize {
-                    return Err(bad("num_sge above max_send_sge"));
-                }
+            Gather::Sges(sges) if sges.len() > caps.max_send_sge as usize => {
+                return Err(VerbsError::TooManySges {
+                    num_sge: sges.len(),
+                    max: caps.max_send_sge,
+                });
             }
-            Gather::Inline(data) => {
-                if data.len() > self.init.caps.max_inline_data as usize {
-                    return Err(bad("inline data above max_inline_data"));
-                }
-                if wr.op.is_read_or_atomic() {
-                    return Err(bad("IBV_SEND_INLINE is valid only for send and RDMA write"));
-                }
+            Gather::Inline(data) if data.len() > caps.max_inline_data as usize => {
+                return Err(VerbsError::InlineTooLong {
+                    len: data.len(),
+                    max: caps.max_inline_data,
+                });
             }
-        }
-        let len = wr.gather.len();
-        if len > 1 << 31 {
-            return Err(bad("message longer than 2^31 bytes"));
-        }
-        if wr.op.is_atomic() && len != 8 {
-            return Err(bad("atomic needs exactly 8 bytes of local buffer"));
-        }
-        match &wr.ud {
-            None if qp_type == QpType::Ud => return Err(bad("UD send without address handle")),
-            Some(ud) if qp_type == QpType::Ud && ud.pd != self.init.pd => {
-                return Err(bad(
-                    "address handle of another protection domain than the QP's",
-                ));
+            Gather::Inline(_) if wr.op.is_read_or_atomic() => {
+                return Err(VerbsError::InlineOnReadOrAtomic);
             }
             _ => {}
         }
-        if self.sq.len() >= self.init.caps.max_send_wr as usize {
-            return Err(VerbsError::NoRoom("send queue full"));
+        let len = wr.gather.len();
+        if len > 1 << 31 {
+            return Err(VerbsError::MessageTooLong { len });
+        }
+        if wr.op.is_atomic() && len != 8 {
+            return Err(VerbsError::AtomicLength { len });
+        }
+        match &wr.ud {
+            None if qp_type == QpType::Ud => return Err(VerbsError::MissingAddressHandle),
+            Some(ud) if qp_type == QpType::Ud && ud.pd != self.init.pd => {
+                return Err(VerbsError::AddressHandleOfAnotherPd);
+            }
+            Some(_) if qp_type != QpType::Ud => return Err(VerbsError::AddressHandleOnConnectedQp),
+            _ => {}
+        }
+        if self.sq.len() >= caps.max_send_wr as usize {
+            return Err(VerbsError::QueueFull { queue: Queue::Send });
         }
         let signaled = self.init.sq_sig_all || wr.flags.contains(crate::wr::SendFlags::SIGNALED);
         let wqe = SendWqe {
@@ -582,18 +605,24 @@ impl Qp {
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wr: RecvWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
         if self.init.srq.is_some() {
-            return Err(VerbsError::InvalidArgument(
-                "QP uses an SRQ: post to the SRQ",
-            ));
+            return Err(VerbsError::ReceivesFromSrq);
         }
         if self.state == QpState::Reset {
-            return Err(VerbsError::InvalidArgument("post_recv in RESET"));
+            return Err(VerbsError::WrongState {
+                verb: PostVerb::Recv,
+                state: self.state,
+            });
         }
         if wr.sg_list.len() > self.init.caps.max_recv_sge as usize {
-            return Err(VerbsError::InvalidArgument("num_sge above max_recv_sge"));
+            return Err(VerbsError::TooManySges {
+                num_sge: wr.sg_list.len(),
+                max: self.init.caps.max_recv_sge,
+            });
         }
         if self.rq.len() >= self.init.caps.max_recv_wr as usize {
-            return Err(VerbsError::NoRoom("receive queue full"));
+            return Err(VerbsError::QueueFull {
+                queue: Queue::Receive,
+            });
         }
         if self.state == QpState::Err {
             ctx.completions.push_back(recv_flush(self.qpn, wr.wr_id));
@@ -796,11 +825,13 @@ pub(crate) fn check_address_vector(
     config: &EngineConfig,
 ) -> Result<(), VerbsError> {
     if av.port_num > 1 {
-        return Err(VerbsError::InvalidArgument("ah_attr.port_num out of range"));
+        return Err(VerbsError::NoSuchPort {
+            port: u32::from(av.port_num),
+        });
     }
     if u32::from(av.sgid_index) >= config.gid_table_len {
         return Err(VerbsError::BadSgidIndex {
-            index: av.sgid_index,
+            index: u32::from(av.sgid_index),
             table_len: config.gid_table_len,
         });
     }

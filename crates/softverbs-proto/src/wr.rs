@@ -96,6 +96,20 @@ pub enum SendOp {
 }
 
 impl SendOp {
+    /// The `IBV_WR_*` name of the opcode.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            SendOp::Send => "IBV_WR_SEND",
+            SendOp::SendWithImm { .. } => "IBV_WR_SEND_WITH_IMM",
+            SendOp::SendWithInv { .. } => "IBV_WR_SEND_WITH_INV",
+            SendOp::RdmaWrite { .. } => "IBV_WR_RDMA_WRITE",
+            SendOp::RdmaWriteWithImm { .. } => "IBV_WR_RDMA_WRITE_WITH_IMM",
+            SendOp::RdmaRead { .. } => "IBV_WR_RDMA_READ",
+            SendOp::CompareSwap { .. } => "IBV_WR_ATOMIC_CMP_AND_SWP",
+            SendOp::FetchAdd { .. } => "IBV_WR_ATOMIC_FETCH_AND_ADD",
+        }
+    }
+
     /// RDMA read or atomic: takes one unit of the `max_rd_atomic` budget.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(

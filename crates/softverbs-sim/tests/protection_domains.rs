@@ -451,7 +451,7 @@ fn ud_send_with_address_handle_of_another_pd_is_refused_at_post() {
                 matches!(
                     refused,
                     Err(SimError {
-                        kind: SimErrorKind::Verb(VerbsError::InvalidArgument(_)),
+                        kind: SimErrorKind::Verb(VerbsError::AddressHandleOfAnotherPd),
                         ..
                     })
                 ),

@@ -1,9 +1,9 @@
 //! Address handles (`ibv_create_ah(3)`): where a UD send goes.
 
-use crate::error::CreateAhError;
+use crate::error::Error;
 use crate::pd::Pd;
-use softverbs_device::{DeviceError, Gid};
-use softverbs_proto::{AddressVector, VerbsError};
+use softverbs_device::Gid;
+use softverbs_proto::AddressVector;
 use std::sync::Arc;
 
 /// What an address handle points at (`struct ibv_ah_attr` on RoCEv2: always global).
@@ -57,11 +57,10 @@ impl AhAttr {
         self
     }
 
-    pub(crate) fn address_vector(&self) -> Result<AddressVector, CreateAhError> {
-        if self.port != 1 {
-            return Err(CreateAhError::NoSuchPort(self.port));
-        }
-        Ok(AddressVector {
+    /// The address vector, unchecked: the device checks it where it enters (an address
+    /// handle, a QP's path).
+    pub(crate) fn address_vector(&self) -> AddressVector {
+        AddressVector {
             dgid: self.gid.0,
             sgid_index: self.sgid_index,
             hop_limit: self.hop_limit,
@@ -70,7 +69,7 @@ impl AhAttr {
             sl: self.sl,
             port_num: self.port,
             is_global: true,
-        })
+        }
     }
 }
 
@@ -126,21 +125,15 @@ impl Ah {
 
 impl Pd {
     /// Creates an address handle (`ibv_create_ah(3)`).
-    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, CreateAhError> {
-        let av = attr.address_vector()?;
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah, Error> {
+        let av = attr.address_vector();
         // The device's rule, the one the drop-in's `ibv_create_ah` and every QP path get.
         let id = self
             .inner
             .ctx
             .inner
             .device
-            .create_ah(self.inner.handle, av)
-            .map_err(|e| match e {
-                DeviceError::Verbs(VerbsError::BadSgidIndex { index, .. }) => {
-                    CreateAhError::NoSuchGidIndex(index)
-                }
-                _ => CreateAhError::NoSuchPort(av.port_num),
-            })?;
+            .create_ah(self.inner.handle, av)?;
         Ok(Ah {
             handle: Arc::new(AhHandle {
                 pd: self.clone(),

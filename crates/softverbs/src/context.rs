@@ -5,7 +5,7 @@
 //! A [`Context`] is a cheap handle (an `Arc`): every object created from it holds one, so
 //! the device stays open until the last PD, MR, CQ, QP, SRQ and AH is gone.
 
-use crate::error::{EventError, OpenError, QueryPortError};
+use crate::error::Error;
 use softverbs_device::{
     network_from_env, AsyncEvent, Device, DeviceAttr, DeviceConfig, Gid, PortAttr,
 };
@@ -40,7 +40,7 @@ impl DeviceInfo {
     }
 
     /// Opens the device, as [`Context::open`].
-    pub fn open(&self) -> Result<Context, OpenError> {
+    pub fn open(&self) -> Result<Context, Error> {
         Context::open()
     }
 }
@@ -85,13 +85,13 @@ impl Context {
     /// ([`DeviceConfig::from_env`]): `SOFTVERBS_NETWORK=inprocess|udp` (default `udp`), for
     /// UDP `SOFTVERBS_ADDR` (`IP`, `IP:PORT` or `[IPv6]:PORT`; unset, the first free
     /// 127.0.0.x:4791), and `SOFTVERBS_PCAP` / `SOFTVERBS_FAULTS` on either network.
-    pub fn open() -> Result<Context, OpenError> {
-        network_from_env().map_err(OpenError::BadNetwork)?;
+    pub fn open() -> Result<Context, Error> {
+        network_from_env().map_err(Error::BadNetwork)?;
         Context::open_with(DeviceConfig::from_env()?)
     }
 
     /// Opens a device with an explicit configuration.
-    pub fn open_with(config: DeviceConfig) -> Result<Context, OpenError> {
+    pub fn open_with(config: DeviceConfig) -> Result<Context, Error> {
         let device = Device::open(config)?;
         Ok(Context {
             inner: Arc::new(ContextInner { device }),
@@ -124,11 +124,8 @@ impl Context {
     }
 
     /// A port's attributes (`ibv_query_port(3)`); only port 1 exists.
-    pub fn query_port(&self, port: u8) -> Result<PortAttr, QueryPortError> {
-        if port != 1 {
-            return Err(QueryPortError::NoSuchPort(port));
-        }
-        Ok(self.inner.device.query_port())
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, Error> {
+        Ok(self.inner.device.query_port(u32::from(port))?)
     }
 
     /// GID table entry `index` of port 1 (`ibv_query_gid(3)`); only index 0 exists.
@@ -144,7 +141,7 @@ impl Context {
 
     /// Waits for the next asynchronous event (`ibv_get_async_event(3)`). The event needs no
     /// acknowledgement: it is a value.
-    pub fn async_event(&self) -> Result<AsyncEvent, EventError> {
+    pub fn async_event(&self) -> Result<AsyncEvent, Error> {
         loop {
             if let Some(event) = self.inner.device.async_events().next(None)? {
                 return Ok(event);
@@ -158,7 +155,7 @@ impl Context {
     }
 
     /// Waits up to `timeout` for the next asynchronous event.
-    pub fn async_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent>, EventError> {
+    pub fn async_event_timeout(&self, timeout: Duration) -> Result<Option<AsyncEvent>, Error> {
         Ok(self.inner.device.async_events().next(Some(timeout))?)
     }
 

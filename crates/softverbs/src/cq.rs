@@ -18,13 +18,14 @@
 //! creation ([`CqBuilder::fields`]) can be read.
 
 use crate::context::{Context, ContextInner};
-use crate::error::{CreateCqError, DestroyChannelError, DestroyCqError, EventError, ModifyCqError};
+use crate::error::Error;
 use softverbs_cq::{
     AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqEvent, CqProducer, CqStats,
-    Moderation, OverrunPolicy, PollBatch, PollError, ResizeError, SingleThreadedCq, WcFields,
+    DestroyError, Moderation, OverrunPolicy, PollBatch, PollError, SingleThreadedCq, WcFields,
     WorkCompletion,
 };
 use softverbs_device::AsyncEvent;
+use softverbs_proto::Object;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -113,15 +114,17 @@ impl CqBuilder {
         self
     }
 
-    fn check(&self) -> Result<(), CreateCqError> {
+    fn check(&self) -> Result<(), Error> {
         match &self.channel {
-            Some(ch) if !ch.ctx.same(&self.ctx) => Err(CreateCqError::ForeignChannel),
+            Some(ch) if !ch.ctx.same(&self.ctx) => Err(Error::ForeignObject {
+                object: Object::Channel,
+            }),
             _ => Ok(()),
         }
     }
 
     /// Creates a thread-safe CQ.
-    pub fn build(self) -> Result<Cq, CreateCqError> {
+    pub fn build(self) -> Result<Cq, Error> {
         self.check()?;
         let cq = self.inner.build()?;
         Ok(Cq {
@@ -130,7 +133,7 @@ impl CqBuilder {
     }
 
     /// Creates a single-threaded CQ (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`).
-    pub fn build_single_threaded(self) -> Result<LocalCq, CreateCqError> {
+    pub fn build_single_threaded(self) -> Result<LocalCq, Error> {
         self.check()?;
         let cq = self.inner.build_single_threaded()?;
         Ok(LocalCq { ctx: self.ctx, cq })
@@ -199,8 +202,8 @@ macro_rules! cq_common {
         }
 
         /// Sets moderation (`ibv_modify_cq(3)`).
-        pub fn modify(&self, moderation: Moderation) -> Result<(), ModifyCqError> {
-            self.$($cq)+.modify(moderation)
+        pub fn modify(&self, moderation: Moderation) -> Result<(), Error> {
+            Ok(self.$($cq)+.modify(moderation)?)
         }
 
         /// Acknowledges `n` events taken with [`CqEvent::into_unacknowledged`]
@@ -251,8 +254,8 @@ impl Cq {
     }
 
     /// Resizes to at least `cqe` entries (`ibv_resize_cq(3)`); returns the new capacity.
-    pub fn resize(&self, cqe: u32) -> Result<u32, ResizeError> {
-        self.inner.cq.resize(cqe)
+    pub fn resize(&self, cqe: u32) -> Result<u32, Error> {
+        Ok(self.inner.cq.resize(cqe)?)
     }
 
     /// How many QP queues complete into this CQ (a QP using it for both its send and its
@@ -263,14 +266,14 @@ impl Cq {
 
     /// Destroys the CQ (`ibv_destroy_cq(3)`). Refused, with the CQ handed back, while a QP
     /// completes into it or an event it delivered is unacknowledged.
-    pub fn destroy(self) -> Result<(), (Cq, DestroyCqError)> {
+    pub fn destroy(self) -> Result<(), (Cq, Error)> {
         match Arc::try_unwrap(self.inner) {
             Err(inner) => {
                 let users = match inner.cq.attached_qps() {
                     0 => Arc::strong_count(&inner) - 1,
                     qps => qps,
                 };
-                Err((Cq { inner }, DestroyCqError::QueuePairsAttached(users)))
+                Err((Cq { inner }, DestroyError::QueuePairsAttached(users).into()))
             }
             Ok(CqInner { ctx, cq }) => cq.destroy().map_err(|(cq, e)| {
                 (
@@ -341,13 +344,13 @@ impl LocalCq {
     }
 
     /// Resizes, as [`Cq::resize`].
-    pub fn resize(&mut self, cqe: u32) -> Result<u32, ResizeError> {
-        self.cq.resize(cqe)
+    pub fn resize(&mut self, cqe: u32) -> Result<u32, Error> {
+        Ok(self.cq.resize(cqe)?)
     }
 
     /// Destroys the CQ, refused (CQ handed back) while a QP uses it or an event is
     /// unacknowledged.
-    pub fn destroy(self) -> Result<(), (LocalCq, DestroyCqError)> {
+    pub fn destroy(self) -> Result<(), (LocalCq, Error)> {
         let LocalCq { ctx, cq } = self;
         cq.destroy()
             .map_err(|(cq, e)| (LocalCq { ctx, cq }, e.into()))
@@ -437,7 +440,7 @@ impl std::fmt::Debug for CompChannel {
 }
 
 impl CompChannel {
-    pub(crate) fn new(ctx: &Context) -> Result<CompChannel, EventError> {
+    pub(crate) fn new(ctx: &Context) -> Result<CompChannel, Error> {
         let channel = CompletionChannel::new()?;
         // A thread blocked in get_event receives the device's packets itself (one wake-up
         // per event, not two). Weak: the channel must not keep the device open.
@@ -457,22 +460,22 @@ impl CompChannel {
 
     /// Waits for the next event (`ibv_get_cq_event(3)`); with the fd non-blocking, an
     /// empty channel gives `WouldBlock`.
-    pub fn get_event(&self) -> Result<CqEvent, EventError> {
+    pub fn get_event(&self) -> Result<CqEvent, Error> {
         Ok(self.channel.get_event()?)
     }
 
     /// Takes an event without waiting: `None` if none is queued.
-    pub fn try_get_event(&self) -> Result<Option<CqEvent>, EventError> {
+    pub fn try_get_event(&self) -> Result<Option<CqEvent>, Error> {
         Ok(self.channel.try_get_event()?)
     }
 
     /// Waits up to `timeout` for an event.
-    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CqEvent>, EventError> {
+    pub fn get_event_timeout(&self, timeout: Duration) -> Result<Option<CqEvent>, Error> {
         Ok(self.channel.get_event_timeout(timeout)?)
     }
 
     /// Sets or clears `O_NONBLOCK` on the channel's fd.
-    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<(), EventError> {
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<(), Error> {
         Ok(self.channel.set_nonblocking(nonblocking)?)
     }
 
@@ -503,10 +506,10 @@ impl CompChannel {
 
     /// Destroys this handle of the channel (`ibv_destroy_comp_channel(3)`), refused (the
     /// handle handed back) while a CQ uses the channel. The fd closes with the last handle.
-    pub fn destroy(self) -> Result<(), (CompChannel, DestroyChannelError)> {
-        match self.channel.attached_cqs() {
-            0 => Ok(()),
-            n => Err((self, DestroyChannelError::CqsAttached(n))),
+    pub fn destroy(self) -> Result<(), (CompChannel, Error)> {
+        match self.channel.check_unused() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e.into())),
         }
     }
 }
@@ -531,12 +534,12 @@ impl Context {
 
     /// Creates a thread-safe CQ of at least `cqe` entries with no channel
     /// (`ibv_create_cq(3)`).
-    pub fn create_cq(&self, cqe: u32) -> Result<Cq, CreateCqError> {
+    pub fn create_cq(&self, cqe: u32) -> Result<Cq, Error> {
         self.cq_builder(cqe).build()
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel(3)`).
-    pub fn create_comp_channel(&self) -> Result<CompChannel, EventError> {
+    pub fn create_comp_channel(&self) -> Result<CompChannel, Error> {
         CompChannel::new(self)
     }
 }

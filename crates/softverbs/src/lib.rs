@@ -97,11 +97,7 @@ mod wr;
 pub use ah::{Ah, AhAttr};
 pub use context::{devices, Context, DeviceInfo, NetworkKind, NETWORK_ENV};
 pub use cq::{AnyCq, CompChannel, Cq, CqBuilder, CqLinkHandle, LocalCq};
-pub use error::{
-    CreateAhError, CreateCqError, CreateQpError, DeregMrError, DestroyChannelError, DestroyCqError,
-    DestroyQpError, EventError, ModifyQpError, OpenError, PostError, QueryPortError, QueryQpError,
-    RangeError, RegMrError, SrqError,
-};
+pub use error::{Error, Object, RangeError, VerbsError};
 pub use mr::{Mr, MrSlice, ParseError, RemoteAddr, PAGE_SIZE};
 pub use pd::Pd;
 pub use qp::{InitAttr, Qp, QpBuilder, RemoteInfo, RtrAttr, RtsAttr};

@@ -11,10 +11,11 @@
 //! behaviour. The only `unsafe` is the registration itself
 //! ([`Device::reg_mr`](softverbs_device::Device::reg_mr)).
 //!
-//! Registration is refused as on a kernel device: length 0 ([`RegMrError::ZeroLength`],
-//! `EINVAL`), and past the process's `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`
-//! ([`RegMrError::Register`] holding
-//! [`RegisterError::OverMemlock`](softverbs_device::RegisterError::OverMemlock), `ENOMEM`):
+//! Registration is refused as on a kernel device: length 0
+//! ([`RegisterError::ZeroLength`](softverbs_device::RegisterError::ZeroLength), `EINVAL`),
+//! and past the process's `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`
+//! ([`RegisterError::OverMemlock`](softverbs_device::RegisterError::OverMemlock), `ENOMEM`),
+//! both inside [`Error::Register`](crate::Error::Register):
 //! the pages of every region count, page-rounded, until the region is dropped.
 //!
 //! Dropping an `Mr` first deregisters it, then frees the buffer. Every device access goes
@@ -25,9 +26,10 @@
 //! Work requests name memory as [`MrSlice`]s (`mr.slice(range)`), checked against the
 //! region when they are made, and remote memory as a [`RemoteAddr`].
 
-use crate::error::{DeregMrError, RangeError, RegMrError};
+use crate::error::{Error, RangeError};
 use crate::pd::Pd;
 use softverbs_device::{DeviceError, Region};
+use softverbs_proto::VerbsError;
 use softverbs_proto::{AccessFlags, Sge};
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
@@ -98,11 +100,10 @@ impl fmt::Debug for Mr {
 }
 
 impl Mr {
-    pub(crate) fn register(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr, RegMrError> {
-        if len == 0 {
-            return Err(RegMrError::ZeroLength);
-        }
-        let pages = allocate(len).ok_or(RegMrError::NoMemory(len))?;
+    pub(crate) fn register(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr, Error> {
+        // A zero length is the device's to refuse (`RegisterError::ZeroLength`); the buffer
+        // has a page all the same.
+        let pages = allocate(len.max(1)).ok_or(Error::NoMemory { bytes: len })?;
         let addr = pages.as_ptr().expose_provenance();
         // SAFETY: `addr .. addr + len` lies in `pages`, a heap allocation owned by the `Mr`
         // built below, which never moves or resizes it and drops it only after
@@ -302,18 +303,18 @@ impl Mr {
 
     /// Deregisters the region (`ibv_dereg_mr(3)`) and frees its buffer. Dropping does the
     /// same, ignoring the outcome.
-    pub fn dereg(mut self) -> Result<(), DeregMrError> {
+    pub fn dereg(mut self) -> Result<(), Error> {
         self.deregister_and_free()
     }
 
-    fn deregister_and_free(&mut self) -> Result<(), DeregMrError> {
+    fn deregister_and_free(&mut self) -> Result<(), Error> {
         if !self.registered {
             return Ok(());
         }
         match self.pd.inner.ctx.inner.device.dereg_mr(self.region.lkey) {
             // Deregistered now, or (NoSuch) no longer known to the device: either way the
             // device no longer reaches the buffer, which may be freed with the `Mr`.
-            Ok(_) | Err(DeviceError::NoSuch(_)) => {
+            Ok(_) | Err(DeviceError::Verbs(VerbsError::NoSuchObject { .. })) => {
                 self.registered = false;
                 Ok(())
             }
@@ -461,13 +462,6 @@ pub struct ParseError {
     pub text: String,
 }
 
-impl ParseError {
-    /// The errno the C side reports: `EINVAL`.
-    pub const fn errno(&self) -> i32 {
-        22
-    }
-}
-
 impl FromStr for RemoteAddr {
     type Err = ParseError;
 
@@ -487,7 +481,7 @@ impl FromStr for RemoteAddr {
 impl Pd {
     /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it with
     /// `access` (`ibv_reg_mr(3)`). `REMOTE_WRITE` and `REMOTE_ATOMIC` need `LOCAL_WRITE`.
-    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, RegMrError> {
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
         Mr::register(self, len, access)
     }
 }

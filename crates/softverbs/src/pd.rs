@@ -62,10 +62,6 @@ impl Pd {
     pub fn handle(&self) -> u32 {
         self.inner.handle
     }
-
-    pub(crate) fn same(&self, other: &Pd) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
 }
 
 impl Context {

@@ -9,14 +9,14 @@
 //! mask. A bad attribute, mask or transition is an error value.
 
 use crate::cq::{AnyCq, CqLink};
-use crate::error::{CreateQpError, DestroyQpError, ModifyQpError, PostError, QueryQpError};
+use crate::error::Error;
 use crate::mr::ParseError;
 use crate::pd::Pd;
 use crate::srq::{Srq, SrqInner};
 use crate::wr::{RecvRequest, SendRequest};
-use softverbs_device::{DeviceError, Gid};
+use softverbs_device::Gid;
 use softverbs_proto::{
-    AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, VerbsError,
+    AccessFlags, AddressVector, AttrMask, Mtu, Object, QpAttr, QpCaps, QpInit, QpState, QpType,
 };
 use std::fmt;
 use std::net::IpAddr;
@@ -102,17 +102,16 @@ impl QpBuilder {
     }
 
     /// Creates the QP, in RESET.
-    pub fn build(self) -> Result<Qp, CreateQpError> {
+    pub fn build(self) -> Result<Qp, Error> {
         let ctx = &self.pd.inner.ctx;
-        if !self.send_cq.ctx.same(ctx) {
-            return Err(CreateQpError::ForeignObject("send CQ"));
-        }
-        if !self.recv_cq.ctx.same(ctx) {
-            return Err(CreateQpError::ForeignObject("receive CQ"));
+        if !self.send_cq.ctx.same(ctx) || !self.recv_cq.ctx.same(ctx) {
+            return Err(Error::ForeignObject { object: Object::Cq });
         }
         if let Some(srq) = &self.srq {
-            if !srq.pd.same(&self.pd) {
-                return Err(CreateQpError::ForeignObject("SRQ (of another PD)"));
+            if !srq.pd.inner.ctx.same(ctx) {
+                return Err(Error::ForeignObject {
+                    object: Object::Srq,
+                });
             }
         }
         let qpn = ctx.inner.device.create_qp(
@@ -491,30 +490,28 @@ impl Qp {
             qpn: self.qpn,
             psn: psn & 0xff_ffff,
             gid: ctx.gid(0).unwrap_or(Gid([0; 16])),
-            mtu: self.device().query_port().active_mtu,
+            mtu: self.device().port_attr().active_mtu,
         }
     }
 
     /// The current state.
-    pub fn state(&self) -> Result<QpState, QueryQpError> {
-        self.device().qp_state(self.qpn).ok_or(QueryQpError::Verbs(
-            softverbs_proto::VerbsError::NoSuchObject("qp"),
-        ))
+    pub fn state(&self) -> Result<QpState, Error> {
+        Ok(self.device().query_qp(self.qpn)?.0.qp_state)
     }
 
     /// The attributes and creation parameters (`ibv_query_qp(3)`).
-    pub fn query(&self) -> Result<(QpAttr, QpInit), QueryQpError> {
+    pub fn query(&self) -> Result<(QpAttr, QpInit), Error> {
         Ok(self.device().query_qp(self.qpn)?)
     }
 
     /// Any transition with any attributes (`ibv_modify_qp(3)`): `mask` says which fields
     /// of `attr` apply.
-    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<(), ModifyQpError> {
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<(), Error> {
         Ok(self.device().modify_qp(self.qpn, attr, mask)?)
     }
 
     /// RESET → INIT.
-    pub fn to_init(&self, attr: impl Into<InitAttr>) -> Result<(), ModifyQpError> {
+    pub fn to_init(&self, attr: impl Into<InitAttr>) -> Result<(), Error> {
         let attr = attr.into();
         let qp_attr = QpAttr {
             qp_state: QpState::Init,
@@ -533,7 +530,7 @@ impl Qp {
     }
 
     /// INIT → RTR. The path MTU is the smaller of the peer's and this port's.
-    pub fn to_rtr(&self, attr: impl Into<RtrAttr>) -> Result<(), ModifyQpError> {
+    pub fn to_rtr(&self, attr: impl Into<RtrAttr>) -> Result<(), Error> {
         let attr = attr.into();
         let mut qp_attr = QpAttr {
             qp_state: QpState::Rtr,
@@ -541,8 +538,8 @@ impl Qp {
         };
         let mut mask = AttrMask::STATE;
         if self.init.qp_type != QpType::Ud {
-            let remote = attr.remote.ok_or(ModifyQpError::MissingRemote)?;
-            qp_attr.path_mtu = remote.mtu.min(self.device().query_port().active_mtu);
+            let remote = attr.remote.ok_or(Error::MissingRemote)?;
+            qp_attr.path_mtu = remote.mtu.min(self.device().port_attr().active_mtu);
             qp_attr.dest_qp_num = remote.qpn;
             qp_attr.rq_psn = remote.psn;
             qp_attr.ah_attr = AddressVector {
@@ -564,7 +561,7 @@ impl Qp {
     }
 
     /// RTR → RTS.
-    pub fn to_rts(&self, attr: impl Into<RtsAttr>) -> Result<(), ModifyQpError> {
+    pub fn to_rts(&self, attr: impl Into<RtsAttr>) -> Result<(), Error> {
         let attr = attr.into();
         let qp_attr = QpAttr {
             qp_state: QpState::Rts,
@@ -586,16 +583,16 @@ impl Qp {
     }
 
     /// Any state → ERR: outstanding work requests are flushed (`IBV_WC_WR_FLUSH_ERR`).
-    pub fn to_error(&self) -> Result<(), ModifyQpError> {
+    pub fn to_error(&self) -> Result<(), Error> {
         self.to_state(QpState::Err)
     }
 
     /// Any state → RESET: queues emptied, attributes forgotten.
-    pub fn to_reset(&self) -> Result<(), ModifyQpError> {
+    pub fn to_reset(&self) -> Result<(), Error> {
         self.to_state(QpState::Reset)
     }
 
-    fn to_state(&self, state: QpState) -> Result<(), ModifyQpError> {
+    fn to_state(&self, state: QpState) -> Result<(), Error> {
         let attr = QpAttr {
             qp_state: state,
             ..QpAttr::default()
@@ -604,33 +601,12 @@ impl Qp {
     }
 
     /// Posts a send work request (`ibv_post_send(3)`).
-    pub fn post_send(&self, wr: SendRequest) -> Result<(), PostError> {
-        let qp_type = self.init.qp_type;
-        match (qp_type, wr.wr.ud.is_some()) {
-            (QpType::Ud, false) => {
-                return Err(PostError::InvalidRequest(
-                    "a UD send needs a destination (SendRequest::to)",
-                ))
-            }
-            (QpType::Rc | QpType::Uc, true) => {
-                return Err(PostError::InvalidRequest(
-                    "a connected QP's sends take no UD destination",
-                ))
-            }
-            _ => {}
-        }
-        // The engine checks the rest, as it does for the drop-in: which opcodes the QP type
-        // takes, inline only on sends and writes, an atomic's 8 bytes, the AH's protection
-        // domain (IBTA 10.2.3), the SGE count, the QP's state. A request it finds invalid is
-        // `InvalidRequest` here.
-        self.device()
-            .post_send(self.qpn, wr.wr)
-            .map_err(|e| match e {
-                DeviceError::Verbs(VerbsError::InvalidArgument(why)) => {
-                    PostError::InvalidRequest(why)
-                }
-                other => other.into(),
-            })
+    pub fn post_send(&self, wr: SendRequest) -> Result<(), Error> {
+        // The engine checks everything, as it does for the drop-in: which opcodes the QP
+        // type takes, a UD send's address handle and its protection domain (IBTA 10.2.3),
+        // inline only on sends and writes, an atomic's 8 bytes, the SGE count, the QP's
+        // state.
+        Ok(self.device().post_send(self.qpn, wr.wr)?)
     }
 
     /// Posts several send work requests in order, stopping at the first refused
@@ -638,7 +614,7 @@ impl Qp {
     pub fn post_send_all(
         &self,
         wrs: impl IntoIterator<Item = SendRequest>,
-    ) -> Result<(), (usize, PostError)> {
+    ) -> Result<(), (usize, Error)> {
         for (i, wr) in wrs.into_iter().enumerate() {
             self.post_send(wr).map_err(|e| (i, e))?;
         }
@@ -647,18 +623,13 @@ impl Qp {
 
     /// Posts a receive work request (`ibv_post_recv(3)`). A QP with an SRQ takes its
     /// receives from the SRQ instead.
-    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError> {
-        if self.init.srq.is_some() {
-            return Err(PostError::InvalidRequest(
-                "this QP receives from its SRQ (Srq::post_recv)",
-            ));
-        }
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), Error> {
         Ok(self.device().post_recv(self.qpn, wr.wr)?)
     }
 
     /// Destroys the QP (`ibv_destroy_qp(3)`), handing it back on failure; dropping it does
     /// the same, ignoring the outcome. Its CQs and SRQ may be destroyed afterwards.
-    pub fn destroy(mut self) -> Result<(), (Qp, DestroyQpError)> {
+    pub fn destroy(mut self) -> Result<(), (Qp, Error)> {
         match self.device().destroy_qp(self.qpn) {
             Ok(()) => {
                 self.live = false;

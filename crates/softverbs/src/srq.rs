@@ -1,9 +1,10 @@
 //! Shared receive queues (`ibv_create_srq(3)`, `ibv_modify_srq(3)`,
 //! `ibv_post_srq_recv(3)`, `ibv_destroy_srq(3)`).
 
-use crate::error::{PostError, SrqError};
+use crate::error::Error;
 use crate::pd::Pd;
 use crate::wr::RecvRequest;
+use softverbs_proto::{Object, VerbsError};
 use softverbs_proto::{SrqId, SrqInit};
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ impl Srq {
     }
 
     /// Posts a receive (`ibv_post_srq_recv(3)`).
-    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), PostError> {
+    pub fn post_recv(&self, wr: RecvRequest) -> Result<(), Error> {
         Ok(self
             .inner
             .pd
@@ -71,7 +72,7 @@ impl Srq {
 
     /// Arms the limit event (`ibv_modify_srq(3)` with `IBV_SRQ_LIMIT`): when fewer than
     /// `limit` receives remain, `SrqLimitReached` is raised once (0 disarms).
-    pub fn arm_limit(&self, limit: u32) -> Result<(), SrqError> {
+    pub fn arm_limit(&self, limit: u32) -> Result<(), Error> {
         Ok(self
             .inner
             .pd
@@ -84,12 +85,17 @@ impl Srq {
 
     /// Destroys the SRQ (`ibv_destroy_srq(3)`), refused (handed back) while a QP or another
     /// handle holds it.
-    pub fn destroy(self) -> Result<(), (Srq, SrqError)> {
+    pub fn destroy(self) -> Result<(), (Srq, Error)> {
         match Arc::try_unwrap(self.inner) {
-            Err(inner) => Err((
-                Srq { inner },
-                SrqError::Verbs(softverbs_proto::VerbsError::Busy("SRQ in use by a QP")),
-            )),
+            Err(inner) => {
+                let holders = Arc::strong_count(&inner) - 1;
+                let in_use = VerbsError::InUse {
+                    object: Object::Srq,
+                    by: Object::Qp,
+                    count: u32::try_from(holders).unwrap_or(u32::MAX),
+                };
+                Err((Srq { inner }, in_use.into()))
+            }
             Ok(mut inner) => match inner.pd.inner.ctx.inner.device.destroy_srq(inner.id) {
                 Ok(()) => {
                     inner.live = false;
@@ -108,7 +114,7 @@ impl Srq {
 
 impl Pd {
     /// Creates a shared receive queue (`ibv_create_srq(3)`).
-    pub fn create_srq(&self, init: SrqInit) -> Result<Srq, SrqError> {
+    pub fn create_srq(&self, init: SrqInit) -> Result<Srq, Error> {
         let id = self
             .inner
             .ctx

@@ -14,7 +14,7 @@
 
 use crate::context::Context;
 use crate::cq::CompChannel;
-use crate::error::EventError;
+use crate::error::Error;
 use softverbs_cq::{CompletionChannel, CqEvent};
 use softverbs_device::AsyncEvent;
 use std::io;
@@ -61,7 +61,7 @@ impl std::fmt::Debug for AsyncCompChannel {
 
 impl AsyncCompChannel {
     /// Registers `channel`'s fd with the current tokio runtime.
-    pub fn new(channel: &CompChannel) -> Result<Self, EventError> {
+    pub fn new(channel: &CompChannel) -> Result<Self, Error> {
         channel.set_nonblocking(true)?;
         // SAFETY: the fd is the channel's eventfd, an `OwnedFd` inside the channel's shared
         // state, which the `CompletionChannel` clone moved into the `AsyncFd` keeps alive
@@ -84,7 +84,7 @@ impl AsyncCompChannel {
 
     /// Waits for the next completion event. Cancellation-safe: a dropped call took no
     /// event.
-    pub async fn next_event(&self) -> Result<CqEvent, EventError> {
+    pub async fn next_event(&self) -> Result<CqEvent, Error> {
         loop {
             let mut guard = self.fd.readable().await?;
             // `get_event` on the non-blocking fd: an event, or `WouldBlock` (which makes
@@ -98,11 +98,11 @@ impl AsyncCompChannel {
 
     /// The poll-function form of [`AsyncCompChannel::next_event`]: `Ready` with an event
     /// or an error, or `Pending` with `cx` registered for the next readiness.
-    pub fn poll_next_event(&self, cx: &mut TaskContext<'_>) -> Poll<Result<CqEvent, EventError>> {
+    pub fn poll_next_event(&self, cx: &mut TaskContext<'_>) -> Poll<Result<CqEvent, Error>> {
         loop {
             let mut guard = ready!(self.fd.poll_read_ready(cx))?;
             match guard.try_io(|fd| fd.get_ref().get_event()) {
-                Ok(result) => return Poll::Ready(result.map_err(EventError::from)),
+                Ok(result) => return Poll::Ready(result.map_err(Error::from)),
                 Err(_would_block) => continue,
             }
         }
@@ -146,7 +146,7 @@ impl std::fmt::Debug for AsyncEvents {
 
 impl AsyncEvents {
     /// Registers the device's async event fd with the current tokio runtime.
-    pub fn new(ctx: &Context) -> Result<Self, EventError> {
+    pub fn new(ctx: &Context) -> Result<Self, Error> {
         // SAFETY: the fd is the device's async eventfd, an `OwnedFd` inside the device,
         // which the `Context` moved into the `AsyncFd` keeps open and never replaces until
         // the `AsyncFd` is dropped; `as_raw_fd` always returns it.
@@ -159,7 +159,7 @@ impl AsyncEvents {
     }
 
     /// Waits for the next asynchronous event. Cancellation-safe.
-    pub async fn next_event(&self) -> Result<AsyncEvent, EventError> {
+    pub async fn next_event(&self) -> Result<AsyncEvent, Error> {
         loop {
             let mut guard = self.fd.readable().await?;
             let taken = guard.try_io(|fd| {
@@ -176,10 +176,7 @@ impl AsyncEvents {
     }
 
     /// The poll-function form of [`AsyncEvents::next_event`].
-    pub fn poll_next_event(
-        &self,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Result<AsyncEvent, EventError>> {
+    pub fn poll_next_event(&self, cx: &mut TaskContext<'_>) -> Poll<Result<AsyncEvent, Error>> {
         loop {
             let mut guard = ready!(self.fd.poll_read_ready(cx))?;
             let taken = guard.try_io(|fd| {
@@ -189,7 +186,7 @@ impl AsyncEvents {
                     .ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))
             });
             match taken {
-                Ok(result) => return Poll::Ready(result.map_err(EventError::from)),
+                Ok(result) => return Poll::Ready(result.map_err(Error::from)),
                 Err(_would_block) => continue,
             }
         }

@@ -26,7 +26,7 @@ fn open_follows_softverbs_network_and_softverbs_addr() {
     std::env::set_var(NETWORK_ENV, "carrier-pigeon");
     assert_eq!(devices()[0].network(), None);
     let e = Context::open().unwrap_err();
-    assert!(matches!(e, OpenError::BadNetwork(_)));
+    assert!(matches!(e, Error::BadNetwork(_)));
     assert_eq!(e.errno(), 22);
 
     std::env::set_var(NETWORK_ENV, "udp");

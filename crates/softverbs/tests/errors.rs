@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use softverbs::error::{Capacity, CqCreateError, RegisterError};
 use softverbs::*;
 
 const EINVAL: i32 = 22;
@@ -16,36 +17,55 @@ const EINVAL: i32 = 22;
 fn illegal_transitions_and_masks_are_einval() {
     let s = side(in_process(), QpType::Rc);
     let e = s.qp.to_rts(RtsAttr::new(0)).unwrap_err();
-    assert!(matches!(e, ModifyQpError::Verbs(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Verbs(VerbsError::IllegalTransition {
+                from: QpState::Reset,
+                to: QpState::Rts,
+                ..
+            })
+        ),
+        "{e}"
+    );
     assert_eq!(e.errno(), EINVAL);
     assert_eq!(s.qp.state().unwrap(), QpState::Reset);
 
     s.qp.to_init(AccessFlags::empty()).unwrap();
     // RTR of an RC QP needs the peer.
     let e = s.qp.to_rtr(RtrAttr::datagram()).unwrap_err();
-    assert!(matches!(e, ModifyQpError::MissingRemote));
+    assert!(matches!(e, Error::MissingRemote));
     assert_eq!(e.errno(), EINVAL);
     // RTR with only the state: the required attributes are missing.
     let attr = QpAttr {
         qp_state: QpState::Rtr,
         ..QpAttr::default()
     };
-    assert_eq!(
-        s.qp.modify(&attr, AttrMask::STATE).unwrap_err().errno(),
-        EINVAL
+    let e = s.qp.modify(&attr, AttrMask::STATE).unwrap_err();
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::MissingAttributes { .. })),
+        "{e}"
     );
+    assert_eq!(e.errno(), EINVAL);
     // Q_Key is not an RC attribute.
     let attr = QpAttr {
         qp_state: QpState::Init,
         qkey: 5,
         ..QpAttr::default()
     };
-    assert_eq!(
+    let e =
         s.qp.modify(&attr, AttrMask::STATE | AttrMask::QKEY)
-            .unwrap_err()
-            .errno(),
-        EINVAL
+            .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Verbs(VerbsError::AttributesNotAllowed {
+                extra: AttrMask::QKEY
+            })
+        ),
+        "{e}"
     );
+    assert_eq!(e.errno(), EINVAL);
     // Out-of-range codes.
     let info = s.qp.local_info(0);
     assert!(s.qp.to_rtr(RtrAttr::from(info).min_rnr_timer(32)).is_err());
@@ -55,13 +75,12 @@ fn illegal_transitions_and_masks_are_einval() {
         .is_err());
     // Port 2 does not exist.
     let ud = side(in_process(), QpType::Ud);
-    assert_eq!(
-        ud.qp
-            .to_init(InitAttr::default().port(2))
-            .unwrap_err()
-            .errno(),
-        EINVAL
+    let e = ud.qp.to_init(InitAttr::default().port(2)).unwrap_err();
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::NoSuchPort { port: 2 })),
+        "{e}"
     );
+    assert_eq!(e.errno(), EINVAL);
     // Still fine afterwards.
     s.qp.to_rtr(info).unwrap();
     assert_eq!(s.qp.state().unwrap(), QpState::Rtr);
@@ -79,6 +98,16 @@ fn oversized_qp_capacities_are_refused() {
         .max_send_wr(max.max_qp_wr + 1)
         .build()
         .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Verbs(VerbsError::CapacityAboveLimit {
+                what: Capacity::QueueDepth,
+                ..
+            })
+        ),
+        "{e}"
+    );
     assert_eq!(e.errno(), EINVAL, "{e}");
     let e = pd
         .qp_builder(QpType::Rc, &cq, &cq)
@@ -92,7 +121,8 @@ fn oversized_qp_capacities_are_refused() {
         .qp_builder(QpType::Rc, &foreign, &cq)
         .build()
         .unwrap_err();
-    assert!(matches!(e, CreateQpError::ForeignObject(_)));
+    assert!(matches!(e, Error::ForeignObject { object: Object::Cq }));
+    assert_eq!(e.errno(), EINVAL);
 }
 
 /// `ibv_reg_mr(3)`: "IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC requires
@@ -103,14 +133,26 @@ fn bad_registrations_and_ranges_are_errors() {
     let ctx = in_process();
     let pd = ctx.alloc_pd();
     let e = pd.reg_mr(4096, AccessFlags::REMOTE_WRITE).unwrap_err();
-    assert!(matches!(e, RegMrError::Register(_)), "{e}");
-    assert_eq!(e.errno(), EINVAL);
-    assert_eq!(
-        pd.reg_mr(0, AccessFlags::empty()).unwrap_err().errno(),
-        EINVAL
+    assert!(
+        matches!(e, Error::Register(RegisterError::MissingLocalWrite)),
+        "{e}"
     );
+    assert_eq!(e.errno(), EINVAL);
+    let e = pd.reg_mr(0, AccessFlags::empty()).unwrap_err();
+    assert!(
+        matches!(e, Error::Register(RegisterError::ZeroLength)),
+        "{e}"
+    );
+    assert_eq!(e.errno(), EINVAL);
     let mr = pd.reg_mr(100, AccessFlags::LOCAL_WRITE).unwrap();
-    assert_eq!(mr.write_at(99, b"ab").unwrap_err().errno(), EINVAL);
+    assert_eq!(
+        mr.write_at(99, b"ab").unwrap_err(),
+        RangeError {
+            start: 99,
+            end: 101,
+            len: 100
+        }
+    );
     assert!(mr.read_at(usize::MAX, &mut [0u8; 2]).is_err());
     assert!(mr.slice(50..101).is_err());
     #[allow(clippy::reversed_empty_ranges)]
@@ -133,30 +175,56 @@ fn invalid_work_requests_are_refused_at_post() {
             1,
         ))
         .unwrap_err();
-    assert!(matches!(e, PostError::InvalidRequest(_)));
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::AtomicLength { len: 4 })),
+        "{e}"
+    );
     assert_eq!(e.errno(), EINVAL);
     // A connected QP takes no UD destination.
     let ah = a.pd.create_ah(&AhAttr::new(b.ctx.gid(0).unwrap())).unwrap();
     let e =
         a.qp.post_send(SendRequest::send_inline(2, b"x").to(&ah, 5, 5))
             .unwrap_err();
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::AddressHandleOnConnectedQp)),
+        "{e}"
+    );
     assert_eq!(e.errno(), EINVAL);
     // Too many SGEs for the QP.
     let many: Vec<MrSlice<'_>> = (0..64).map(|i| a.mr.slice(i..i + 1).unwrap()).collect();
     let e = a.qp.post_send(SendRequest::send(3, &many)).unwrap_err();
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::TooManySges { num_sge: 64, .. })),
+        "{e}"
+    );
     assert_eq!(e.errno(), EINVAL, "{e}");
     // A UD QP needs a destination, and takes no reads.
     let ud = side(in_process(), QpType::Ud);
+    ud.qp.to_init(InitAttr::default()).unwrap();
+    ud.qp.to_rtr(RtrAttr::datagram()).unwrap();
+    ud.qp.to_rts(RtsAttr::new(0)).unwrap();
     let e = ud
         .qp
         .post_send(SendRequest::send_inline(4, b"x"))
         .unwrap_err();
-    assert!(matches!(e, PostError::InvalidRequest(_)));
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::MissingAddressHandle)),
+        "{e}"
+    );
     let e = ud
         .qp
         .post_send(SendRequest::read(5, &[ud.mr.slice(0..8).unwrap()], b.mr.remote()).to(&ah, 1, 1))
         .unwrap_err();
-    assert!(matches!(e, PostError::InvalidRequest(_)));
+    assert!(
+        matches!(
+            e,
+            Error::Verbs(VerbsError::OpcodeNotForQpType {
+                opcode: "IBV_WR_RDMA_READ",
+                qp_type: QpType::Ud
+            })
+        ),
+        "{e}"
+    );
     // Nothing was posted: no completion comes.
     assert_nothing_for(&a.cq, std::time::Duration::from_millis(20));
 }
@@ -165,13 +233,22 @@ fn invalid_work_requests_are_refused_at_post() {
 #[test]
 fn bad_cq_sizes_are_einval() {
     let ctx = in_process();
-    assert_eq!(ctx.create_cq(0).unwrap_err().errno(), EINVAL);
-    assert_eq!(ctx.create_cq(u32::MAX).unwrap_err().errno(), EINVAL);
+    let e = ctx.create_cq(0).unwrap_err();
+    assert!(matches!(e, Error::CqCreate(CqCreateError::ZeroSize)), "{e}");
+    assert_eq!(e.errno(), EINVAL);
+    let e = ctx.create_cq(u32::MAX).unwrap_err();
+    assert!(
+        matches!(e, Error::CqCreate(CqCreateError::TooLarge { .. })),
+        "{e}"
+    );
+    assert_eq!(e.errno(), EINVAL);
     // A channel of another context is refused.
     let channel = in_process().create_comp_channel().unwrap();
     assert!(matches!(
         ctx.cq_builder(8).channel(&channel).build(),
-        Err(CreateCqError::ForeignChannel)
+        Err(Error::ForeignObject {
+            object: Object::Channel
+        })
     ));
 }
 
@@ -179,12 +256,28 @@ fn bad_cq_sizes_are_einval() {
 #[test]
 fn nonexistent_ports_and_gid_indexes_are_einval() {
     let ctx = in_process();
-    assert_eq!(ctx.query_port(2).unwrap_err().errno(), EINVAL);
+    let e = ctx.query_port(2).unwrap_err();
+    assert!(
+        matches!(e, Error::Verbs(VerbsError::NoSuchPort { port: 2 })),
+        "{e}"
+    );
+    assert_eq!(e.errno(), EINVAL);
     assert!(ctx.gid(1).is_none());
     let pd = ctx.alloc_pd();
     let mut attr = AhAttr::new(ctx.gid(0).unwrap());
     attr.sgid_index = 3;
-    assert_eq!(pd.create_ah(&attr).unwrap_err().errno(), EINVAL);
+    let e = pd.create_ah(&attr).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Verbs(VerbsError::BadSgidIndex {
+                index: 3,
+                table_len: 1
+            })
+        ),
+        "{e}"
+    );
+    assert_eq!(e.errno(), EINVAL);
 }
 
 /// Remote information that does not parse is an error value.

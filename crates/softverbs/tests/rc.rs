@@ -163,7 +163,14 @@ fn single_threaded_cq_carries_rc_completions() {
     assert_eq!(other.mr.read_vec(0..3).unwrap(), b"abc");
     // ibv_destroy_cq(3): refused while a QP uses it (one QP, both queues); the CQ comes back.
     let local = match local.destroy() {
-        Err((cq, DestroyCqError::QueuePairsAttached(1))) => cq,
+        Err((
+            cq,
+            Error::Verbs(VerbsError::InUse {
+                object: Object::Cq,
+                by: Object::Qp,
+                count: 1,
+            }),
+        )) => cq,
         other => panic!("expected QueuePairsAttached(1), got {other:?}"),
     };
     drop(qp);
@@ -269,7 +276,7 @@ fn a_cq_polled_from_four_threads_delivers_each_completion_once() {
                     .post_send(SendRequest::write(i, &[a.mr.slice(0..8).unwrap()], remote))
                 {
                     Ok(()) => break,
-                    Err(PostError::Verbs(softverbs::error::VerbsError::NoRoom(_))) => {
+                    Err(Error::Verbs(VerbsError::QueueFull { .. })) => {
                         assert!(
                             std::time::Instant::now() < deadline,
                             "stuck: no room in the send queue for {i}"

@@ -1,7 +1,7 @@
 //! Registration through the safe API is refused as on a kernel device (`ibv_reg_mr(3)`):
-//! length 0 is [`RegMrError::ZeroLength`] (`EINVAL`), and registering past the process's
+//! length 0 is [`Error::Register(RegisterError::ZeroLength)`] (`EINVAL`), and registering past the process's
 //! soft `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK` is
-//! `RegMrError::Register(RegisterError::OverMemlock { .. })` (`ENOMEM`, the kernel's
+//! `Error::Register(RegisterError::OverMemlock { .. })` (`ENOMEM`, the kernel's
 //! `ib_umem_get`), the pages of a dropped region given back.
 //!
 //! The memlock test changes a process-wide limit, so it runs in a child: this test binary
@@ -10,7 +10,7 @@
 //! thread; the device checks the calling thread's, as the kernel does) and lowers the soft
 //! limit. Before the memlock accounting the over-limit registration succeeded.
 
-use softverbs::{AccessFlags, Context, DeviceConfig, RegMrError};
+use softverbs::{AccessFlags, Context, DeviceConfig, Error};
 use softverbs_device::RegisterError;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,7 +24,10 @@ fn a_zero_length_region_is_refused_with_einval() {
         .unwrap()
         .alloc_pd();
     let err = pd.reg_mr(0, AccessFlags::LOCAL_WRITE).unwrap_err();
-    assert!(matches!(err, RegMrError::ZeroLength), "{err:?}");
+    assert!(
+        matches!(err, Error::Register(RegisterError::ZeroLength)),
+        "{err:?}"
+    );
     assert_eq!(err.errno(), 22);
 }
 
@@ -81,7 +84,7 @@ fn memlock_child() {
     let first = pd.reg_mr(32 * KIB, AccessFlags::LOCAL_WRITE).unwrap();
     let err = pd.reg_mr(48 * KIB, AccessFlags::LOCAL_WRITE).unwrap_err();
     match err {
-        RegMrError::Register(RegisterError::OverMemlock {
+        Error::Register(RegisterError::OverMemlock {
             requested,
             pinned,
             limit,

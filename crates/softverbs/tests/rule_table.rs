@@ -43,8 +43,8 @@ impl Run {
 }
 
 /// An error's type, variant and, where the variant wraps another error enum, that one's
-/// variant, from its `Debug` rendering: `ModifyQpError::Verbs(BadSgidIndex)`,
-/// `CreateAhError::NoSuchPort`.
+/// variant, from its `Debug` rendering: `Error::Verbs(BadSgidIndex)`,
+/// `Error::MissingRemote`.
 fn cause_of(type_name: &str, e: &impl Debug) -> String {
     let text = format!("{e:?}");
     let ident = |s: &str| -> String {
@@ -153,7 +153,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
                     drop(ah);
                     Outcome::Ok
                 }
-                Err(e) => failed("CreateAhError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             })
         }
         Case::ModifyQpToInit { port, pkey_index } => {
@@ -168,7 +168,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             };
             let mut run = Run::new(match qp.to_init(attr) {
                 Ok(()) => Outcome::Ok,
-                Err(e) => failed("ModifyQpError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             });
             let want = match run.outcome {
                 Outcome::Ok => QpState::Init,
@@ -233,7 +233,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             };
             let mut run = Run::new(match result {
                 Ok(()) => Outcome::Ok,
-                Err(e) => failed("ModifyQpError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             });
             let want = match run.outcome {
                 Outcome::Ok => QpState::Rtr,
@@ -253,7 +253,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             let qp = rc_qp(&pd, &cq)?;
             let mut run = Run::new(match qp.to_rts(RtsAttr::new(0)) {
                 Ok(()) => Outcome::Ok,
-                Err(e) => failed("ModifyQpError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             });
             let want = match run.outcome {
                 Outcome::Ok => qp_state(to),
@@ -275,7 +275,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
                     drop(mr);
                     Outcome::Ok
                 }
-                Err(e) => failed("RegMrError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             };
             Run { outcome, problems }
         }
@@ -312,7 +312,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
                     drop(qp);
                     Outcome::Ok
                 }
-                Err(e) => failed("CreateQpError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             };
             let mut run = Run::new(outcome);
             if let Some(srq) = srq {
@@ -328,7 +328,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
                 drop(cq);
                 Outcome::Ok
             }
-            Err(e) => failed("CreateCqError", e.errno(), &e),
+            Err(e) => failed("Error", e.errno(), &e),
         }),
         Case::CreateSrq { max_wr } => {
             let pd = ctx.alloc_pd();
@@ -342,7 +342,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
                     drop(srq);
                     Outcome::Ok
                 }
-                Err(e) => failed("SrqError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             })
         }
         Case::PostSend { opcode, inline } => {
@@ -386,7 +386,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             };
             let mut run = Run::new(match qp.post_send(request) {
                 Ok(()) => Outcome::Ok,
-                Err(e) => failed("PostError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             });
             if matches!(run.outcome, Outcome::Ok) {
                 await_completion(&cq, &mut run.problems);
@@ -425,7 +425,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             let request = SendRequest::send(1, &local).to(&ah, qp.qpn(), QKEY);
             let mut run = Run::new(match qp.post_send(request) {
                 Ok(()) => Outcome::Ok,
-                Err(e) => failed("PostError", e.errno(), &e),
+                Err(e) => failed("Error", e.errno(), &e),
             });
             if matches!(run.outcome, Outcome::Ok) {
                 await_completion(&cq, &mut run.problems);
@@ -441,7 +441,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             match cq.destroy() {
                 Ok(()) => Run::new(Outcome::Ok),
                 Err((cq, e)) => {
-                    let mut run = Run::new(failed("DestroyCqError", e.errno(), &e));
+                    let mut run = Run::new(failed("Error", e.errno(), &e));
                     drop(qp);
                     if let Err((_, e)) = cq.destroy() {
                         run.problems.push(format!(
@@ -472,7 +472,7 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             match srq.destroy() {
                 Ok(()) => Run::new(Outcome::Ok),
                 Err((srq, e)) => {
-                    let mut run = Run::new(failed("SrqError", e.errno(), &e));
+                    let mut run = Run::new(failed("Error", e.errno(), &e));
                     drop(qp);
                     if let Err((_, e)) = srq.destroy() {
                         run.problems.push(format!(

@@ -51,7 +51,7 @@ fn two_qps_consume_receives_from_one_srq_and_the_limit_event_fires() {
         // ibv_post_recv(3) on a QP with an SRQ is an error value, not a panic.
         assert!(matches!(
             qp.post_recv(RecvRequest::new(0, &[mr.slice(0..8).unwrap()])),
-            Err(PostError::InvalidRequest(_))
+            Err(Error::Verbs(VerbsError::ReceivesFromSrq))
         ));
         qps.push(qp);
     }

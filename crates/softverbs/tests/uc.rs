@@ -46,5 +46,15 @@ fn uc_write_and_send_arrive_and_reads_are_refused() {
             b.mr.remote(),
         ))
         .unwrap_err();
-    assert!(matches!(e, PostError::InvalidRequest(_)));
+    assert!(
+        matches!(
+            e,
+            Error::Verbs(VerbsError::OpcodeNotForQpType {
+                qp_type: QpType::Uc,
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert_eq!(e.errno(), 22);
 }

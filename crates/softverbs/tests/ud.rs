@@ -81,7 +81,10 @@ fn ud_send_with_an_address_handle_of_another_pd_is_refused() {
     let refused =
         a.qp.post_send(SendRequest::send_inline(6, b"x").to(&foreign, b.qp.qpn(), QKEY));
     assert!(
-        matches!(refused, Err(PostError::InvalidRequest(_))),
+        matches!(
+            refused,
+            Err(Error::Verbs(VerbsError::AddressHandleOfAnotherPd))
+        ),
         "{refused:?}"
     );
     assert_nothing_for(&a.cq, std::time::Duration::from_millis(50));

@@ -4,7 +4,7 @@
 use super::state::QpBlock;
 use crate::abi::*;
 use crate::ah::{address_vector, ah_attr};
-use crate::boundary::{errno_code, Errno};
+use crate::boundary::{errno_code, errno_of, Errno};
 use crate::verbs_h::{
     IBV_QPT_DRIVER, IBV_QPT_RAW_PACKET, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
@@ -113,9 +113,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
         // SAFETY: `attr` is readable (this function's `# Safety`; not NULL here).
         let (attr, mask) = engine_attr(&unsafe { attr.read() }, mask, state.qp_type)?;
         let device = &state.entry.device;
-        device
-            .modify_qp(state.qpn, &attr, mask)
-            .map_err(|e| e.errno())?;
+        device.modify_qp(state.qpn, &attr, mask).map_err(errno_of)?;
         if let Some(now) = device.qp_state(state.qpn) {
             // SAFETY: `qp` passed `QpBlock::state`, so it points at a live `ibv_qp`; its
             // `state` field is the library's to keep current.
@@ -144,11 +142,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         if attr.is_null() || init_attr.is_null() {
             return Err(libc::EINVAL);
         }
-        let (a, init) = state
-            .entry
-            .device
-            .query_qp(state.qpn)
-            .map_err(|e| e.errno())?;
+        let (a, init) = state.entry.device.query_qp(state.qpn).map_err(errno_of)?;
         let cap = ibv_cap(&init.caps);
         let out = ibv_qp_attr {
             qp_state: a.qp_state.to_raw(),

@@ -5,7 +5,7 @@ use super::attr::{ibv_cap, qp_type};
 use super::qp_ex::{builders, SUPPORTED_SEND_OPS};
 use super::state::{Batch, QpBlock, QpState};
 use crate::abi::*;
-use crate::boundary::{errno_code, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, pointer, Errno};
 use crate::cq::CqBlock;
 use crate::handles::{once_acknowledged, with_registry, ContextBlock, DESTROY_ACK_WAIT};
 use crate::pd::{PdParent, PdUse};
@@ -77,7 +77,7 @@ unsafe fn create(request: QpRequest) -> Result<(*mut ibv_qp, ibv_qp_cap), Errno>
     };
     let qpn = device
         .create_qp(init, send_cq.cq.producer(), recv_cq.cq.producer())
-        .map_err(|e| e.errno())?;
+        .map_err(errno_of)?;
     let caps = device
         .query_qp(qpn)
         .map(|(_, init)| init.caps)
@@ -225,7 +225,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         once_acknowledged(qp as usize, DESTROY_ACK_WAIT, |r| r.qps.remove(&state.qpn))?;
         if let Err(e) = state.entry.device.destroy_qp(state.qpn) {
             with_registry(|r| r.qps.insert(state.qpn, qp as usize));
-            return Err(e.errno());
+            return Err(errno_of(e));
         }
         // SAFETY: `qp` passed `state` above, `state` is not used again, and the caller
         // gives the QP up with this call.

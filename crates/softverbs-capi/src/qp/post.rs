@@ -4,7 +4,7 @@
 use super::state::{QpBlock, QpState};
 use crate::abi::*;
 use crate::ah::AhBlock;
-use crate::boundary::Errno;
+use crate::boundary::{errno_of, Errno};
 use crate::verbs_h::{
     IBV_SEND_FENCE, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED,
     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn post_send(
             .entry
             .device
             .post_send(state.qpn, request)
-            .map_err(|e| e.errno())
+            .map_err(errno_of)
     };
     // SAFETY: the list and `bad_wr` are valid as `ibv_post_send(3)` requires (this
     // function's `# Safety`).
@@ -154,7 +154,7 @@ pub unsafe extern "C" fn post_recv(
                 .entry
                 .device
                 .post_recv(state.qpn, request)
-                .map_err(|e| e.errno())
+                .map_err(errno_of)
         })
     }
 }

@@ -16,7 +16,7 @@ use super::post::SEND_FLAGS_KNOWN;
 use super::state::{Batch, QpBlock, QpState};
 use crate::abi::*;
 use crate::ah::AhBlock;
-use crate::boundary::Errno;
+use crate::boundary::{errno_of, Errno};
 use crate::verbs_h::{
     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
     IBV_QP_EX_WITH_RDMA_READ, IBV_QP_EX_WITH_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
@@ -160,7 +160,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
                     .entry
                     .device
                     .post_send(state.qpn, wr)
-                    .map_err(|e| e.errno())
+                    .map_err(errno_of)
             }),
         };
     });

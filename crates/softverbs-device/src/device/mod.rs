@@ -44,7 +44,7 @@ pub use config::{
     NETWORK_ENV, PCAP_ENV,
 };
 pub use error::DeviceError;
-pub use objects::{AddressHandle, PdUser};
+pub use objects::AddressHandle;
 
 use attr::GID_TABLE_LEN;
 use completions::Route;
@@ -59,8 +59,8 @@ use crate::transport::{Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
-    AccessFlags, AddressVector, AttrMask, Completion, Engine, Mtu, QpAttr, QpInit, QpState, RecvWr,
-    SendWr, SrqId, SrqInit,
+    AccessFlags, AddressVector, AttrMask, Completion, Engine, Mtu, Object, QpAttr, QpInit, QpState,
+    RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -132,7 +132,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// ```
 /// use softverbs_device::{Device, DeviceConfig};
 /// let device = Device::open(DeviceConfig::in_process())?;
-/// assert!(device.query_port().active);
+/// assert!(device.query_port(1).unwrap().active);
 /// # Ok::<(), softverbs_device::DeviceError>(())
 /// ```
 pub struct Device {
@@ -278,7 +278,7 @@ impl Device {
     }
 
     /// The port's state.
-    pub fn query_port(&self) -> PortAttr {
+    pub fn port_attr(&self) -> PortAttr {
         PortAttr {
             active: true,
             max_mtu: Mtu::Mtu4096,
@@ -286,6 +286,28 @@ impl Device {
             gid_tbl_len: GID_TABLE_LEN,
             link_layer_ethernet: true,
         }
+    }
+
+    /// `ibv_query_port(3)`: the attributes of `port`, which must be 1 (the device has one
+    /// port; [`VerbsError::NoSuchPort`] otherwise).
+    pub fn query_port(&self, port: u32) -> Result<PortAttr, DeviceError> {
+        check_port(port)?;
+        Ok(self.port_attr())
+    }
+
+    /// `ibv_query_gid(3)`: entry `index` of `port`'s GID table ([`VerbsError::NoSuchPort`]
+    /// for a port other than 1, [`VerbsError::BadSgidIndex`] outside the table; an index
+    /// inside the table with no GID is the all-zero GID).
+    pub fn query_gid(&self, port: u32, index: u32) -> Result<[u8; 16], DeviceError> {
+        check_port(port)?;
+        if index >= GID_TABLE_LEN {
+            return Err(VerbsError::BadSgidIndex {
+                index,
+                table_len: GID_TABLE_LEN,
+            }
+            .into());
+        }
+        Ok(self.gid(index).map_or([0; 16], |g| g.octets()))
     }
 
     /// The asynchronous event queue.
@@ -299,9 +321,8 @@ impl Device {
     }
 
     /// Deallocates a protection domain (`ibv_dealloc_pd(3)`): refused with
-    /// [`DeviceError::InUse`] (`EBUSY`) while a memory region, queue pair, shared receive
-    /// queue or address handle is in it, [`DeviceError::NoSuchPd`] (`EINVAL`) for a PD
-    /// not allocated.
+    /// [`VerbsError::InUse`] while a memory region, queue pair, shared receive queue or
+    /// address handle is in it, [`VerbsError::NoSuchObject`] for a PD not allocated.
     pub fn dealloc_pd(&self, pd: u32) -> Result<(), DeviceError> {
         lock(&self.inner.state).objects.dealloc_pd(pd)
     }
@@ -342,18 +363,18 @@ impl Device {
         st.objects.check_pd(pd)?;
         // SAFETY: forwarded contract.
         let region = unsafe { st.memory.register(pd, addr, len, iova, access) }?;
-        st.objects.hold(pd, PdUser::MemoryRegion);
+        st.objects.hold(pd, Object::Mr);
         Ok(region)
     }
 
     /// Deregisters the region with local key `lkey`; the device never touches it again.
     pub fn dereg_mr(&self, lkey: u32) -> Result<Region, DeviceError> {
         let mut st = lock(&self.inner.state);
-        let region = st
-            .memory
-            .deregister(lkey)
-            .ok_or(DeviceError::NoSuch("memory region"))?;
-        st.objects.release(region.pd, PdUser::MemoryRegion);
+        let region = st.memory.deregister(lkey).ok_or(VerbsError::NoSuchObject {
+            object: Object::Mr,
+            id: lkey,
+        })?;
+        st.objects.release(region.pd, Object::Mr);
         Ok(region)
     }
 
@@ -378,7 +399,7 @@ impl Device {
         let mut st = lock(&self.inner.state);
         st.objects.check_pd(init.pd)?;
         let qpn = st.engine.create_qp(init)?;
-        st.objects.hold(init.pd, PdUser::QueuePair);
+        st.objects.hold(init.pd, Object::Qp);
         send_cq.attach_qp();
         if recv_cq.cq_id() != send_cq.cq_id() {
             recv_cq.attach_qp();
@@ -398,7 +419,7 @@ impl Device {
         let mut st = lock(&self.inner.state);
         let (_, init) = st.engine.query_qp(qpn)?;
         st.engine.destroy_qp(qpn)?;
-        st.objects.release(init.pd, PdUser::QueuePair);
+        st.objects.release(init.pd, Object::Qp);
         if let Some(route) = st.routes.remove(&qpn) {
             route.send.detach_qp();
             if route.recv.cq_id() != route.send.cq_id() {
@@ -580,5 +601,14 @@ impl Drop for Device {
         {
             reg.remove(&self.inner.address);
         }
+    }
+}
+
+/// The device has one port, 1.
+fn check_port(port: u32) -> Result<(), VerbsError> {
+    if port == 1 {
+        Ok(())
+    } else {
+        Err(VerbsError::NoSuchPort { port })
     }
 }

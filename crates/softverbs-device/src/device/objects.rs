@@ -8,46 +8,16 @@
 
 use std::collections::HashMap;
 
-use softverbs_proto::AddressVector;
+use softverbs_proto::{AddressVector, Object, VerbsError};
 
 use super::DeviceError;
 
-/// The kinds of object a protection domain holds, as [`DeviceError::InUse`] names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PdUser {
-    /// A memory region (`ibv_reg_mr`).
-    MemoryRegion,
-    /// A queue pair (`ibv_create_qp`).
-    QueuePair,
-    /// A shared receive queue (`ibv_create_srq`).
-    SharedReceiveQueue,
-    /// An address handle (`ibv_create_ah`).
-    AddressHandle,
-}
+/// The kinds of object a protection domain holds, in the order of their counters.
+const PD_USERS: [Object; 4] = [Object::Mr, Object::Qp, Object::Srq, Object::Ah];
 
-impl PdUser {
-    const ALL: [PdUser; 4] = [
-        PdUser::MemoryRegion,
-        PdUser::QueuePair,
-        PdUser::SharedReceiveQueue,
-        PdUser::AddressHandle,
-    ];
-
-    /// The object's name in the man pages' words.
-    pub const fn name(self) -> &'static str {
-        match self {
-            PdUser::MemoryRegion => "memory region",
-            PdUser::QueuePair => "queue pair",
-            PdUser::SharedReceiveQueue => "shared receive queue",
-            PdUser::AddressHandle => "address handle",
-        }
-    }
-}
-
-impl std::fmt::Display for PdUser {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
+/// The counter of `user` among a PD's [`PD_USERS`].
+fn slot(user: Object) -> usize {
+    PD_USERS.iter().position(|u| *u == user).unwrap_or(0)
 }
 
 /// An address handle: its protection domain and the checked address vector.
@@ -91,13 +61,14 @@ impl Objects {
 
     /// `ibv_dealloc_pd(3)`: refused while an object holds the PD.
     pub(super) fn dealloc_pd(&mut self, pd: u32) -> Result<(), DeviceError> {
-        let users = self.pds.get(&pd).ok_or(DeviceError::NoSuchPd { pd })?;
-        if let Some(by) = PdUser::ALL.into_iter().find(|u| users[*u as usize] > 0) {
-            return Err(DeviceError::InUse {
-                object: "protection domain",
-                by: by.name(),
-                count: users[by as usize],
-            });
+        let users = self.pds.get(&pd).ok_or(no_pd(pd))?;
+        if let Some((by, &count)) = PD_USERS.iter().zip(users).find(|(_, n)| **n > 0) {
+            return Err(VerbsError::InUse {
+                object: Object::Pd,
+                by: *by,
+                count,
+            }
+            .into());
         }
         self.pds.remove(&pd);
         Ok(())
@@ -108,33 +79,33 @@ impl Objects {
         if self.pds.contains_key(&pd) {
             Ok(())
         } else {
-            Err(DeviceError::NoSuchPd { pd })
+            Err(no_pd(pd).into())
         }
     }
 
     /// Counts one more `user` of `pd` (checked with [`Objects::check_pd`] before the object
     /// was made).
-    pub(super) fn hold(&mut self, pd: u32, user: PdUser) {
+    pub(super) fn hold(&mut self, pd: u32, user: Object) {
         if let Some(users) = self.pds.get_mut(&pd) {
-            users[user as usize] += 1;
+            users[slot(user)] += 1;
         }
     }
 
     /// Counts one `user` of `pd` fewer.
-    pub(super) fn release(&mut self, pd: u32, user: PdUser) {
+    pub(super) fn release(&mut self, pd: u32, user: Object) {
         if let Some(users) = self.pds.get_mut(&pd) {
-            users[user as usize] = users[user as usize].saturating_sub(1);
+            users[slot(user)] = users[slot(user)].saturating_sub(1);
         }
     }
 
     pub(super) fn add_srq(&mut self, srq: u32, pd: u32) {
         self.srq_pds.insert(srq, pd);
-        self.hold(pd, PdUser::SharedReceiveQueue);
+        self.hold(pd, Object::Srq);
     }
 
     pub(super) fn remove_srq(&mut self, srq: u32) {
         if let Some(pd) = self.srq_pds.remove(&srq) {
-            self.release(pd, PdUser::SharedReceiveQueue);
+            self.release(pd, Object::Srq);
         }
     }
 
@@ -142,16 +113,25 @@ impl Objects {
         let id = self.next_ah;
         self.next_ah = self.next_ah.wrapping_add(1).max(1);
         self.ahs.insert(id, ah);
-        self.hold(ah.pd, PdUser::AddressHandle);
+        self.hold(ah.pd, Object::Ah);
         id
     }
 
     pub(super) fn remove_ah(&mut self, id: u32) -> Result<AddressHandle, DeviceError> {
-        let ah = self
-            .ahs
-            .remove(&id)
-            .ok_or(DeviceError::NoSuch("address handle"))?;
-        self.release(ah.pd, PdUser::AddressHandle);
+        let ah = self.ahs.remove(&id).ok_or(VerbsError::NoSuchObject {
+            object: Object::Ah,
+            id,
+        })?;
+        self.release(ah.pd, Object::Ah);
         Ok(ah)
+    }
+}
+
+/// The error for a protection domain that was never allocated or is deallocated (`EINVAL`,
+/// as the kernel answers an unknown PD handle).
+fn no_pd(pd: u32) -> VerbsError {
+    VerbsError::NoSuchObject {
+        object: Object::Pd,
+        id: pd,
     }
 }

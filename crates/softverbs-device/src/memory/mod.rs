@@ -116,8 +116,8 @@ impl MemoryTable {
     /// Registers `[addr, addr + len)` under protection domain `pd`, remote peers naming
     /// its first byte `iova`. Returns the region with its new keys.
     ///
-    /// Refused, touching nothing, as a kernel device refuses it (`ibv_reg_mr(3)`; errno
-    /// from [`RegisterError::errno`]): remote write or atomic without local write; an
+    /// Refused, touching nothing, as a kernel device refuses it (`ibv_reg_mr(3)`; one
+    /// [`RegisterError`] per cause): remote write or atomic without local write; an
     /// empty or wrapping range; a page not mapped, or not readable, or not writable when
     /// the access asks for writing (`LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_ATOMIC`,
     /// `MW_BIND`); more pinned pages than `RLIMIT_MEMLOCK` allows without `CAP_IPC_LOCK`.

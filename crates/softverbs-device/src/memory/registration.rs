@@ -1,6 +1,6 @@
 //! Registration checks: what a range must pass before the table records it, the checks
-//! the kernel's `ib_umem_get` makes when it pins the pages, refused with the same errno
-//! ([`RegisterError::errno`]). The access flags are consistent (`EINVAL`), the range is
+//! the kernel's `ib_umem_get` makes when it pins the pages, each refusal a cause the front
+//! doors report with the kernel's errno. The access flags are consistent (`EINVAL`), the range is
 //! non-empty and does not wrap (`EINVAL`), the process's pinned pages stay within
 //! `RLIMIT_MEMLOCK` unless the thread has `CAP_IPC_LOCK` (`ENOMEM`; `EPERM` for a zero
 //! limit), and every page is mapped (`EFAULT`), writable when the region asks for write
@@ -9,7 +9,7 @@
 use crate::mappings::{self, MappingError, MemlockError, Pinned};
 use softverbs_proto::AccessFlags;
 
-/// Why a registration was refused. [`RegisterError::errno`] is what rdma-core's
+/// Why a registration was refused, one variant per cause; each names the errno rdma-core's
 /// `ibv_reg_mr` reports for the same cause on a kernel device.
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 pub enum RegisterError {
@@ -65,24 +65,6 @@ pub enum RegisterError {
     /// The operating system gave no randomness for a key.
     #[error("no randomness for a memory key")]
     NoRandomness,
-}
-
-impl RegisterError {
-    /// The errno libibverbs reports: `EINVAL` (bad flags or range), `EFAULT` (a page not
-    /// mapped with the access asked), `ENOMEM` (over `RLIMIT_MEMLOCK`; no randomness),
-    /// `EPERM` (a zero `RLIMIT_MEMLOCK`).
-    pub const fn errno(&self) -> i32 {
-        match self {
-            RegisterError::MissingLocalWrite
-            | RegisterError::ZeroLength
-            | RegisterError::BadRange => libc::EINVAL,
-            RegisterError::Unmapped { .. }
-            | RegisterError::NotReadable { .. }
-            | RegisterError::NotWritable { .. } => libc::EFAULT,
-            RegisterError::OverMemlock { .. } | RegisterError::NoRandomness => libc::ENOMEM,
-            RegisterError::MemlockNotPermitted => libc::EPERM,
-        }
-    }
 }
 
 impl From<MappingError> for RegisterError {

@@ -249,14 +249,12 @@ fn registration_refuses_empty_unmapped_and_unwritable_ranges_with_the_kernels_er
     // SAFETY: refused before anything is recorded.
     let empty = unsafe { t.register(1, at, 0, 0, all) };
     assert_eq!(empty, Err(RegisterError::ZeroLength));
-    assert_eq!(RegisterError::ZeroLength.errno(), libc::EINVAL);
 
     let gone = map(2, libc::PROT_READ | libc::PROT_WRITE);
     unmap(gone, 2);
     // SAFETY: refused: the range is not mapped.
     let unmapped = unsafe { t.register(1, gone + 8, 4096, 0, all) };
     assert_eq!(unmapped, Err(RegisterError::Unmapped { addr: gone + 8 }));
-    assert_eq!(unmapped.unwrap_err().errno(), libc::EFAULT);
 
     let read_only = map(1, libc::PROT_READ);
     for write in [
@@ -268,7 +266,6 @@ fn registration_refuses_empty_unmapped_and_unwritable_ranges_with_the_kernels_er
         // SAFETY: refused: write access on a read-only mapping.
         let refused = unsafe { t.register(1, read_only, 4096, 0, write) };
         assert_eq!(refused, Err(RegisterError::NotWritable { addr: read_only }));
-        assert_eq!(refused.unwrap_err().errno(), libc::EFAULT);
     }
     // SAFETY: the mapping outlives the region (deregistered below).
     let ok = unsafe { t.register(1, read_only, 4096, 0, AccessFlags::REMOTE_READ) }.unwrap();
@@ -280,10 +277,17 @@ fn registration_refuses_empty_unmapped_and_unwritable_ranges_with_the_kernels_er
     // Half mapped: 1 TiB over a small buffer.
     // SAFETY: refused: most of the range is not mapped.
     let huge = unsafe { t.register(1, at, 1 << 40, 0, all) };
-    // EFAULT where the pages are missing (or not writable), ENOMEM where
-    // RLIMIT_MEMLOCK applies (ib_umem_get charges the pages before pinning them).
-    let errno = huge.map(|_| 0).unwrap_or_else(|e| e.errno());
-    assert!(errno == libc::EFAULT || errno == libc::ENOMEM, "{huge:?}");
+    // A page missing (or not writable) where no limit applies, over RLIMIT_MEMLOCK where
+    // one does (ib_umem_get charges the pages before pinning them).
+    assert!(
+        matches!(
+            huge,
+            Err(RegisterError::Unmapped { .. }
+                | RegisterError::NotWritable { .. }
+                | RegisterError::OverMemlock { .. })
+        ),
+        "{huge:?}"
+    );
     assert!(t.is_empty());
     unmap(read_only, 1);
 }

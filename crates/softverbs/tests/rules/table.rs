@@ -230,7 +230,7 @@ pub enum Case {
 pub enum SafeApi {
     /// The case can be written; when it fails, its error renders as `cause`: the error
     /// type, its variant and, where the variant wraps another error enum, that one's
-    /// variant — `"ModifyQpError::Verbs(BadSgidIndex)"`, `"CreateAhError::NoSuchPort"`.
+    /// variant — `"Error::Verbs(BadSgidIndex)"`, `"Error::Register(ZeroLength)"`.
     /// `None` for a case expected to succeed.
     Expressible {
         /// The typed error variant expected.
@@ -288,7 +288,7 @@ pub const RULES: &[Rule] = &[
             port: 1,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("CreateAhError::NoSuchGidIndex"),
+        safe_api: cause("Error::Verbs(BadSgidIndex)"),
         man: "ibv_create_ah(3): \"returns ... NULL if the request fails\"; grh.sgid_index 1 \
               is outside the port's GID table (ibv_query_port(3) gid_tbl_len = 1): EINVAL, \
               as the kernel's rdma_get_gid_attr refuses it",
@@ -300,7 +300,7 @@ pub const RULES: &[Rule] = &[
             port: 2,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("CreateAhError::NoSuchPort"),
+        safe_api: cause("Error::Verbs(NoSuchPort)"),
         man: "ibv_create_ah(3): \"returns ... NULL if the request fails\"; port_num 2 does \
               not exist (ibv_query_device(3) phys_port_cnt = 1): EINVAL",
     },
@@ -323,7 +323,7 @@ pub const RULES: &[Rule] = &[
             pkey_index: 0,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("ModifyQpError::Verbs(InvalidArgument)"),
+        safe_api: cause("Error::Verbs(NoSuchPort)"),
         man: "ibv_modify_qp(3): \"returns ... the value of errno on failure\"; \"If any of the \
               modify attributes or the modify mask are invalid, none of the attributes will \
               be modified (including the QP state)\": port_num 2 does not exist, EINVAL, the \
@@ -336,7 +336,7 @@ pub const RULES: &[Rule] = &[
             pkey_index: 1,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("ModifyQpError::Verbs(InvalidArgument)"),
+        safe_api: cause("Error::Verbs(AttributeOutOfRange)"),
         man: "ibv_modify_qp(3): invalid attributes modify nothing; pkey_index 1 is outside \
               the P_Key table (ibv_query_device(3) max_pkeys = 1): EINVAL, the QP stays in \
               RESET",
@@ -360,7 +360,7 @@ pub const RULES: &[Rule] = &[
             max_dest_rd_atomic: Amount::Value(1),
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("ModifyQpError::Verbs(BadSgidIndex)"),
+        safe_api: cause("Error::Verbs(BadSgidIndex)"),
         man: "ibv_modify_qp(3): invalid attributes modify nothing (including the QP state); \
               ah_attr.grh.sgid_index 99 is outside the GID table (ibv_query_port(3) \
               gid_tbl_len = 1): EINVAL as the kernel's rdma_get_gid_attr, the QP stays in \
@@ -384,7 +384,7 @@ pub const RULES: &[Rule] = &[
             max_dest_rd_atomic: Amount::AboveDeviceMax,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("ModifyQpError::Verbs(InvalidArgument)"),
+        safe_api: cause("Error::Verbs(AttributeOutOfRange)"),
         man: "ibv_modify_qp(3): invalid attributes modify nothing; max_dest_rd_atomic above \
               ibv_query_device(3)'s max_qp_rd_atom: EINVAL (the kernel's ib_modify_qp_is_ok \
               / rxe_qp_chk_attr), the QP stays in INIT",
@@ -396,7 +396,7 @@ pub const RULES: &[Rule] = &[
             to: QpStateName::Rts,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("ModifyQpError::Verbs(InvalidArgument)"),
+        safe_api: cause("Error::Verbs(IllegalTransition)"),
         man: "ibv_modify_qp(3): the state diagram allows RESET -> INIT only (RESET -> RTS is \
               no transition); invalid attributes or mask modify nothing: EINVAL, the QP stays \
               in RESET",
@@ -419,7 +419,7 @@ pub const RULES: &[Rule] = &[
             access: Access::LOCAL_WRITE,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("RegMrError::ZeroLength"),
+        safe_api: cause("Error::Register(ZeroLength)"),
         man: "ibv_reg_mr(3): \"returns ... NULL if the request fails\"; a region of length 0: \
               EINVAL, as the kernel's ib_umem_get",
     },
@@ -430,7 +430,7 @@ pub const RULES: &[Rule] = &[
             access: Access::REMOTE_WRITE,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("RegMrError::Register(MissingLocalWrite)"),
+        safe_api: cause("Error::Register(MissingLocalWrite)"),
         man: "ibv_reg_mr(3): \"If IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC is set, \
               then IBV_ACCESS_LOCAL_WRITE must be set too\": EINVAL",
     },
@@ -455,7 +455,7 @@ pub const RULES: &[Rule] = &[
             max_send_wr: Amount::AboveDeviceMax,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("CreateQpError::Verbs(InvalidArgument)"),
+        safe_api: cause("Error::Verbs(CapacityAboveLimit)"),
         man: "ibv_create_qp(3): \"returns ... NULL if the request fails\"; cap.max_send_wr \
               above ibv_query_device(3)'s max_qp_wr: EINVAL, as the kernel's create_qp",
     },
@@ -477,7 +477,7 @@ pub const RULES: &[Rule] = &[
             cqe: Amount::AboveDeviceMax,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("CreateCqError::Cq(TooLarge)"),
+        safe_api: cause("Error::CqCreate(TooLarge)"),
         man: "ibv_create_cq(3): \"returns ... NULL if the request fails\"; cqe above \
               ibv_query_device(3)'s max_cqe: EINVAL, as the kernel's ib_uverbs_create_cq",
     },
@@ -497,7 +497,7 @@ pub const RULES: &[Rule] = &[
             max_wr: Amount::AboveDeviceMax,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("SrqError::Verbs(InvalidArgument)"),
+        safe_api: cause("Error::Verbs(CapacityAboveLimit)"),
         man: "ibv_create_srq(3): \"returns ... NULL if the request fails\"; max_wr above \
               ibv_query_device(3)'s max_srq_wr: EINVAL",
     },
@@ -555,7 +555,7 @@ pub const RULES: &[Rule] = &[
             inline: true,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("PostError::InvalidRequest"),
+        safe_api: cause("Error::Verbs(InlineOnReadOrAtomic)"),
         man: "ibv_post_send(3): IBV_SEND_INLINE is \"Valid only for Send and RDMA Write\"; \
               \"returns 0 on success, or the value of errno on failure\": EINVAL",
     },
@@ -574,7 +574,7 @@ pub const RULES: &[Rule] = &[
             ah_of_another_pd: true,
         },
         expect: Expect::Errno(EINVAL),
-        safe_api: cause("PostError::InvalidRequest"),
+        safe_api: cause("Error::Verbs(AddressHandleOfAnotherPd)"),
         man: "ibv_post_send(3): \"returns ... the value of errno on failure\"; \
               ibv_create_ah(3): an AH is \"associated with the protection domain pd\", and a \
               QP uses only address handles of its own PD (IBTA 10.2.3): EINVAL",
@@ -616,7 +616,7 @@ pub const RULES: &[Rule] = &[
         name: "destroy_cq_in_use",
         case: Case::DestroyCqInUse,
         expect: Expect::Errno(EBUSY),
-        safe_api: cause("DestroyCqError::QueuePairsAttached"),
+        safe_api: cause("Error::Verbs(InUse)"),
         man: "ibv_create_cq(3): \"ibv_destroy_cq() fails if any queue pair is still \
               associated with this CQ\": EBUSY",
     },
@@ -624,7 +624,7 @@ pub const RULES: &[Rule] = &[
         name: "destroy_srq_in_use",
         case: Case::DestroySrqInUse,
         expect: Expect::Errno(EBUSY),
-        safe_api: cause("SrqError::Verbs(Busy)"),
+        safe_api: cause("Error::Verbs(InUse)"),
         man: "ibv_create_srq(3) NOTES: \"ibv_destroy_srq() fails if any queue pair is still \
               associated with this SRQ\": EBUSY",
     },

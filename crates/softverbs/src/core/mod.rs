@@ -12,13 +12,18 @@
 //! | [`engine`] | the sans-IO queue-pair engine | QP states, transitions and attribute values, capacities against the device's limits, which opcodes and flags a QP type takes, address vectors (`sgid_index`, port), SRQ sizes and use, every completion status |
 //! | [`cq`] | the completion queue | `ibv_poll_cq`, notification, channels, overrun, resize, moderation, a CQ in use (`EBUSY`) |
 //!
-//! Every refusal carries its errno from one place per layer ([`engine::VerbsError::errno`],
-//! [`device::RegisterError::errno`], [`device::DeviceError::errno`], which forwards both).
+//! Every refusal is one [`Error`]: the layers below state causes ([`engine::VerbsError`],
+//! [`device::RegisterError`], the CQ's [`cq::CreateError`] and [`cq::ResizeError`], …),
+//! each converting into it, and [`Error::errno`] is the one place a cause becomes the
+//! errno libibverbs reports.
 //!
 //! A second backend (rdma-core's own `libibverbs.so.1` loaded at run time, for kernel rxe
 //! and real NICs) would sit here, under the safe API's types, which hold this tier's
 //! handles and never show them.
 
+pub mod error;
+
+pub use error::Error;
 pub use softverbs_cq as cq;
 pub use softverbs_device as device;
 pub use softverbs_proto as engine;
