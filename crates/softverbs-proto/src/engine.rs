@@ -6,7 +6,7 @@ use std::ops::Bound;
 
 use crate::codec::{self, ParseError};
 use crate::memory::Memory;
-use crate::output::{Completion, Counters, DropReason, Event, Transmit};
+use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
 use crate::types::{
@@ -42,7 +42,7 @@ pub struct Engine {
     next_qpn: u32,
     next_srq: u32,
     completions: VecDeque<Completion>,
-    events: VecDeque<Event>,
+    events: VecDeque<AsyncEvent>,
     counters: Counters,
     /// Round-robin position of `poll_transmit`.
     cursor: u32,
@@ -327,7 +327,7 @@ impl Engine {
     }
 
     /// The next asynchronous event.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
     }
 
