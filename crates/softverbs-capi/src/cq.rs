@@ -25,8 +25,8 @@ use crate::verbs_h::{
     IBV_CREATE_CQ_SUP_WC_FLAGS,
 };
 use softverbs::core::cq::{
-    AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqBuilder, Moderation,
-    OverrunPolicy, PollBatch,
+    CompletionChannel, CompletionQueue, CqBuilder, Moderation, OverrunPolicy, OverrunSink,
+    PollBatch,
 };
 use softverbs::core::device::AsyncEvent;
 use std::cell::UnsafeCell;
@@ -86,22 +86,15 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
         return Err(libc::EINVAL);
     }
     // The device entry lives for the process, so the sink can hold it.
-    let sink: AsyncEventSink = Arc::new(move |event| {
-        let CqAsyncEvent::CqError {
-            cq_id,
-            user_context,
-        } = event;
-        entry.device.async_events().push(AsyncEvent::CqError {
-            cq_id,
-            user_context,
-        });
+    let sink: OverrunSink = Arc::new(move |overrun| {
+        entry.device.async_events().push(AsyncEvent::from(overrun));
     });
     // The CQ core refuses a size outside 1..=max_cqe (EINVAL); a negative `cqe` becomes a
     // size above it.
     let mut builder = CqBuilder::new(request.cqe as u32)
         .raw_fields(request.wc_flags)
         .comp_vector(request.comp_vector as u32)
-        .async_events(sink);
+        .overrun_sink(sink);
     if request.ignore_overrun {
         builder = builder.overrun(OverrunPolicy::Overwrite);
     }

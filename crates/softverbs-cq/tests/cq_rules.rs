@@ -2,9 +2,9 @@
 //! One test per CQ rule of the libibverbs man pages, each citing the sentence it checks.
 
 use softverbs_cq::{
-    CompletionChannel, CqAsyncEvent, CqBuilder, CqEvent, CreateError, DestroyError,
-    FieldNotRequested, Moderation, OverrunPolicy, PollError, PushError, ResizeError, WcExtra,
-    WcFields, WcFlags, WcOpcode, WcStatus, WorkCompletion, MAX_CQE,
+    CompletionChannel, CqBuilder, CqEvent, CqOverrun, CreateError, DestroyError, FieldNotRequested,
+    Moderation, OverrunPolicy, PollError, PushError, ResizeError, WcExtra, WcFields, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion, MAX_CQE,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -562,7 +562,7 @@ fn overrun_puts_the_cq_in_error_raises_cq_err_and_polling_reports_it() {
     let sink_seen = seen.clone();
     let cq = CqBuilder::new(4)
         .user_context(7)
-        .async_events(Arc::new(move |e| sink_seen.lock().unwrap().push(e)))
+        .overrun_sink(Arc::new(move |e| sink_seen.lock().unwrap().push(e)))
         .build()
         .unwrap();
     let p = cq.producer();
@@ -572,7 +572,7 @@ fn overrun_puts_the_cq_in_error_raises_cq_err_and_polling_reports_it() {
     assert_eq!(p.push(send(99), false), Err(PushError::Overrun));
     assert_eq!(
         *seen.lock().unwrap(),
-        [CqAsyncEvent::CqError {
+        [CqOverrun {
             cq_id: cq.id(),
             user_context: 7
         }]

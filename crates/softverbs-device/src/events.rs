@@ -8,77 +8,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// An asynchronous event (`enum ibv_event_type`, the ones a soft device raises).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AsyncEvent {
-    /// `IBV_EVENT_CQ_ERR`: a CQ overran.
-    CqError {
-        /// The CQ's id.
-        cq_id: u64,
-        /// The CQ's user context.
-        user_context: u64,
-    },
-    /// `IBV_EVENT_QP_FATAL`: a QP entered the error state on a local error.
-    QpFatal {
-        /// The QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_QP_REQ_ERR`: the responder found an invalid request.
-    QpRequestError {
-        /// The QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_QP_ACCESS_ERR`: the responder found an access violation.
-    QpAccessError {
-        /// The QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_COMM_EST`: the first packet arrived on a QP in RTR.
-    CommEst {
-        /// The QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_SQ_DRAINED`: a QP in SQD has no outstanding send.
-    SqDrained {
-        /// The QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: an SRQ-attached QP in error has no more WQEs.
-    QpLastWqeReached {
-        /// The QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: an armed SRQ dropped below its limit.
-    SrqLimitReached {
-        /// The SRQ handle.
-        srq: u32,
-    },
-    /// `IBV_EVENT_PORT_ACTIVE`: the port became active.
-    PortActive {
-        /// The port number.
-        port: u8,
-    },
-    /// `IBV_EVENT_DEVICE_FATAL`: the device failed (its transport died).
-    DeviceFatal,
-}
-
-impl AsyncEvent {
-    /// The `enum ibv_event_type` value.
-    pub const fn raw_type(&self) -> u32 {
-        match self {
-            AsyncEvent::CqError { .. } => 0,
-            AsyncEvent::QpFatal { .. } => 1,
-            AsyncEvent::QpRequestError { .. } => 2,
-            AsyncEvent::QpAccessError { .. } => 3,
-            AsyncEvent::CommEst { .. } => 4,
-            AsyncEvent::SqDrained { .. } => 5,
-            AsyncEvent::PortActive { .. } => 9,
-            AsyncEvent::SrqLimitReached { .. } => 15,
-            AsyncEvent::QpLastWqeReached { .. } => 16,
-            AsyncEvent::DeviceFatal => 8,
-        }
-    }
-}
+// One enum for the asynchronous event, defined with the engine, which raises the QP and
+// SRQ ones; the device queues those and its own (CQ error, port active).
+pub use softverbs_proto::AsyncEvent;
 
 /// A queue of [`AsyncEvent`]s behind a pollable eventfd (one count per queued event).
 #[derive(Debug)]

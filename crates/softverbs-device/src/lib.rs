@@ -4,7 +4,7 @@
 //! | module | holds |
 //! |---|---|
 //! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread |
-//! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd |
+//! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd, of [`AsyncEvent`]s (the engine's type, re-exported) |
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
 //! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address |

@@ -7,7 +7,7 @@ use std::ops::Bound;
 use crate::codec::{self, ParseError};
 use crate::error::{Capacity, Object, Queue, VerbsError};
 use crate::memory::Memory;
-use crate::output::{Completion, Counters, DropReason, Event, Transmit};
+use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
 use crate::types::{AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId};
@@ -41,7 +41,7 @@ pub struct Engine {
     next_qpn: u32,
     next_srq: u32,
     completions: VecDeque<Completion>,
-    events: VecDeque<Event>,
+    events: VecDeque<AsyncEvent>,
     counters: Counters,
     /// Round-robin position of `poll_transmit`.
     cursor: u32,
@@ -333,7 +333,7 @@ impl Engine {
     }
 
     /// The next asynchronous event.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
     }
 

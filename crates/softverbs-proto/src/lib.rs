@@ -86,7 +86,7 @@ pub use error::{Capacity, Object, PostVerb, Queue, VerbsError};
 pub use memory::{
     access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
 };
-pub use output::{Completion, Counters, CqTarget, DropReason, Event, Transmit};
+pub use output::{AsyncEvent, Completion, Counters, CqTarget, DropReason, Transmit};
 pub use srq::SrqInit;
 pub use types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,

@@ -1,8 +1,8 @@
 //! What the engine hands back: completions, asynchronous events, transmits and counters.
 
-use softverbs_cq::WorkCompletion;
+use softverbs_cq::{CqOverrun, WorkCompletion};
 
-use crate::types::{AddressVector, SrqId};
+use crate::types::AddressVector;
 
 /// Which completion queue of its QP a completion belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,47 +25,100 @@ pub struct Completion {
     pub solicited: bool,
 }
 
-/// Asynchronous events (`enum ibv_event_type`, the ones the engine raises).
+/// An asynchronous event (`enum ibv_event_type`, the ones softverbs raises), what
+/// `ibv_get_async_event(3)` returns.
+///
+/// The engine raises the QP and SRQ events ([`Engine::poll_event`](crate::Engine::poll_event));
+/// the others are the device's: [`AsyncEvent::CqError`] from a CQ's overrun notice
+/// ([`CqOverrun`], converted by `From`), [`AsyncEvent::PortActive`] when it opens, and
+/// [`AsyncEvent::DeviceFatal`] (which nothing raises yet).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Event {
-    /// `IBV_EVENT_QP_FATAL`: the QP failed in a way no completion reports.
+pub enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: a CQ overran.
+    CqError {
+        /// The CQ's id.
+        cq_id: u64,
+        /// The CQ's user context.
+        user_context: u64,
+    },
+    /// `IBV_EVENT_QP_FATAL`: a QP entered the error state on a local error, one no
+    /// completion reports.
     QpFatal {
-        /// The QP.
+        /// The QP number.
         qpn: u32,
     },
     /// `IBV_EVENT_QP_REQ_ERR`: the responder received an invalid request and the QP went
     /// to the error state.
     QpRequestError {
-        /// The QP.
+        /// The QP number.
         qpn: u32,
     },
     /// `IBV_EVENT_QP_ACCESS_ERR`: the responder saw an access violation and the QP went to
     /// the error state.
     QpAccessError {
-        /// The QP.
+        /// The QP number.
         qpn: u32,
     },
     /// `IBV_EVENT_COMM_EST`: the first packet arrived while the QP was in RTR.
     CommEst {
-        /// The QP.
+        /// The QP number.
         qpn: u32,
     },
     /// `IBV_EVENT_SQ_DRAINED`: in SQD, every started send work request has completed.
     SqDrained {
-        /// The QP.
+        /// The QP number.
         qpn: u32,
     },
     /// `IBV_EVENT_QP_LAST_WQE_REACHED`: an SRQ-attached QP entered the error state and
     /// will consume no more SRQ entries.
-    LastWqeReached {
-        /// The QP.
+    QpLastWqeReached {
+        /// The QP number.
         qpn: u32,
     },
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its armed limit (now disarmed).
     SrqLimitReached {
-        /// The SRQ.
-        srq: SrqId,
+        /// The SRQ handle (its [`SrqId`](crate::SrqId)'s number).
+        srq: u32,
     },
+    /// `IBV_EVENT_PORT_ACTIVE`: the port became active.
+    PortActive {
+        /// The port number.
+        port: u8,
+    },
+    /// `IBV_EVENT_DEVICE_FATAL`: the device failed (its transport died).
+    DeviceFatal,
+}
+
+impl AsyncEvent {
+    /// The `enum ibv_event_type` value.
+    pub const fn raw_type(&self) -> u32 {
+        match self {
+            AsyncEvent::CqError { .. } => 0,
+            AsyncEvent::QpFatal { .. } => 1,
+            AsyncEvent::QpRequestError { .. } => 2,
+            AsyncEvent::QpAccessError { .. } => 3,
+            AsyncEvent::CommEst { .. } => 4,
+            AsyncEvent::SqDrained { .. } => 5,
+            AsyncEvent::PortActive { .. } => 9,
+            AsyncEvent::SrqLimitReached { .. } => 15,
+            AsyncEvent::QpLastWqeReached { .. } => 16,
+            AsyncEvent::DeviceFatal => 8,
+        }
+    }
+}
+
+/// A CQ's overrun notice is `IBV_EVENT_CQ_ERR` for that CQ.
+impl From<CqOverrun> for AsyncEvent {
+    fn from(overrun: CqOverrun) -> Self {
+        let CqOverrun {
+            cq_id,
+            user_context,
+        } = overrun;
+        AsyncEvent::CqError {
+            cq_id,
+            user_context,
+        }
+    }
 }
 
 /// One packet written by [`Engine::poll_transmit`](crate::Engine::poll_transmit):

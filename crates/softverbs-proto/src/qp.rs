@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use softverbs_cq::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::error::{PostVerb, Queue, VerbsError};
-use crate::output::{Completion, Counters, CqTarget, Event};
+use crate::output::{AsyncEvent, Completion, Counters, CqTarget};
 use crate::psn::{self, PSN_MASK};
 use crate::srq::Srq;
 use crate::types::{
@@ -22,7 +22,7 @@ pub(crate) struct Ctx<'a> {
     pub config: &'a EngineConfig,
     pub srqs: &'a mut BTreeMap<u32, Srq>,
     pub completions: &'a mut VecDeque<Completion>,
-    pub events: &'a mut VecDeque<Event>,
+    pub events: &'a mut VecDeque<AsyncEvent>,
     pub counters: &'a mut Counters,
 }
 
@@ -641,7 +641,8 @@ impl Qp {
                 let wqe = srq.wqes.pop_front()?;
                 if srq.limit != 0 && (srq.wqes.len() as u32) < srq.limit {
                     srq.limit = 0;
-                    ctx.events.push_back(Event::SrqLimitReached { srq: id });
+                    ctx.events
+                        .push_back(AsyncEvent::SrqLimitReached { srq: id.0 });
                 }
                 Some(wqe)
             }
@@ -735,7 +736,7 @@ impl Qp {
 
     /// Responder error (class A / C): the QP goes to ERR and flushes; the NAK already
     /// queued still goes out.
-    pub fn responder_error(&mut self, event: Event, ctx: &mut Ctx<'_>) {
+    pub fn responder_error(&mut self, event: AsyncEvent, ctx: &mut Ctx<'_>) {
         if self.state == QpState::Err {
             return;
         }
@@ -775,7 +776,7 @@ impl Qp {
         self.resp_out.retain(|r| matches!(r, RespOut::Ack { .. }));
         if self.init.srq.is_some() {
             ctx.events
-                .push_back(Event::LastWqeReached { qpn: self.qpn });
+                .push_back(AsyncEvent::QpLastWqeReached { qpn: self.qpn });
         }
     }
 
@@ -786,7 +787,8 @@ impl Qp {
             && !self.sq.front().is_some_and(|w| w.started)
         {
             self.sq_drained_raised = true;
-            ctx.events.push_back(Event::SqDrained { qpn: self.qpn });
+            ctx.events
+                .push_back(AsyncEvent::SqDrained { qpn: self.qpn });
         }
     }
 

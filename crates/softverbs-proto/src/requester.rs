@@ -8,7 +8,7 @@ use softverbs_cq::WcStatus;
 
 use crate::codec::{self, op, Aeth, AtomicEth, Bth, Deth, Headers, Reth, SYNDROME_ACK};
 use crate::memory::{traced, MemError, MemKey, Memory};
-use crate::output::{Event, Transmit};
+use crate::output::{AsyncEvent, Transmit};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, Qp, RespOut};
 use crate::types::{AccessFlags, QpState, QpType};
@@ -213,7 +213,7 @@ impl Qp {
                             syndrome: codec::NAK_REMOTE_ACCESS,
                             msn,
                         });
-                        self.responder_error(Event::QpAccessError { qpn: self.qpn }, ctx);
+                        self.responder_error(AsyncEvent::QpAccessError { qpn: self.qpn }, ctx);
                         continue;
                     }
                     ctx.counters.bytes_sent += n;

@@ -20,7 +20,7 @@ use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::codec::{self, Kind, Packet, SYNDROME_ACK, SYNDROME_RNR};
 use crate::memory::{traced, AtomicOp, MemKey, Memory};
-use crate::output::{Completion, CqTarget, DropReason, Event};
+use crate::output::{AsyncEvent, Completion, CqTarget, DropReason};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, CurMsg, Qp, Resource, RespOut};
 use crate::requester::scatter;
@@ -35,13 +35,13 @@ const MAX_MSG: u64 = 1 << 31;
 struct Fault {
     syndrome: u8,
     recv_status: WcStatus,
-    event: fn(u32) -> Event,
+    event: fn(u32) -> AsyncEvent,
 }
 
 const INVALID: Fault = Fault {
     syndrome: codec::NAK_INVALID_REQUEST,
     recv_status: WcStatus::RemInvReqErr,
-    event: |qpn| Event::QpRequestError { qpn },
+    event: |qpn| AsyncEvent::QpRequestError { qpn },
 };
 
 impl Qp {
@@ -73,7 +73,7 @@ impl Qp {
         }
         if self.state == QpState::Rtr && !self.comm_est_raised {
             self.comm_est_raised = true;
-            ctx.events.push_back(Event::CommEst { qpn: self.qpn });
+            ctx.events.push_back(AsyncEvent::CommEst { qpn: self.qpn });
         }
         match self.init.qp_type {
             QpType::Rc => self.rc_request(now, pkt, mem, ctx),
@@ -246,7 +246,7 @@ impl Qp {
                     let fault = Fault {
                         syndrome: codec::NAK_INVALID_REQUEST,
                         recv_status: WcStatus::LocLenErr,
-                        event: |qpn| Event::QpRequestError { qpn },
+                        event: |qpn| AsyncEvent::QpRequestError { qpn },
                     };
                     self.rc_fault(psn, fault, None, ctx);
                     return;
@@ -256,7 +256,7 @@ impl Qp {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_OPERATIONAL,
                         recv_status: WcStatus::LocProtErr,
-                        event: |qpn| Event::QpFatal { qpn },
+                        event: |qpn| AsyncEvent::QpFatal { qpn },
                     };
                     self.rc_fault(psn, fault, None, ctx);
                     return;
@@ -310,7 +310,7 @@ impl Qp {
                         let fault = Fault {
                             syndrome: codec::NAK_REMOTE_ACCESS,
                             recv_status: WcStatus::LocAccessErr,
-                            event: |qpn| Event::QpAccessError { qpn },
+                            event: |qpn| AsyncEvent::QpAccessError { qpn },
                         };
                         self.rc_fault(psn, fault, wqe, ctx);
                         return;
@@ -343,7 +343,7 @@ impl Qp {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_ACCESS,
                         recv_status: WcStatus::LocAccessErr,
-                        event: |qpn| Event::QpAccessError { qpn },
+                        event: |qpn| AsyncEvent::QpAccessError { qpn },
                     };
                     self.rc_fault(psn, fault, None, ctx);
                     return;
@@ -389,7 +389,7 @@ impl Qp {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_ACCESS,
                         recv_status: WcStatus::LocAccessErr,
-                        event: |qpn| Event::QpAccessError { qpn },
+                        event: |qpn| AsyncEvent::QpAccessError { qpn },
                     };
                     self.rc_fault(psn, fault, None, ctx);
                     return;
@@ -431,7 +431,7 @@ impl Qp {
                     let fault = Fault {
                         syndrome: codec::NAK_REMOTE_ACCESS,
                         recv_status: WcStatus::LocAccessErr,
-                        event: |qpn| Event::QpAccessError { qpn },
+                        event: |qpn| AsyncEvent::QpAccessError { qpn },
                     };
                     self.rc_fault(psn, fault, None, ctx);
                     return;
@@ -450,7 +450,7 @@ impl Qp {
                         let fault = Fault {
                             syndrome: codec::NAK_REMOTE_ACCESS,
                             recv_status: WcStatus::LocAccessErr,
-                            event: |qpn| Event::QpAccessError { qpn },
+                            event: |qpn| AsyncEvent::QpAccessError { qpn },
                         };
                         self.rc_fault(psn, fault, None, ctx);
                         return;

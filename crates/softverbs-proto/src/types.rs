@@ -234,7 +234,7 @@ pub struct QpAttr {
     pub ah_attr: AddressVector,
     /// P_Key index (only index 0, the default partition, exists).
     pub pkey_index: u16,
-    /// Raise [`Event::SqDrained`](crate::Event::SqDrained) when entering SQD drains.
+    /// Raise [`AsyncEvent::SqDrained`](crate::AsyncEvent::SqDrained) when entering SQD drains.
     pub en_sqd_async_notify: bool,
     /// Outstanding RDMA reads and atomics this requester may have (RC).
     pub max_rd_atomic: u8,

@@ -9,8 +9,8 @@ use std::net::Ipv4Addr;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softverbs_proto::{
-    Completion, CqTarget, Engine, EngineConfig, Event, RecvWr, SendFlags, SendWr, SrqId, Transmit,
-    VerbsError,
+    AsyncEvent, Completion, CqTarget, Engine, EngineConfig, RecvWr, SendFlags, SendWr, SrqId,
+    Transmit, VerbsError,
 };
 use softverbs_wire::icrc::{self, IpHeaderInfo, UdpHeaderInfo};
 
@@ -140,7 +140,7 @@ pub struct Node {
     /// Every completion polled so far, in order.
     pub completions: Vec<Completion>,
     /// Every event polled so far, in order.
-    pub events: Vec<Event>,
+    pub events: Vec<AsyncEvent>,
     /// A down node neither sends nor receives (the peer disappeared).
     pub down: bool,
 }

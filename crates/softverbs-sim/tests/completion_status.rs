@@ -13,7 +13,7 @@ mod common;
 use common::{assert_status, recv, sge, two_nodes, ALL_ACCESS};
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus};
 use softverbs_proto::{
-    AccessFlags, AttrMask, CqTarget, Event, QpAttr, QpState, QpType, SendOp, SendWr,
+    AccessFlags, AsyncEvent, AttrMask, CqTarget, QpAttr, QpState, QpType, SendOp, SendWr,
 };
 use softverbs_sim::{connect, run_seeds, FaultRules, QpParams, Sim, SimError};
 
@@ -150,7 +150,7 @@ fn loc_len_err_when_send_exceeds_receive_buffer() {
             assert_eq!(sim.nodes[1].ep.qp_state(qb), Some(QpState::Err));
             assert!(sim.nodes[1]
                 .events
-                .contains(&Event::QpRequestError { qpn: qb }));
+                .contains(&AsyncEvent::QpRequestError { qpn: qb }));
             Ok(())
         },
     );
@@ -398,7 +398,7 @@ fn loc_access_err_for_write_with_imm_to_bad_rkey() {
             assert_eq!(sim.nodes[1].mem.bytes(b.addr + 512, 64), &[0u8; 64]);
             assert!(sim.nodes[1]
                 .events
-                .contains(&Event::QpAccessError { qpn: qb }));
+                .contains(&AsyncEvent::QpAccessError { qpn: qb }));
             Ok(())
         },
     );

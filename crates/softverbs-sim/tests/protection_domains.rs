@@ -14,8 +14,8 @@ mod common;
 use common::{assert_status, recv, sge, two_nodes, ALL_ACCESS};
 use softverbs_cq::WcStatus;
 use softverbs_proto::{
-    AccessFlags, AddressVector, CqTarget, Event, Memory, QpState, QpType, SendOp, SendWr, SrqInit,
-    UdDest, VerbsError,
+    AccessFlags, AddressVector, AsyncEvent, CqTarget, Memory, QpState, QpType, SendOp, SendWr,
+    SrqInit, UdDest, VerbsError,
 };
 use softverbs_sim::{
     bring_up, connect, create_qp, run_seeds, FaultRules, Mr, QpParams, Sim, SimError, SimErrorKind,
@@ -135,7 +135,7 @@ fn rem_access_err_for_write_read_and_atomics_to_rkey_of_another_pd() {
                 assert!(
                     sim.nodes[1]
                         .events
-                        .contains(&Event::QpAccessError { qpn: qb }),
+                        .contains(&AsyncEvent::QpAccessError { qpn: qb }),
                     "{name}: responder raises QP_ACCESS_ERR"
                 );
                 assert_eq!(sim.nodes[1].ep.qp_state(qb), Some(QpState::Err), "{name}");
@@ -269,7 +269,9 @@ fn receive_wqe_with_lkey_of_another_pd_fails_like_a_bad_lkey() {
                 (9, qb, CqTarget::Recv)
             );
             assert_eq!(sim.nodes[1].mem.bytes(foreign.addr, 64), &MARK);
-            assert!(sim.nodes[1].events.contains(&Event::QpFatal { qpn: qb }));
+            assert!(sim.nodes[1]
+                .events
+                .contains(&AsyncEvent::QpFatal { qpn: qb }));
 
             // SRQ: WQEs of the QP's PD, then of another PD.
             let mut sim = two_nodes(seed, FaultRules::perfect());

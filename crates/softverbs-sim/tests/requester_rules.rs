@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use common::{recv, sge, two_nodes, ALL_ACCESS};
 use softverbs_cq::WcOpcode;
-use softverbs_proto::{AttrMask, Event, QpAttr, QpState, QpType, SendFlags, SendOp, SendWr};
+use softverbs_proto::{AsyncEvent, AttrMask, QpAttr, QpState, QpType, SendFlags, SendOp, SendWr};
 use softverbs_sim::{bring_up, connect, create_qp, run_seeds, FaultRules, QpParams, Sim};
 
 const STEPS: u64 = 200_000;
@@ -246,7 +246,7 @@ fn comm_est_in_rtr_and_sq_drained_in_sqd() {
         sim.post_recv(1, qb, recv(1, &b, 0, 64))?;
         sim.post_send(0, qa, SendWr::new(1, SendOp::Send, vec![sge(&a, 0, 8)]))?;
         sim.run_idle(STEPS)?;
-        assert_eq!(sim.nodes[1].events, vec![Event::CommEst { qpn: qb }]);
+        assert_eq!(sim.nodes[1].events, vec![AsyncEvent::CommEst { qpn: qb }]);
         assert_eq!(sim.completions(0).len(), 1, "an RTR responder ACKs");
 
         let sqd = QpAttr {
@@ -261,7 +261,9 @@ fn comm_est_in_rtr_and_sq_drained_in_sqd() {
         sim.post_recv(1, qb, recv(2, &b, 64, 64))?;
         sim.post_send(0, qa, SendWr::new(2, SendOp::Send, vec![sge(&a, 0, 8)]))?;
         sim.run_idle(STEPS)?;
-        assert!(sim.nodes[0].events.contains(&Event::SqDrained { qpn: qa }));
+        assert!(sim.nodes[0]
+            .events
+            .contains(&AsyncEvent::SqDrained { qpn: qa }));
         assert_eq!(sim.completions(0).len(), 1, "nothing new starts in SQD");
         let rts = QpAttr {
             qp_state: QpState::Rts,

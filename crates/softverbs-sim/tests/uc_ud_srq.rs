@@ -8,8 +8,8 @@ mod common;
 use common::{recv, sge, two_nodes, Op, Traffic, ALL_ACCESS};
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus};
 use softverbs_proto::{
-    AddressVector, AttrMask, CqTarget, DropReason, Event, QpAttr, QpState, QpType, SendOp, SendWr,
-    SrqId, SrqInit, UdDest,
+    AddressVector, AsyncEvent, AttrMask, CqTarget, DropReason, QpAttr, QpState, QpType, SendOp,
+    SendWr, SrqId, SrqInit, UdDest,
 };
 use softverbs_sim::{bring_up, connect, create_qp, run_seeds, FaultRules, QpParams, Sim};
 
@@ -319,7 +319,7 @@ fn srq_shared_by_two_qps_with_limit_and_last_wqe_events() {
             let limit_events = sim.nodes[1]
                 .events
                 .iter()
-                .filter(|e| matches!(e, Event::SrqLimitReached { .. }))
+                .filter(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }))
                 .count();
             assert_eq!(limit_events, 1, "limit event once, then disarmed");
             assert_eq!(sim.nodes[1].ep.query_srq(srq).unwrap().2, 0);
@@ -335,7 +335,7 @@ fn srq_shared_by_two_qps_with_limit_and_last_wqe_events() {
             sim.run_idle(STEPS)?;
             assert!(sim.nodes[1]
                 .events
-                .contains(&Event::LastWqeReached { qpn: pairs[0].1 }));
+                .contains(&AsyncEvent::QpLastWqeReached { qpn: pairs[0].1 }));
             assert!(sim.nodes[1]
                 .completions
                 .iter()

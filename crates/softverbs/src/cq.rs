@@ -20,9 +20,8 @@
 use crate::context::{Context, ContextInner};
 use crate::error::Error;
 use softverbs_cq::{
-    AsyncEventSink, CompletionChannel, CompletionQueue, CqAsyncEvent, CqEvent, CqProducer, CqStats,
-    DestroyError, Moderation, OverrunPolicy, PollBatch, PollError, SingleThreadedCq, WcFields,
-    WorkCompletion,
+    CompletionChannel, CompletionQueue, CqEvent, CqProducer, CqStats, DestroyError, Moderation,
+    OverrunPolicy, OverrunSink, PollBatch, PollError, SingleThreadedCq, WcFields, WorkCompletion,
 };
 use softverbs_device::AsyncEvent;
 use softverbs_proto::Object;
@@ -63,21 +62,14 @@ impl std::fmt::Debug for CqBuilder {
 impl CqBuilder {
     pub(crate) fn new(ctx: &Context, cqe: u32) -> Self {
         let weak: Weak<ContextInner> = Arc::downgrade(&ctx.inner);
-        let sink: AsyncEventSink = Arc::new(move |event| {
+        let sink: OverrunSink = Arc::new(move |overrun| {
             if let Some(ctx) = weak.upgrade() {
-                let CqAsyncEvent::CqError {
-                    cq_id,
-                    user_context,
-                } = event;
-                ctx.device.async_events().push(AsyncEvent::CqError {
-                    cq_id,
-                    user_context,
-                });
+                ctx.device.async_events().push(AsyncEvent::from(overrun));
             }
         });
         CqBuilder {
             ctx: ctx.clone(),
-            inner: softverbs_cq::CqBuilder::new(cqe).async_events(sink),
+            inner: softverbs_cq::CqBuilder::new(cqe).overrun_sink(sink),
             channel: None,
         }
     }

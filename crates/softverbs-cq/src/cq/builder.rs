@@ -8,7 +8,7 @@
 
 use super::notify::ARM_NONE;
 use super::{
-    AsyncEventSink, CompletionQueue, ConsumerSide, CqShared, ModerationState, OverrunPolicy,
+    CompletionQueue, ConsumerSide, CqShared, ModerationState, OverrunPolicy, OverrunSink,
     ProducerSide, SingleThreadedCq, STATE_OK,
 };
 use crate::channel::{CompletionChannel, CqEventSource};
@@ -41,7 +41,7 @@ pub struct CqBuilder {
     channel: Option<CompletionChannel>,
     user_context: u64,
     comp_vector: u32,
-    async_sink: Option<AsyncEventSink>,
+    overrun_sink: Option<OverrunSink>,
 }
 
 impl fmt::Debug for CqBuilder {
@@ -67,7 +67,7 @@ impl CqBuilder {
             channel: None,
             user_context: 0,
             comp_vector: 0,
-            async_sink: None,
+            overrun_sink: None,
         }
     }
 
@@ -108,9 +108,10 @@ impl CqBuilder {
         self
     }
 
-    /// Where `IBV_EVENT_CQ_ERR` goes (the device's async event queue).
-    pub fn async_events(mut self, sink: AsyncEventSink) -> Self {
-        self.async_sink = Some(sink);
+    /// Who hears of an overrun ([`CqOverrun`](super::CqOverrun)): the device, which raises
+    /// `IBV_EVENT_CQ_ERR` on its async event queue.
+    pub fn overrun_sink(mut self, sink: OverrunSink) -> Self {
+        self.overrun_sink = Some(sink);
         self
     }
 
@@ -143,7 +144,7 @@ impl CqBuilder {
             fields: self.fields,
             comp_vector: self.comp_vector,
             events: Arc::new(events),
-            async_sink: self.async_sink,
+            overrun_sink: self.overrun_sink,
             producer: CachePadded::new(ProducerSide {
                 lock: SpinLock::new(),
                 tail: AtomicU64::new(0),

@@ -49,7 +49,7 @@ mod stats;
 pub use builder::{CqBuilder, MAX_CQE};
 pub use extended_poll::PollBatch;
 pub use moderation::Moderation;
-pub use overrun::{AsyncEventSink, CqAsyncEvent, OverrunPolicy};
+pub use overrun::{CqOverrun, OverrunPolicy, OverrunSink};
 pub use produce::{CqProducer, ProducerBurst};
 pub use stats::CqStats;
 
@@ -101,7 +101,7 @@ struct CqShared {
     /// The CQ's identity, user context, channel and event counts: what its events point
     /// back to (see `channel.rs`).
     events: Arc<CqEventSource>,
-    async_sink: Option<AsyncEventSink>,
+    overrun_sink: Option<OverrunSink>,
     producer: CachePadded<ProducerSide>,
     consumer: CachePadded<ConsumerSide>,
     high_water: AtomicU64,

@@ -1,12 +1,12 @@
 //! Overrun: what a push to a full CQ does under each [`OverrunPolicy`], how a consumer
 //! lapped by the producer (`IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`) recovers, and the
-//! `IBV_EVENT_CQ_ERR` async event ([`CqAsyncEvent`]) an overrun raises.
+//! overrun notice ([`CqOverrun`]) the device raises as the `IBV_EVENT_CQ_ERR` async event.
 //!
 //! Guarantees: under [`OverrunPolicy::Error`] the overrunning completion is dropped, counted,
 //! and the CQ enters the error state for good (`ibv_poll_cq(3)`); under
 //! [`OverrunPolicy::Backpressure`] nothing is lost, the completion is handed back; under
 //! [`OverrunPolicy::Overwrite`] the consumer never returns a torn or overwritten entry, it
-//! skips to the oldest entry that can still be there. The async event is raised with no
+//! skips to the oldest entry that can still be there. The overrun notice is given with no
 //! CQ lock held.
 
 use super::{CqShared, STATE_ERROR};
@@ -31,20 +31,19 @@ pub enum OverrunPolicy {
     Backpressure,
 }
 
-/// An asynchronous event the CQ raises for the device's async event queue.
+/// A CQ's overrun notice: the CQ overran and entered the error state (under
+/// [`OverrunPolicy::Error`]). The device turns it into `IBV_EVENT_CQ_ERR` on its async
+/// event queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CqAsyncEvent {
-    /// `IBV_EVENT_CQ_ERR`: the CQ overran.
-    CqError {
-        /// The CQ's identity ([`CompletionQueue::id`](super::CompletionQueue::id)).
-        cq_id: u64,
-        /// The CQ's user context.
-        user_context: u64,
-    },
+pub struct CqOverrun {
+    /// The CQ's identity ([`CompletionQueue::id`](super::CompletionQueue::id)).
+    pub cq_id: u64,
+    /// The CQ's user context.
+    pub user_context: u64,
 }
 
-/// Receives [`CqAsyncEvent`]s; called with no CQ lock held.
-pub type AsyncEventSink = Arc<dyn Fn(CqAsyncEvent) + Send + Sync>;
+/// Receives [`CqOverrun`] notices; called with no CQ lock held.
+pub type OverrunSink = Arc<dyn Fn(CqOverrun) + Send + Sync>;
 
 impl CqShared {
     /// A push found the ring full even after re-reading the consumer's head; the caller
@@ -67,9 +66,9 @@ impl CqShared {
         }
     }
 
-    pub(super) fn raise_cq_error(&self) {
-        if let Some(sink) = &self.async_sink {
-            sink(CqAsyncEvent::CqError {
+    pub(super) fn report_overrun(&self) {
+        if let Some(sink) = &self.overrun_sink {
+            sink(CqOverrun {
                 cq_id: self.id(),
                 user_context: self.user_context(),
             });

@@ -132,7 +132,7 @@ impl Drop for ProducerBurst<'_> {
         self.shared.producer.lock.unlock();
         if self.raise_error {
             // Outside the lock: the sink is the device's code.
-            self.shared.raise_cq_error();
+            self.shared.report_overrun();
         }
     }
 }

@@ -13,10 +13,9 @@ use super::completions::push_completion;
 use super::grh::grh_bytes;
 use super::registry::registry;
 use super::{lock, DeviceInner, State};
-use crate::events::AsyncEvent;
 use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid};
 use softverbs_cq::DeviceClock;
-use softverbs_proto::{AttrMask, Event, QpAttr, QpState};
+use softverbs_proto::{AttrMask, QpAttr, QpState};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -113,15 +112,7 @@ impl DeviceInner {
             push_completion(&st.routes, c, &mut failed_cqs, &mut st.held);
         }
         while let Some(event) = st.engine.poll_event() {
-            self.events.push(match event {
-                Event::QpFatal { qpn } => AsyncEvent::QpFatal { qpn },
-                Event::QpRequestError { qpn } => AsyncEvent::QpRequestError { qpn },
-                Event::QpAccessError { qpn } => AsyncEvent::QpAccessError { qpn },
-                Event::CommEst { qpn } => AsyncEvent::CommEst { qpn },
-                Event::SqDrained { qpn } => AsyncEvent::SqDrained { qpn },
-                Event::LastWqeReached { qpn } => AsyncEvent::QpLastWqeReached { qpn },
-                Event::SrqLimitReached { srq } => AsyncEvent::SrqLimitReached { srq: srq.0 },
-            });
+            self.events.push(event);
         }
         // A CQ that overran is in error: every QP completing into it goes to error too
         // (reference §3.7: "never drop a CQE silently").
