@@ -10,6 +10,9 @@
 //! thread; the device checks the calling thread's, as the kernel does) and lowers the soft
 //! limit. Before the memlock accounting the over-limit registration succeeded.
 
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod memlock;
+
 use softverbs::{AccessFlags, Context, DeviceConfig, Error};
 use softverbs_device::RegisterError;
 use std::process::{Command, Stdio};
@@ -76,8 +79,8 @@ fn registration_past_rlimit_memlock_is_refused_with_enomem_as_a_typed_error() {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 /// In the child: no CAP_IPC_LOCK on this thread, soft RLIMIT_MEMLOCK 64 KiB.
 fn memlock_child() {
-    sys::drop_ipc_lock();
-    sys::set_memlock_soft(64 * KIB as u64);
+    // The child never restores them: it exits after this test.
+    std::mem::forget(memlock::MemlockGuard::lower(64 * KIB as u64).unwrap());
     let pd = Context::open_with(DeviceConfig::in_process())
         .unwrap()
         .alloc_pd();
@@ -104,69 +107,4 @@ fn memlock_child() {
     drop(second);
     let all = pd.reg_mr(64 * KIB, AccessFlags::LOCAL_WRITE).unwrap();
     assert_eq!(all.len(), 64 * KIB);
-}
-
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-/// The two system calls the child needs, declared here (the crate has no `libc`
-/// dependency; the C library is linked into every test binary anyway).
-mod sys {
-    use std::ffi::{c_int, c_long};
-
-    #[repr(C)]
-    struct CapHeader {
-        version: u32,
-        pid: c_int,
-    }
-
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct CapData {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-
-    #[repr(C)]
-    struct Rlimit {
-        cur: u64,
-        max: u64,
-    }
-
-    extern "C" {
-        fn syscall(number: c_long, ...) -> c_long;
-        fn getrlimit(resource: c_int, limit: *mut Rlimit) -> c_int;
-        fn setrlimit(resource: c_int, limit: *const Rlimit) -> c_int;
-    }
-
-    const SYS_CAPGET: c_long = 125;
-    const SYS_CAPSET: c_long = 126;
-    const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    const CAP_IPC_LOCK: u32 = 14;
-    const RLIMIT_MEMLOCK: c_int = 8;
-
-    /// Removes CAP_IPC_LOCK from the calling thread's effective set.
-    pub fn drop_ipc_lock() {
-        let mut header = CapHeader {
-            version: CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let mut data = [CapData::default(); 2];
-        // SAFETY: capget fills the header-described two-element array it is given.
-        let got = unsafe { syscall(SYS_CAPGET, &mut header as *mut CapHeader, data.as_mut_ptr()) };
-        assert_eq!(got, 0, "capget");
-        data[0].effective &= !(1 << CAP_IPC_LOCK);
-        // SAFETY: capset reads the header and the two-element array.
-        let set = unsafe { syscall(SYS_CAPSET, &mut header as *mut CapHeader, data.as_ptr()) };
-        assert_eq!(set, 0, "capset");
-    }
-
-    /// Sets the soft RLIMIT_MEMLOCK to `bytes`, the hard limit unchanged.
-    pub fn set_memlock_soft(bytes: u64) {
-        let mut limit = Rlimit { cur: 0, max: 0 };
-        // SAFETY: getrlimit writes the struct it is given.
-        assert_eq!(unsafe { getrlimit(RLIMIT_MEMLOCK, &mut limit) }, 0);
-        limit.cur = bytes.min(limit.max);
-        // SAFETY: setrlimit reads the struct it is given.
-        assert_eq!(unsafe { setrlimit(RLIMIT_MEMLOCK, &limit) }, 0);
-    }
 }
