@@ -352,10 +352,13 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             with_registry(|r| r.cqs.insert(object));
             return Err(errno_of(e));
         }
-        let channel = state.channel;
+        let (channel, entry, cq_id) = (state.channel, state.entry, state.cq.id());
         // SAFETY: destroyed; the caller gives the CQ up (a poll in progress on another
         // thread would be the caller's use-after-destroy).
         unsafe { CqBlock::free(cq) };
+        // Its unread IBV_EVENT_CQ_ERR goes with it: a CQ later allocated at the same
+        // address must not receive it.
+        entry.device.cq_destroyed(cq_id);
         if !channel.is_null() {
             // SAFETY: the channel outlives its CQs (its destroy refuses while refcnt > 0).
             unsafe { AtomicI32::from_ptr(&raw mut (*channel).refcnt) }

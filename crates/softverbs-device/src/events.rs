@@ -11,6 +11,7 @@ use std::time::Duration;
 // One enum for the asynchronous event, defined with the engine, which raises the QP and
 // SRQ ones; the device queues those and its own (CQ error, port active).
 pub use softverbs_proto::AsyncEvent;
+use softverbs_proto::Object;
 
 /// A queue of [`AsyncEvent`]s behind a pollable eventfd (one count per queued event).
 #[derive(Debug)]
@@ -32,11 +33,10 @@ impl AsyncEventQueue {
     /// Queues an event and wakes one reader.
     pub fn push(&self, event: AsyncEvent) {
         tracing::debug!(?event, "async event");
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(event);
-        // Fails only on counter overflow (2^64 - 2 queued events).
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.push_back(event);
+        // Under the lock, so that the fd's count is the queue's length whenever the lock
+        // is free. Fails only on counter overflow (2^64 - 2 queued events).
         let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 
@@ -44,11 +44,30 @@ impl AsyncEventQueue {
     pub fn try_next(&self) -> Option<AsyncEvent> {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         let event = queue.pop_front()?;
-        drop(queue);
-        // The count for this event is there (pushed before the write, popped here once).
-        let mut buf = [0u8; 8];
-        let _ = rustix::io::read(&self.fd, &mut buf);
+        Self::take_count(&self.fd);
         Some(event)
+    }
+
+    /// Forgets the queued events affiliated with `object` number `id`, as the kernel
+    /// drops a destroyed object's unread events: once an object is destroyed, no event
+    /// names it, and one created after it (the same number, or for the drop-in the same
+    /// address) never receives its predecessor's. Returns how many were dropped.
+    pub fn forget(&self, object: Object, id: u64) -> usize {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let before = queue.len();
+        queue.retain(|event| event.affiliated() != Some((object, id)));
+        let dropped = before - queue.len();
+        for _ in 0..dropped {
+            Self::take_count(&self.fd);
+        }
+        dropped
+    }
+
+    /// Takes one event's count from the semaphore fd; the caller holds the queue's lock
+    /// and has removed that event, so the count is there and the read does not block.
+    fn take_count(fd: &OwnedFd) {
+        let mut buf = [0u8; 8];
+        let _ = rustix::io::read(fd, &mut buf);
     }
 
     /// Waits up to `timeout` (`None`: forever) for the next event.
@@ -115,5 +134,31 @@ mod tests {
         );
         let mut fds = [rustix::event::PollFd::new(&q, rustix::event::PollFlags::IN)];
         assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_destroyed_objects_unread_events_are_forgotten_and_the_fd_count_follows() {
+        // ibv_get_async_event(3): no event is retrieved "after the corresponding object has
+        // already been destroyed"; the kernel drops a destroyed object's unread events.
+        let q = AsyncEventQueue::new().unwrap();
+        q.push(AsyncEvent::QpFatal { qpn: 5 });
+        q.push(AsyncEvent::CqError {
+            cq_id: 9,
+            user_context: 0x1000,
+        });
+        q.push(AsyncEvent::QpAccessError { qpn: 6 });
+        q.push(AsyncEvent::QpRequestError { qpn: 5 });
+        assert_eq!(q.forget(Object::Qp, 5), 2);
+        assert_eq!(q.forget(Object::Cq, 9), 1);
+        assert_eq!(q.forget(Object::Srq, 5), 0);
+        assert_eq!(q.try_next(), Some(AsyncEvent::QpAccessError { qpn: 6 }));
+        // The fd's count went down with the queue: nothing left to read.
+        let zero = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let mut fds = [rustix::event::PollFd::new(&q, rustix::event::PollFlags::IN)];
+        assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 0);
+        assert_eq!(q.try_next(), None);
     }
 }

@@ -2,6 +2,7 @@
 
 use softverbs_cq::{CqOverrun, WorkCompletion};
 
+use crate::error::Object;
 use crate::types::AddressVector;
 
 /// Which completion queue of its QP a completion belongs to.
@@ -103,6 +104,23 @@ impl AsyncEvent {
             AsyncEvent::SrqLimitReached { .. } => 15,
             AsyncEvent::QpLastWqeReached { .. } => 16,
             AsyncEvent::DeviceFatal => 8,
+        }
+    }
+
+    /// The object the event is affiliated with (`ibv_get_async_event(3)`: the CQ, QP or
+    /// SRQ its `element` names) and its number: a CQ's id, a QP number, an SRQ number.
+    /// `None` for port and device events.
+    pub const fn affiliated(&self) -> Option<(Object, u64)> {
+        match *self {
+            AsyncEvent::CqError { cq_id, .. } => Some((Object::Cq, cq_id)),
+            AsyncEvent::QpFatal { qpn }
+            | AsyncEvent::QpRequestError { qpn }
+            | AsyncEvent::QpAccessError { qpn }
+            | AsyncEvent::CommEst { qpn }
+            | AsyncEvent::SqDrained { qpn }
+            | AsyncEvent::QpLastWqeReached { qpn } => Some((Object::Qp, qpn as u64)),
+            AsyncEvent::SrqLimitReached { srq } => Some((Object::Srq, srq as u64)),
+            AsyncEvent::PortActive { .. } | AsyncEvent::DeviceFatal => None,
         }
     }
 }

@@ -120,7 +120,11 @@ impl CqBuilder {
         self.check()?;
         let cq = self.inner.build()?;
         Ok(Cq {
-            inner: Arc::new(CqInner { ctx: self.ctx, cq }),
+            inner: Arc::new(CqInner {
+                events: CqEvents::new(&self.ctx, cq.id()),
+                ctx: self.ctx,
+                cq,
+            }),
         })
     }
 
@@ -128,13 +132,43 @@ impl CqBuilder {
     pub fn build_single_threaded(self) -> Result<LocalCq, Error> {
         self.check()?;
         let cq = self.inner.build_single_threaded()?;
-        Ok(LocalCq { ctx: self.ctx, cq })
+        Ok(LocalCq {
+            events: CqEvents::new(&self.ctx, cq.id()),
+            ctx: self.ctx,
+            cq,
+        })
     }
 }
 
 pub(crate) struct CqInner {
     pub(crate) ctx: Context,
     pub(crate) cq: CompletionQueue,
+    events: CqEvents,
+}
+
+/// Tells the device when a CQ is gone ([`Device::cq_destroyed`]), so that its unread
+/// `IBV_EVENT_CQ_ERR` is never delivered: dropped after the CQ (fields drop in order), by
+/// a successful destroy or by the last handle going away.
+///
+/// [`Device::cq_destroyed`]: softverbs_device::Device::cq_destroyed
+struct CqEvents {
+    ctx: Context,
+    cq_id: u64,
+}
+
+impl CqEvents {
+    fn new(ctx: &Context, cq_id: u64) -> CqEvents {
+        CqEvents {
+            ctx: ctx.clone(),
+            cq_id,
+        }
+    }
+}
+
+impl Drop for CqEvents {
+    fn drop(&mut self) {
+        self.ctx.device().cq_destroyed(self.cq_id);
+    }
 }
 
 /// A thread-safe completion queue (`struct ibv_cq` / `ibv_cq_ex`).
@@ -267,10 +301,10 @@ impl Cq {
                 };
                 Err((Cq { inner }, DestroyError::QueuePairsAttached(users).into()))
             }
-            Ok(CqInner { ctx, cq }) => cq.destroy().map_err(|(cq, e)| {
+            Ok(CqInner { ctx, cq, events }) => cq.destroy().map_err(|(cq, e)| {
                 (
                     Cq {
-                        inner: Arc::new(CqInner { ctx, cq }),
+                        inner: Arc::new(CqInner { ctx, cq, events }),
                     },
                     e.into(),
                 )
@@ -301,6 +335,7 @@ impl Cq {
 pub struct LocalCq {
     ctx: Context,
     cq: SingleThreadedCq,
+    events: CqEvents,
 }
 
 impl std::fmt::Debug for LocalCq {
@@ -343,9 +378,9 @@ impl LocalCq {
     /// Destroys the CQ, refused (CQ handed back) while a QP uses it or an event is
     /// unacknowledged.
     pub fn destroy(self) -> Result<(), (LocalCq, Error)> {
-        let LocalCq { ctx, cq } = self;
+        let LocalCq { ctx, cq, events } = self;
         cq.destroy()
-            .map_err(|(cq, e)| (LocalCq { ctx, cq }, e.into()))
+            .map_err(|(cq, e)| (LocalCq { ctx, cq, events }, e.into()))
     }
 }
 

@@ -315,6 +315,15 @@ impl Device {
         &self.inner.events
     }
 
+    /// A CQ was destroyed (`ibv_destroy_cq(3)`): its unread `IBV_EVENT_CQ_ERR` is never
+    /// delivered, as the kernel drops a destroyed object's events (QPs and SRQs, which the
+    /// device destroys itself, get the same in [`Device::destroy_qp`] and
+    /// [`Device::destroy_srq`]). The CQ core does not know the device, so both front doors
+    /// call this when they destroy a CQ.
+    pub fn cq_destroyed(&self, cq_id: u64) {
+        self.inner.events.forget(Object::Cq, cq_id);
+    }
+
     /// Allocates a protection domain (`ibv_alloc_pd(3)`); returns its handle.
     pub fn alloc_pd(&self) -> u32 {
         lock(&self.inner.state).objects.alloc_pd()
@@ -426,6 +435,7 @@ impl Device {
                 route.recv.detach_qp();
             }
         }
+        self.inner.events.forget(Object::Qp, u64::from(qpn));
         Ok(())
     }
 
@@ -493,6 +503,7 @@ impl Device {
         let mut st = lock(&self.inner.state);
         st.engine.destroy_srq(srq)?;
         st.objects.remove_srq(srq.0);
+        self.inner.events.forget(Object::Srq, u64::from(srq.0));
         Ok(())
     }
 
