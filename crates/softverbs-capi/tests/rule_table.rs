@@ -23,6 +23,8 @@
 //! returns). The memlock cases lower this thread's soft `RLIMIT_MEMLOCK` and drop
 //! `CAP_IPC_LOCK` from its effective set for the call, restoring both after.
 
+#[path = "../../softverbs/tests/memlock/mod.rs"]
+mod memlock;
 #[path = "../../softverbs/tests/rules/table.rs"]
 mod table;
 
@@ -1306,89 +1308,6 @@ fn map_pages(pages: usize, prot: c_int) -> Result<*mut u8, String> {
         }
     }
     Err(format!("setup: no free address for {pages} pages"))
-}
-
-/// `struct __user_cap_header_struct`.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: c_int,
-}
-
-/// `struct __user_cap_data_struct`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAP_IPC_LOCK: u32 = 14;
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-/// The calling thread under a low soft `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK` in its
-/// effective set, until dropped (both restored).
-struct MemlockGuard {
-    limit: libc::rlimit,
-    caps: [CapData; 2],
-}
-
-impl MemlockGuard {
-    fn lower(bytes: u64) -> Result<MemlockGuard, String> {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes the rlimit it is given.
-        if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 {
-            return Err("setup: getrlimit(RLIMIT_MEMLOCK) failed".into());
-        }
-        let mut header = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let mut caps = [CapData::default(); 2];
-        // SAFETY: capget reads the header and writes two data structs (version 3), laid
-        // out as the kernel's.
-        if unsafe { libc::syscall(libc::SYS_capget, &mut header, caps.as_mut_ptr()) } != 0 {
-            return Err("setup: capget failed".into());
-        }
-        let guard = MemlockGuard { limit, caps };
-        let low = libc::rlimit {
-            rlim_cur: bytes.min(limit.rlim_max),
-            rlim_max: limit.rlim_max,
-        };
-        // SAFETY: setrlimit reads the rlimit it is given.
-        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &low) } != 0 {
-            return Err("setup: setrlimit(RLIMIT_MEMLOCK) failed".into());
-        }
-        let mut dropped = caps;
-        dropped[0].effective &= !(1 << CAP_IPC_LOCK);
-        guard.set_caps(&dropped)?;
-        Ok(guard)
-    }
-
-    fn set_caps(&self, caps: &[CapData; 2]) -> Result<(), String> {
-        let mut header = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        // SAFETY: capset reads the header and two data structs (version 3), laid out as
-        // the kernel's; it changes only this thread's capabilities.
-        if unsafe { libc::syscall(libc::SYS_capset, &mut header, caps.as_ptr()) } != 0 {
-            return Err("setup: capset failed".into());
-        }
-        Ok(())
-    }
-}
-
-impl Drop for MemlockGuard {
-    fn drop(&mut self) {
-        let _ = self.set_caps(&self.caps);
-        // SAFETY: setrlimit reads the rlimit it is given.
-        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &self.limit) };
-    }
 }
 
 /// `via` of `len` bytes at `addr` with `access`: the region (deferred for
@@ -2698,7 +2617,7 @@ fn run(dev: &Device, case: &Case) -> Result<Run, String> {
                 }
                 Memory::ZeroLength => (buffer(&mut bufs, 64), 0),
                 Memory::TebibyteOverPageUnderMemlock => {
-                    guard = Some(MemlockGuard::lower(64 * 1024)?);
+                    guard = Some(memlock::MemlockGuard::lower(64 * 1024)?);
                     (buffer(&mut bufs, PAGE), 1 << 40)
                 }
             };
@@ -2725,7 +2644,7 @@ fn run(dev: &Device, case: &Case) -> Result<Run, String> {
             scope.defer("munmap", move || unsafe {
                 libc::munmap(p.cast(), 32 * PAGE)
             });
-            let guard = MemlockGuard::lower(64 * 1024)?;
+            let guard = memlock::MemlockGuard::lower(64 * 1024)?;
             let mut inner = Scope::default();
             reg_via(
                 pd,
