@@ -60,7 +60,7 @@ macro_rules! ctx {
 }
 
 impl Engine {
-    /// A new endpoint with no QPs.
+    /// A new engine with no QPs.
     pub fn new(config: EngineConfig) -> Self {
         Engine {
             config,
@@ -75,7 +75,7 @@ impl Engine {
         }
     }
 
-    /// The limits this endpoint enforces.
+    /// The limits this engine enforces.
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
@@ -391,7 +391,7 @@ fn no_srq(srq: SrqId) -> VerbsError {
 
 #[cfg(test)]
 mod tests {
-    //! Scenario tests of one or two endpoints wired by hand: the exact packets out for a
+    //! Scenario tests of one or two engines wired by hand: the exact packets out for a
     //! given input (segmentation, PSNs, AckReq, the unacknowledged window) and the
     //! modify contract.
 

@@ -17,7 +17,7 @@ use crate::types::{
 };
 use crate::wr::{Gather, RecvWr, SendOp, SendWr};
 
-/// The parts of the endpoint a QP writes to while it runs.
+/// The parts of the engine a QP writes to while it runs.
 pub(crate) struct Ctx<'a> {
     pub config: &'a EngineConfig,
     pub srqs: &'a mut BTreeMap<u32, Srq>,

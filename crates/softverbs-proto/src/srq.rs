@@ -1,4 +1,4 @@
-//! Shared receive queues: receive WQEs several QPs of one endpoint consume in arrival
+//! Shared receive queues: receive WQEs several QPs of one engine consume in arrival
 //! order, with the armed limit of `ibv_modify_srq(3)`.
 
 use std::collections::VecDeque;

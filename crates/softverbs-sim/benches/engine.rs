@@ -1,4 +1,4 @@
-//! Engine benchmark: two `softverbs-proto` endpoints joined in memory (no loss, no
+//! Engine benchmark: two `softverbs-proto` engines joined in memory (no loss, no
 //! simulator overhead, no ICRC), RC QPs at path MTU 4096. Measures messages/s and bytes/s
 //! for 8-byte SENDs and 64 KiB RDMA WRITEs, and a plain `memcpy` of the same bytes in the
 //! same run, then prints the ratio.

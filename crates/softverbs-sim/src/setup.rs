@@ -90,7 +90,7 @@ pub fn create_qp(
         srq,
         pd: p.pd,
     };
-    let r = sim.nodes[node].ep.create_qp(init);
+    let r = sim.nodes[node].engine.create_qp(init);
     let qpn = verb(sim, r)?;
     sim.track_qp(node, qpn, p.sq_sig_all, srq);
     Ok(qpn)
@@ -130,7 +130,7 @@ pub fn bring_up(
         } else {
             AttrMask::ACCESS_FLAGS
         };
-    let r = sim.nodes[node].ep.modify_qp(qpn, &attr, init_mask);
+    let r = sim.nodes[node].engine.modify_qp(qpn, &attr, init_mask);
     verb(sim, r)?;
 
     attr.qp_state = QpState::Rtr;
@@ -161,7 +161,7 @@ pub fn bring_up(
     attr.rq_psn = rq_psn;
     attr.max_dest_rd_atomic = p.max_dest_rd_atomic;
     attr.min_rnr_timer = p.min_rnr_timer;
-    let r = sim.nodes[node].ep.modify_qp(qpn, &attr, rtr_mask);
+    let r = sim.nodes[node].engine.modify_qp(qpn, &attr, rtr_mask);
     verb(sim, r)?;
 
     attr.qp_state = QpState::Rts;
@@ -181,7 +181,7 @@ pub fn bring_up(
         }
         _ => AttrMask::STATE | AttrMask::SQ_PSN,
     };
-    let r = sim.nodes[node].ep.modify_qp(qpn, &attr, rts_mask);
+    let r = sim.nodes[node].engine.modify_qp(qpn, &attr, rts_mask);
     verb(sim, r)
 }
 

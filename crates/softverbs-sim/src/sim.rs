@@ -132,7 +132,7 @@ impl std::error::Error for SimError {}
 #[derive(Debug)]
 pub struct Node {
     /// The engine.
-    pub ep: Engine,
+    pub engine: Engine,
     /// Its registered memory.
     pub mem: SimMemory,
     /// Its GID (IPv4-mapped `::ffff:10.0.0.n`).
@@ -237,10 +237,11 @@ impl Sim {
         gid[10] = 0xFF;
         gid[11] = 0xFF;
         gid[12..].copy_from_slice(&[10, 0, 0, i as u8 + 1]);
-        let ep = Engine::new(config);
-        self.buf.resize(ep.max_packet_len().max(self.buf.len()), 0);
+        let engine = Engine::new(config);
+        self.buf
+            .resize(engine.max_packet_len().max(self.buf.len()), 0);
         self.nodes.push(Node {
-            ep,
+            engine,
             mem: SimMemory::new(),
             gid,
             completions: Vec::new(),
@@ -277,7 +278,7 @@ impl Sim {
         let signaled = sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let wr_id = wr.wr_id;
         self.nodes[node]
-            .ep
+            .engine
             .post_send(qpn, wr)
             .map_err(|e| self.error(SimErrorKind::Verb(e)))?;
         self.tracker
@@ -292,7 +293,7 @@ impl Sim {
     pub fn post_recv(&mut self, node: usize, qpn: u32, wr: RecvWr) -> Result<(), SimError> {
         let wr_id = wr.wr_id;
         self.nodes[node]
-            .ep
+            .engine
             .post_recv(qpn, wr)
             .map_err(|e| self.error(SimErrorKind::Verb(e)))?;
         self.tracker
@@ -307,7 +308,7 @@ impl Sim {
     pub fn post_srq_recv(&mut self, node: usize, srq: SrqId, wr: RecvWr) -> Result<(), SimError> {
         let wr_id = wr.wr_id;
         self.nodes[node]
-            .ep
+            .engine
             .post_srq_recv(srq, wr)
             .map_err(|e| self.error(SimErrorKind::Verb(e)))?;
         self.tracker
@@ -320,8 +321,8 @@ impl Sim {
 
     /// Delivers raw bytes to `node` now, bypassing the fabric (a rogue peer).
     pub fn inject(&mut self, node: usize, bytes: &[u8]) -> Result<(), SimError> {
-        let Node { ep, mem, .. } = &mut self.nodes[node];
-        ep.handle_packet(self.now, bytes, None, mem);
+        let Node { engine, mem, .. } = &mut self.nodes[node];
+        engine.handle_packet(self.now, bytes, None, mem);
         self.collect()
     }
 
@@ -334,8 +335,8 @@ impl Sim {
         for i in 0..self.nodes.len() {
             loop {
                 let now = self.now;
-                let Node { ep, mem, .. } = &mut self.nodes[i];
-                let Some(t) = ep.poll_transmit(now, &mut self.buf, mem) else {
+                let Node { engine, mem, .. } = &mut self.nodes[i];
+                let Some(t) = engine.poll_transmit(now, &mut self.buf, mem) else {
                     break;
                 };
                 let bytes = self.buf[..t.len].to_vec();
@@ -443,20 +444,20 @@ impl Sim {
         }
         self.stats.delivered += 1;
         let now = self.now;
-        let Node { ep, mem, .. } = &mut self.nodes[p.to];
-        ep.handle_packet(now, &p.bytes, is_ud.then_some(&grh), mem);
+        let Node { engine, mem, .. } = &mut self.nodes[p.to];
+        engine.handle_packet(now, &p.bytes, is_ud.then_some(&grh), mem);
     }
 
     /// Polls every node's completions and events and checks the invariants.
     fn collect(&mut self) -> Result<(), SimError> {
         for i in 0..self.nodes.len() {
-            while let Some(c) = self.nodes[i].ep.poll_completion() {
+            while let Some(c) = self.nodes[i].engine.poll_completion() {
                 if let Err(msg) = self.check_completion(i, &c) {
                     return Err(self.error(SimErrorKind::Invariant(msg)));
                 }
                 self.nodes[i].completions.push(c);
             }
-            while let Some(e) = self.nodes[i].ep.poll_event() {
+            while let Some(e) = self.nodes[i].engine.poll_event() {
                 self.nodes[i].events.push(e);
             }
         }
@@ -522,8 +523,8 @@ impl Sim {
             let mut burst = 0u32;
             loop {
                 let now = self.now;
-                let Node { ep, mem, .. } = &mut self.nodes[i];
-                let Some(t) = ep.poll_transmit(now, &mut self.buf, mem) else {
+                let Node { engine, mem, .. } = &mut self.nodes[i];
+                let Some(t) = engine.poll_transmit(now, &mut self.buf, mem) else {
                     break;
                 };
                 let bytes = self.buf[..t.len].to_vec();
@@ -551,7 +552,7 @@ impl Sim {
             .nodes
             .iter()
             .filter(|n| !n.down)
-            .filter_map(|n| n.ep.poll_timeout())
+            .filter_map(|n| n.engine.poll_timeout())
             .min();
         let next = match (next_packet, next_timer) {
             (Some(a), Some(b)) => a.min(b),
@@ -563,8 +564,8 @@ impl Sim {
         self.now = self.now.max(next);
         let now = self.now;
         for n in self.nodes.iter_mut().filter(|n| !n.down) {
-            if n.ep.poll_timeout().is_some_and(|t| t <= now) {
-                n.ep.handle_timeout(now);
+            if n.engine.poll_timeout().is_some_and(|t| t <= now) {
+                n.engine.handle_timeout(now);
             }
         }
         self.collect()?;

@@ -146,8 +146,8 @@ fn loc_len_err_when_send_exceeds_receive_buffer() {
                 "vendor_err carries the NAK syndrome"
             );
             assert_flushed(&s[1], 2, qa);
-            assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Err));
-            assert_eq!(sim.nodes[1].ep.qp_state(qb), Some(QpState::Err));
+            assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Err));
+            assert_eq!(sim.nodes[1].engine.qp_state(qb), Some(QpState::Err));
             assert!(sim.nodes[1]
                 .events
                 .contains(&AsyncEvent::QpRequestError { qpn: qb }));
@@ -184,7 +184,7 @@ fn loc_len_err_for_ud_message_larger_than_mtu() {
         sim.run_idle(STEPS)?;
         let s = sim.completions(0);
         assert_status(&s[0], WcStatus::LocLenErr);
-        assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Sqe));
+        assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Sqe));
         sim.post_send(
             0,
             qa,
@@ -197,7 +197,7 @@ fn loc_len_err_for_ud_message_larger_than_mtu() {
             ..QpAttr::default()
         };
         sim.nodes[0]
-            .ep
+            .engine
             .modify_qp(qa, &rts, AttrMask::STATE)
             .unwrap();
         sim.post_send(
@@ -281,7 +281,7 @@ fn loc_prot_err_for_bad_lkey_even_when_unsignaled() {
             assert_status(&s[0], WcStatus::LocProtErr);
             assert_eq!((s[0].wc.wr_id(), s[0].wc.qp_num()), (1, qa));
             assert!(sim.completions(1).is_empty(), "nothing reached the peer");
-            assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Err));
+            assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Err));
             Ok(())
         },
     );
@@ -313,7 +313,7 @@ fn wr_flush_err_on_modify_to_err_and_post_in_err() {
                 ..QpAttr::default()
             };
             sim.nodes[0]
-                .ep
+                .engine
                 .modify_qp(qa, &attr, AttrMask::STATE)
                 .unwrap();
             sim.post_send(0, qa, SendWr::new(3, SendOp::Send, vec![sge(&a, 0, 8)]))?;
@@ -363,7 +363,7 @@ fn bad_resp_err_when_response_does_not_match_request() {
             let s = sim.completions(0);
             assert_status(&s[0], WcStatus::BadRespErr);
             assert_eq!((s[0].wc.wr_id(), s[0].wc.qp_num()), (1, qa));
-            assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Err));
+            assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Err));
             Ok(())
         },
     );
@@ -552,7 +552,7 @@ fn retry_exc_err_after_retry_cnt_timeouts() {
         let s = sim.completions(0);
         assert_status(&s[0], WcStatus::RetryExcErr);
         assert_flushed(&s[1], 2, qa);
-        assert_eq!(sim.nodes[0].ep.counters().timeouts, 3);
+        assert_eq!(sim.nodes[0].engine.counters().timeouts, 3);
         Ok(())
     });
 }
@@ -574,8 +574,8 @@ fn rnr_retry_exc_err_after_rnr_retry_naks() {
         sim.run_idle(STEPS)?;
         let s = sim.completions(0);
         assert_status(&s[0], WcStatus::RnrRetryExcErr);
-        assert_eq!(sim.nodes[0].ep.counters().rnr_naks_received, 3);
-        assert_eq!(sim.nodes[1].ep.counters().rnr_naks_sent, 3);
+        assert_eq!(sim.nodes[0].engine.counters().rnr_naks_received, 3);
+        assert_eq!(sim.nodes[1].engine.counters().rnr_naks_sent, 3);
         assert!(sim.now >= 2 * 1_280_000, "two RNR waits of 1.28 ms");
         Ok(())
     });
@@ -598,7 +598,9 @@ fn rnr_nak_then_success_when_receive_posted_late() {
             let a = sim.nodes[0].mem.register(4096, ALL_ACCESS);
             let b = sim.nodes[1].mem.register(4096, ALL_ACCESS);
             sim.post_send(0, qa, SendWr::new(1, SendOp::Send, vec![sge(&a, 0, 8)]))?;
-            sim.run_until(STEPS, |s| s.nodes[0].ep.counters().rnr_naks_received >= 20)?;
+            sim.run_until(STEPS, |s| {
+                s.nodes[0].engine.counters().rnr_naks_received >= 20
+            })?;
             sim.post_recv(1, qb, recv(5, &b, 0, 64))?;
             sim.run_until(STEPS, |s| s.completions(0).len() == 1)?;
             assert!(sim.completions(0)[0].wc.result().is_ok());
@@ -621,18 +623,18 @@ fn qp_usable_again_after_reset_and_reconnect() {
         sim.post_recv(1, qb, recv(1, &b, 0, 4))?;
         sim.post_send(0, qa, SendWr::new(1, SendOp::Send, vec![sge(&a, 0, 64)]))?;
         sim.run_idle(STEPS)?;
-        assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Err));
-        assert_eq!(sim.nodes[1].ep.qp_state(qb), Some(QpState::Err));
+        assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Err));
+        assert_eq!(sim.nodes[1].engine.qp_state(qb), Some(QpState::Err));
         let reset = QpAttr {
             qp_state: QpState::Reset,
             ..QpAttr::default()
         };
         sim.nodes[0]
-            .ep
+            .engine
             .modify_qp(qa, &reset, AttrMask::STATE)
             .unwrap();
         sim.nodes[1]
-            .ep
+            .engine
             .modify_qp(qb, &reset, AttrMask::STATE)
             .unwrap();
         softverbs_sim::bring_up(&mut sim, 0, qa, QpType::Rc, Some((1, qb)), &p, (500, 900))?;

@@ -58,16 +58,16 @@ fn forge(opcode: Opcode, qpn: u32, psn: u32, payload: &[u8]) -> Vec<u8> {
 /// engine after each; returns how many packets node 1 sent in answer.
 fn flood(sim: &mut Sim, pkt: &[u8], copies: u32) -> Result<u64, SimError> {
     sim.transmit()?;
-    let before = sim.nodes[1].ep.counters().packets_sent;
+    let before = sim.nodes[1].engine.counters().packets_sent;
     for _ in 0..copies {
         sim.inject(1, pkt)?;
         sim.transmit()?;
     }
-    Ok(sim.nodes[1].ep.counters().packets_sent - before)
+    Ok(sim.nodes[1].engine.counters().packets_sent - before)
 }
 
 fn window(sim: &Sim) -> u64 {
-    sim.nodes[1].ep.config().duplicate_reply_window_ns
+    sim.nodes[1].engine.config().duplicate_reply_window_ns
 }
 
 /// IBTA vol. 1 §9.8 (UC responder: a FIRST or ONLY packet starts a new message whatever
@@ -218,7 +218,7 @@ fn uc_message_missing_or_with_a_foreign_middle_is_dropped_and_the_next_delivered
             }
             assert!(
                 sim.nodes[1]
-                    .ep
+                    .engine
                     .counters()
                     .drops(DropReason::UcMessageDropped)
                     >= 2
@@ -286,7 +286,7 @@ fn rc_flood_of_duplicate_sends_gets_one_ack_per_window_and_the_exchange_complete
             sim.run_idle(STEPS)?;
             assert_eq!(sent_bursts, bursts);
             assert!(answers <= u64::from(bursts));
-            let c = sim.nodes[1].ep.counters();
+            let c = sim.nodes[1].engine.counters();
             assert!(c.duplicate_replies_suppressed >= u64::from(bursts * copies) - answers);
             t.verify_rc(&sim);
             Ok(())
@@ -334,7 +334,7 @@ fn duplicate_read_flood_replays_the_data_once_per_window() {
             );
             sim.run_idle(STEPS)?;
             assert_eq!(sim.completions(0).len(), 1, "stale replays are dropped");
-            assert!(sim.nodes[1].ep.counters().duplicate_replies_suppressed >= 2_997);
+            assert!(sim.nodes[1].engine.counters().duplicate_replies_suppressed >= 2_997);
             let _ = qb;
             Ok(())
         },
@@ -416,12 +416,12 @@ fn undrained_duplicate_flood_leaves_the_responder_output_queue_bounded() {
                 .collect();
             assert_eq!(reqs.len(), 3, "SEND, READ, FETCH ADD");
             sim.transmit()?;
-            let before = sim.nodes[1].ep.counters().packets_sent;
+            let before = sim.nodes[1].engine.counters().packets_sent;
             for k in 0..200_000usize {
                 sim.inject(1, &reqs[k % 3])?;
             }
             let sent = sim.transmit()?;
-            assert_eq!(sim.nodes[1].ep.counters().packets_sent - before, sent);
+            assert_eq!(sim.nodes[1].engine.counters().packets_sent - before, sent);
             assert!(sent <= 6, "seed {seed}: {sent} packets queued by the flood");
             sim.run_idle(STEPS)?;
             assert_eq!(sim.completions(1).len(), 1, "the SEND delivered once");
@@ -462,7 +462,10 @@ fn out_of_sequence_flood_gets_one_nak_per_window_even_when_rnr_naks_rearm_the_ga
                 .count();
             assert_eq!(seq_naks, 1, "seed {seed}: one NAK sequence error");
             assert_eq!(
-                sim.nodes[1].ep.counters().drops(DropReason::OutOfSequence),
+                sim.nodes[1]
+                    .engine
+                    .counters()
+                    .drops(DropReason::OutOfSequence),
                 1_000
             );
             Ok(())
@@ -516,7 +519,10 @@ fn requester_at_the_shortest_ack_timeout_gets_every_reack_it_needs() {
                 sends[0].wc
             );
             assert_eq!(sim.completions(1).len(), 1, "delivered once");
-            assert_eq!(sim.nodes[1].ep.counters().duplicate_replies_suppressed, 0);
+            assert_eq!(
+                sim.nodes[1].engine.counters().duplicate_replies_suppressed,
+                0
+            );
             Ok(())
         },
     );

@@ -138,7 +138,11 @@ fn rem_access_err_for_write_read_and_atomics_to_rkey_of_another_pd() {
                         .contains(&AsyncEvent::QpAccessError { qpn: qb }),
                     "{name}: responder raises QP_ACCESS_ERR"
                 );
-                assert_eq!(sim.nodes[1].ep.qp_state(qb), Some(QpState::Err), "{name}");
+                assert_eq!(
+                    sim.nodes[1].engine.qp_state(qb),
+                    Some(QpState::Err),
+                    "{name}"
+                );
                 assert!(sim.completions(1).is_empty(), "{name}: no receive consumed");
 
                 // The QPs' own PD: the same operation works.
@@ -198,8 +202,8 @@ fn loc_prot_err_for_local_sge_of_another_pd() {
         assert_eq!((s[0].wc.wr_id(), s[0].wc.qp_num()), (1, qa));
         assert!(sim.completions(1).is_empty(), "nothing reached the peer");
         assert_eq!(sim.nodes[1].mem.bytes(b.addr, 64), &MARK);
-        assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Err));
-        assert_eq!(sim.nodes[0].ep.counters().packets_sent, 0);
+        assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Err));
+        assert_eq!(sim.nodes[0].engine.counters().packets_sent, 0);
 
         // RDMA READ and FETCH_AND_ADD into a local buffer of another PD.
         for op in [
@@ -222,7 +226,7 @@ fn loc_prot_err_for_local_sge_of_another_pd() {
             assert_status(&s[0], WcStatus::LocProtErr);
             assert_eq!(sim.nodes[0].mem.bytes(foreign.addr, 8), &[0; 8]);
             assert_eq!(sim.nodes[1].mem.bytes(b.addr, 64), &MARK, "{op:?}");
-            assert_eq!(sim.nodes[0].ep.counters().packets_sent, 0, "{op:?}");
+            assert_eq!(sim.nodes[0].engine.counters().packets_sent, 0, "{op:?}");
         }
 
         // The own PD's L_Key: delivered.
@@ -277,7 +281,7 @@ fn receive_wqe_with_lkey_of_another_pd_fails_like_a_bad_lkey() {
             let mut sim = two_nodes(seed, FaultRules::perfect());
             let p = params();
             let srq = sim.nodes[1]
-                .ep
+                .engine
                 .create_srq(SrqInit {
                     max_wr: 4,
                     max_sge: 1,
@@ -409,8 +413,8 @@ fn qp_pd_is_reported_and_pd_zero_is_the_default() {
     let mut sim = two_nodes(1, FaultRules::perfect());
     let qa = create_qp(&mut sim, 0, QpType::Rc, &params(), None).unwrap();
     let qd = create_qp(&mut sim, 0, QpType::Rc, &QpParams::default(), None).unwrap();
-    assert_eq!(sim.nodes[0].ep.query_qp(qa).unwrap().1.pd, QP_PD);
-    assert_eq!(sim.nodes[0].ep.query_qp(qd).unwrap().1.pd, 0);
+    assert_eq!(sim.nodes[0].engine.query_qp(qa).unwrap().1.pd, QP_PD);
+    assert_eq!(sim.nodes[0].engine.query_qp(qd).unwrap().1.pd, 0);
     assert_eq!(sim.nodes[0].mem.register(64, ALL_ACCESS).pd, 0);
 }
 

@@ -43,7 +43,7 @@ fn rc_under_loss(name: &str, loss: f64, n: usize, mtu: Mtu, seeds: &[u64]) {
             t.run(&mut sim, 2_000_000)?;
             t.verify_rc(&sim);
         }
-        let (st, ca) = (&sim.stats, sim.nodes[0].ep.counters());
+        let (st, ca) = (&sim.stats, sim.nodes[0].engine.counters());
         println!(
             "  fabric {st:?}; requester retransmitted {} packets, {} retries, {} timeouts",
             ca.retransmitted_packets, ca.retries, ca.timeouts
@@ -170,9 +170,9 @@ fn rc_vanished_peer_retry_exceeded_then_flush() {
                 assert_eq!(c.wc.status(), WcStatus::WrFlushErr);
                 assert_eq!(c.wc.wr_id(), i as u64);
             }
-            assert_eq!(sim.nodes[0].ep.qp_state(qa), Some(QpState::Err));
+            assert_eq!(sim.nodes[0].engine.qp_state(qa), Some(QpState::Err));
             // 1 try + 3 retries of the first packet window.
-            assert_eq!(sim.nodes[0].ep.counters().timeouts, 4);
+            assert_eq!(sim.nodes[0].engine.counters().timeouts, 4);
             // Virtual time: 4 timeouts of 4.096 µs · 2^8.
             assert!(sim.now >= 4 * 4096 * 256);
             let _ = WcOpcode::Send;

@@ -5,7 +5,7 @@
 //! and mutations that keep the BTH's destination QP and PSN so the packet reaches the QP's
 //! logic) and fed to a live pair of engines while the same exchange runs again.
 //!
-//! Two endpoints are driven by hand (as `robustness.rs` does) over a FIFO wire with a
+//! Two engines are driven by hand (as `robustness.rs` does) over a FIFO wire with a
 //! virtual clock, each over a [`CanaryMemory`]: one flat backing store in which the
 //! registered regions are carved out and everything else holds a canary pattern. After
 //! every packet, real or mutated:

@@ -214,7 +214,7 @@ fn comm_est_in_rtr_and_sq_drained_in_sqd() {
         bring_up(&mut sim, 0, qa, QpType::Rc, Some((1, qb)), &p, (10, 20))?;
         // B only to RTR.
         let gid = sim.nodes[0].gid;
-        let ep = &mut sim.nodes[1].ep;
+        let ep = &mut sim.nodes[1].engine;
         let mut attr = QpAttr {
             qp_state: QpState::Init,
             port_num: 1,
@@ -255,7 +255,7 @@ fn comm_est_in_rtr_and_sq_drained_in_sqd() {
             ..QpAttr::default()
         };
         sim.nodes[0]
-            .ep
+            .engine
             .modify_qp(qa, &sqd, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY)
             .unwrap();
         sim.post_recv(1, qb, recv(2, &b, 64, 64))?;
@@ -270,7 +270,7 @@ fn comm_est_in_rtr_and_sq_drained_in_sqd() {
             ..QpAttr::default()
         };
         sim.nodes[0]
-            .ep
+            .engine
             .modify_qp(qa, &rts, AttrMask::STATE)
             .unwrap();
         sim.run_idle(STEPS)?;

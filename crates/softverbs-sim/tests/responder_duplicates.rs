@@ -32,13 +32,13 @@ fn duplicate_send_is_reacked_without_a_second_completion() {
             sim.post_send(0, qa, SendWr::new(1, SendOp::Send, vec![sge(&a, 0, 8)]))?;
             sim.run_idle(STEPS)?;
             let send = first_packet(&log, 0, Opcode::RC_SEND_ONLY);
-            let acks_before = sim.nodes[1].ep.counters().acks_sent;
+            let acks_before = sim.nodes[1].engine.counters().acks_sent;
             sim.inject(1, &send)?;
             sim.run_idle(STEPS)?;
             assert_eq!(sim.completions(1).len(), 1, "no second receive completion");
-            assert_eq!(sim.nodes[1].ep.counters().duplicates_received, 1);
+            assert_eq!(sim.nodes[1].engine.counters().duplicates_received, 1);
             assert_eq!(
-                sim.nodes[1].ep.counters().acks_sent,
+                sim.nodes[1].engine.counters().acks_sent,
                 acks_before + 1,
                 "re-ACKed"
             );
@@ -131,7 +131,7 @@ fn duplicate_atomic_returns_saved_value_and_executes_once() {
             // Two retransmissions a reply window apart, as a requester's ACK timeouts space
             // them: each is answered (two copies inside one window get one answer, see
             // forged_packets.rs).
-            let window = sim.nodes[1].ep.config().duplicate_reply_window_ns;
+            let window = sim.nodes[1].engine.config().duplicate_reply_window_ns;
             sim.inject(1, &req)?;
             sim.run_idle(STEPS)?;
             sim.now += window;
@@ -178,10 +178,10 @@ fn a_gap_gets_exactly_one_nak_sequence_error() {
         assert_eq!(log.len(), 1, "one NAK for the whole gap");
         let nak = &log[0].1;
         assert_eq!((nak[0], nak[12], psn_of(nak)), (0x11, 0x60, expected));
-        assert_eq!(sim.nodes[1].ep.counters().naks_sent, 1);
+        assert_eq!(sim.nodes[1].engine.counters().naks_sent, 1);
         assert_eq!(
             sim.nodes[1]
-                .ep
+                .engine
                 .counters()
                 .drops(softverbs_proto::DropReason::OutOfSequence),
             3

@@ -78,19 +78,19 @@ fn garbage_and_mutated_packets_are_dropped_or_handled_without_panic() {
                 }
                 let now = sim.now;
                 let node = &mut sim.nodes[(round % 2) as usize];
-                node.ep.handle_packet(now, &bytes, None, &mut node.mem);
+                node.engine.handle_packet(now, &bytes, None, &mut node.mem);
                 ep.handle_packet(now, &bytes, None, &mut mem);
                 count += 2;
                 let mut buf = vec![0u8; 8192];
                 for n in sim.nodes.iter_mut() {
-                    while n.ep.poll_transmit(now, &mut buf, &n.mem).is_some() {}
-                    while n.ep.poll_completion().is_some() {}
+                    while n.engine.poll_transmit(now, &mut buf, &n.mem).is_some() {}
+                    while n.engine.poll_completion().is_some() {}
                 }
             }
             let received: u64 = sim
                 .nodes
                 .iter()
-                .map(|n| n.ep.counters().packets_received)
+                .map(|n| n.engine.counters().packets_received)
                 .sum::<u64>()
                 + ep.counters().packets_received;
             assert_eq!(received, count);

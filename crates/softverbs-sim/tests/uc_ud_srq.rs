@@ -25,7 +25,7 @@ fn uc_no_loss_delivers_every_message() {
         t.run(&mut sim, STEPS)?;
         t.verify_rc(&sim);
         assert_eq!(
-            sim.nodes[1].ep.counters().acks_sent,
+            sim.nodes[1].engine.counters().acks_sent,
             0,
             "UC never acknowledges"
         );
@@ -87,7 +87,7 @@ fn uc_loss_drops_messages_without_retry() {
         let sends = sim.completions(0);
         assert_eq!(sends.len(), n);
         assert!(sends.iter().all(|c| c.wc.result().is_ok()));
-        assert_eq!(sim.nodes[0].ep.counters().retransmitted_packets, 0);
+        assert_eq!(sim.nodes[0].engine.counters().retransmitted_packets, 0);
         let mut last = None;
         let recvs = sim.completions(1);
         assert!(recvs.len() < n, "some messages were lost");
@@ -190,7 +190,7 @@ fn ud_grh_area_qkey_check_and_src_qp() {
             (second.wr_id(), second.byte_len(), second.imm_data()),
             (2, 45, Some(77))
         );
-        let c = sim.nodes[1].ep.counters();
+        let c = sim.nodes[1].engine.counters();
         assert_eq!(c.drops(DropReason::QkeyMismatch), 1);
         assert_eq!(c.drops(DropReason::NoReceive), 1);
         Ok(())
@@ -200,7 +200,7 @@ fn ud_grh_area_qkey_check_and_src_qp() {
 /// An SRQ of `max_wr` single-SGE entries on node 1, limit disarmed.
 fn srq_on_node_1(sim: &mut Sim, max_wr: u32) -> SrqId {
     sim.nodes[1]
-        .ep
+        .engine
         .create_srq(SrqInit {
             max_wr,
             max_sge: 1,
@@ -262,7 +262,10 @@ fn a_ud_qp_attached_to_an_srq_takes_its_receives_from_it() {
                 "SRQ entries in order"
             );
             assert_eq!(sim.nodes[1].mem.bytes(b.addr + 1024 + 40, 9), b"datagrams");
-            assert_eq!(sim.nodes[1].ep.counters().drops(DropReason::NoReceive), 1);
+            assert_eq!(
+                sim.nodes[1].engine.counters().drops(DropReason::NoReceive),
+                1
+            );
             Ok(())
         },
     );
@@ -293,10 +296,10 @@ fn srq_shared_by_two_qps_with_limit_and_last_wqe_events() {
             for i in 0..8u64 {
                 sim.post_srq_recv(1, srq, recv(100 + i, &b, i * 1024, 1024))?;
             }
-            sim.nodes[1].ep.arm_srq_limit(srq, 5).unwrap();
+            sim.nodes[1].engine.arm_srq_limit(srq, 5).unwrap();
             assert!(
                 sim.nodes[1]
-                    .ep
+                    .engine
                     .post_recv(pairs[0].1, recv(1, &b, 0, 8))
                     .is_err(),
                 "QP with SRQ refuses post_recv"
@@ -322,14 +325,14 @@ fn srq_shared_by_two_qps_with_limit_and_last_wqe_events() {
                 .filter(|e| matches!(e, AsyncEvent::SrqLimitReached { .. }))
                 .count();
             assert_eq!(limit_events, 1, "limit event once, then disarmed");
-            assert_eq!(sim.nodes[1].ep.query_srq(srq).unwrap().2, 0);
+            assert_eq!(sim.nodes[1].engine.query_srq(srq).unwrap().2, 0);
             // QP 0 of B to ERR: LAST_WQE_REACHED, SRQ entries stay for QP 1.
             let err = QpAttr {
                 qp_state: QpState::Err,
                 ..QpAttr::default()
             };
             sim.nodes[1]
-                .ep
+                .engine
                 .modify_qp(pairs[0].1, &err, AttrMask::STATE)
                 .unwrap();
             sim.run_idle(STEPS)?;
@@ -348,7 +351,7 @@ fn srq_shared_by_two_qps_with_limit_and_last_wqe_events() {
             sim.run_idle(STEPS)?;
             let last = sim.nodes[1].completions.last().unwrap();
             assert_eq!((last.wc.wr_id(), last.cq), (104, CqTarget::Recv));
-            assert!(sim.nodes[1].ep.destroy_srq(srq).is_err(), "SRQ in use");
+            assert!(sim.nodes[1].engine.destroy_srq(srq).is_err(), "SRQ in use");
             Ok(())
         },
     );

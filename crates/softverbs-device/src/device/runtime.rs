@@ -13,7 +13,7 @@ use super::completions::push_completion;
 use super::grh::grh_bytes;
 use super::registry::registry;
 use super::{lock, DeviceInner, State};
-use crate::transport::{udp_src_port_for_qps, Endpoint as NetEndpoint, Gid};
+use crate::transport::{udp_src_port_for_qps, Endpoint, Gid};
 use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use std::cell::RefCell;
@@ -32,7 +32,7 @@ const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
 
 /// A packet produced by a run, to send once the state lock is released.
 struct Outgoing {
-    to: NetEndpoint,
+    to: Endpoint,
     src_port: u16,
     bytes: Vec<u8>,
 }
@@ -90,7 +90,7 @@ impl DeviceInner {
             ..
         } = st;
         while let Some(tx) = engine.poll_transmit(now, scratch, memory) {
-            let to = NetEndpoint::from_gid(Gid(tx.av.dgid), self.port());
+            let to = Endpoint::from_gid(Gid(tx.av.dgid), self.port());
             outgoing.push(Outgoing {
                 to,
                 src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
