@@ -70,6 +70,14 @@ limit 5 cargo package --locked --no-verify --allow-dirty \
 step "tests"
 limit 30 cargo test --locked --workspace --all-features
 
+step "examples (each runs and checks its own result)"
+# Every example of every crate, found by name so that a new one runs without a line here;
+# each exits non-zero when a check fails. Built as the tests were (--all-features).
+for example in crates/*/examples/*.rs; do
+  crate=$(basename "$(dirname "$(dirname "$example")")")
+  limit 5 cargo run --locked --all-features -q -p "$crate" --example "$(basename "$example" .rs)"
+done
+
 step "loom models (softverbs-cq)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   limit 15 cargo test --locked --release -p softverbs-cq --test loom
