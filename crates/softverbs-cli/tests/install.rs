@@ -298,3 +298,33 @@ fn a_command_installed_alone_as_cargo_install_leaves_it_names_the_install_comman
         "{stderr}"
     );
 }
+
+#[test]
+fn an_installed_library_wins_over_one_built_beside_the_executable() {
+    let root = fresh_dir("order");
+    let (prefix, runtime) = (root.join("prefix"), root.join("run"));
+    fs::create_dir(&runtime).expect("create directory");
+    install(&prefix, &runtime);
+    // A library where cargo would have built one too (bin/deps/), as in a prefix that is
+    // also a build directory: the installed one is loaded.
+    let built = prefix.join("bin/deps/libsoftverbs_capi.so");
+    fs::create_dir(prefix.join("bin/deps")).expect("create directory");
+    fs::copy(prefix.join("lib/softverbs/libsoftverbs_capi.so"), &built).expect("copy");
+    let installed = prefix.join("bin/softverbs");
+    let (_, stderr) = output_ok(command(&installed, &runtime, &root).args(["run", "-v", "true"]));
+    assert!(
+        stderr.contains(&format!(
+            "{} (installed beside this executable)",
+            prefix.join("lib/softverbs/libsoftverbs_capi.so").display()
+        )),
+        "{stderr}"
+    );
+
+    // Without the installed one, the built one.
+    fs::remove_file(prefix.join("lib/softverbs/libsoftverbs_capi.so")).expect("remove");
+    let (_, stderr) = output_ok(command(&installed, &runtime, &root).args(["run", "-v", "true"]));
+    assert!(
+        stderr.contains(&format!("{} (cargo's build directory)", built.display())),
+        "{stderr}"
+    );
+}
