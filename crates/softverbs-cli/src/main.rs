@@ -72,9 +72,8 @@ enum Command {
     /// beside this executable, else libsoftverbs_capi.so where cargo builds it beside this
     /// executable (building softverbs-cli builds it); -v says which. Its directory (or a
     /// private one holding the symlink libibverbs.so.1) goes first on LD_LIBRARY_PATH, then
-    /// the program replaces
-    /// this process: its exit status is the program's own (127 if it is not found).
-    /// SOFTVERBS_* variables reach it unchanged.
+    /// the program replaces this process: its exit status is the program's own (127 if it
+    /// is not found). SOFTVERBS_* variables reach it unchanged.
     #[command(override_usage = "softverbs run [OPTIONS] -- CMD [ARGS]...")]
     Run(run::RunArgs),
 
