@@ -60,8 +60,23 @@ limit 20 cargo clippy --locked --workspace --all-features --all-targets -- -D wa
 step "docs"
 RUSTDOCFLAGS="-D warnings" limit 15 cargo doc --locked --workspace --all-features --no-deps
 
+step "packages (the library crates as a registry would take them)"
+# The crates a Rust user depends on must package: metadata, versions on the internal
+# dependencies, every file inside the crate. --allow-dirty: a developer's uncommitted work
+# packages too (CI's clone is clean either way).
+limit 5 cargo package --locked --no-verify --allow-dirty \
+  -p softverbs-wire -p softverbs-cq -p softverbs-proto -p softverbs-device -p softverbs
+
 step "tests"
 limit 30 cargo test --locked --workspace --all-features
+
+step "examples (each runs and checks its own result)"
+# Every example of every crate, found by name so that a new one runs without a line here;
+# each exits non-zero when a check fails. Built as the tests were (--all-features).
+for example in crates/*/examples/*.rs; do
+  crate=$(basename "$(dirname "$(dirname "$example")")")
+  limit 5 cargo run --locked --all-features -q -p "$crate" --example "$(basename "$example" .rs)"
+done
 
 step "loom models (softverbs-cq)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \

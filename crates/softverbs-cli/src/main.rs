@@ -7,11 +7,13 @@
 //! softverbs perf send|write|read|atomic lat|bw   perftest-like latency and bandwidth
 //! softverbs pcap FILE                         decode a RoCEv2 capture
 //! softverbs run [--addr IP] -- CMD ARGS...    run a verbs program on the drop-in libibverbs
+//! softverbs install [--prefix DIR]            install the command and the drop-in (~/.local)
 //! ```
 
 mod capture;
 mod conn;
 mod devinfo;
+mod install;
 mod perf;
 mod pingpong;
 mod run;
@@ -66,13 +68,19 @@ enum Command {
     ///
     /// Any verbs program, unmodified (ibv_devinfo, ibv_rc_pingpong, ib_write_bw...), finds
     /// the softverbs device softverbs0 instead of the real libibverbs. The drop-in is
-    /// --lib, else SOFTVERBS_LIB, else libsoftverbs_capi.so where cargo builds it beside
-    /// this executable (building softverbs-cli builds it). A private directory holding the
-    /// symlink libibverbs.so.1 goes first on LD_LIBRARY_PATH, then the program replaces
-    /// this process: its exit status is the program's own (127 if it is not found).
-    /// SOFTVERBS_* variables reach it unchanged.
+    /// --lib, else SOFTVERBS_LIB, else the one `softverbs install` put in ../lib/softverbs/
+    /// beside this executable, else libsoftverbs_capi.so where cargo builds it beside this
+    /// executable (building softverbs-cli builds it); -v says which. Its directory (or a
+    /// private one holding the symlink libibverbs.so.1) goes first on LD_LIBRARY_PATH, then
+    /// the program replaces this process: its exit status is the program's own (127 if it
+    /// is not found). SOFTVERBS_* variables reach it unchanged.
     #[command(override_usage = "softverbs run [OPTIONS] -- CMD [ARGS]...")]
     Run(run::RunArgs),
+
+    /// Install this command and its drop-in library: DIR/bin/softverbs and
+    /// DIR/lib/softverbs/ (default DIR: ~/.local), where `run` finds the library wherever DIR
+    /// is and once the build directory is gone.
+    Install(install::InstallArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +90,7 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Pcap(args) => capture::run(args),
+        Command::Install(args) => install::run(args),
         // Returns only if the program could not be started, with a shell's exit status.
         Command::Run(args) => return run::run(args),
     };

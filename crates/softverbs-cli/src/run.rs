@@ -1,13 +1,26 @@
 //! `softverbs run -- CMD ARGS…`: any verbs program, unmodified, on the drop-in
 //! `libibverbs.so.1` (`libsoftverbs_capi.so`).
 //!
-//! The library is `--lib PATH`, else `SOFTVERBS_LIB`, else `libsoftverbs_capi.so` in the
-//! `deps/` directory beside this executable or next to it (cargo's layout: building this
-//! package builds the drop-in as a dependency, into `deps/`). A private directory, one per
-//! user and library, holds a symlink `libibverbs.so.1` to it; that directory goes first on
-//! `LD_LIBRARY_PATH` and the program replaces this process (`exec`), so its signals and
-//! exit status are its own. `SOFTVERBS_*` variables reach the program as they are;
-//! `--addr` and `--pcap` set `SOFTVERBS_ADDR` and `SOFTVERBS_PCAP`.
+//! The library is `--lib PATH`, else `SOFTVERBS_LIB`, else the first of:
+//!
+//! 1. `../lib/softverbs/libsoftverbs_capi.so` beside this executable, where
+//!    `softverbs install` puts it (`PREFIX/bin/softverbs`, `PREFIX/lib/softverbs/`);
+//! 2. `libsoftverbs_capi.so` in the `deps/` directory beside this executable, or next to it
+//!    (cargo's layout: building this package builds the drop-in as a dependency, into
+//!    `deps/`).
+//!
+//! `cargo install` copies this executable alone and deletes the build directory with the
+//! library in it: nothing then finds a library, and the error says the one command that
+//! installs it beside the executable (`softverbs install --prefix` the executable's
+//! prefix, run from a clone).
+//!
+//! The program must find the library as `libibverbs.so.1`. An installed library has that
+//! name beside it (a symlink `softverbs install` makes), and its directory goes first on
+//! `LD_LIBRARY_PATH`; for any other library a private directory, one per user and
+//! library, holds the symlink. The program then replaces this process (`exec`), so its
+//! signals and exit status are its own. `SOFTVERBS_*` variables reach the program as they
+//! are; `--addr` and `--pcap` set `SOFTVERBS_ADDR` and `SOFTVERBS_PCAP`; `-v` says on
+//! stderr which library the program gets and why.
 
 use crate::Error;
 use softverbs_device::device::PCAP_ENV;
@@ -21,20 +34,31 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The file cargo builds from `softverbs-capi`.
-const LIB_FILE: &str = "libsoftverbs_capi.so";
+/// The file cargo builds from `softverbs-capi`, and the name it is installed under.
+pub const LIB_FILE: &str = "libsoftverbs_capi.so";
 /// Environment variable naming the drop-in when `--lib` is not given.
-const LIB_ENV: &str = "SOFTVERBS_LIB";
+pub const LIB_ENV: &str = "SOFTVERBS_LIB";
 /// The name programs load the library by.
-const SONAME: &str = "libibverbs.so.1";
+pub const SONAME: &str = "libibverbs.so.1";
+
+/// Where `softverbs install --prefix PREFIX` puts the library, beside `PREFIX/bin/softverbs`.
+pub fn installed_lib_dir(prefix: &Path) -> PathBuf {
+    prefix.join("lib").join("softverbs")
+}
 
 /// Options of `softverbs run`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
-    /// The drop-in library [default: SOFTVERBS_LIB, else libsoftverbs_capi.so in the deps/
-    /// directory beside this executable or next to it, where cargo builds it].
+    /// The drop-in library [default: SOFTVERBS_LIB, else ../lib/softverbs/ beside this
+    /// executable, where `softverbs install` puts it, else the deps/ directory beside it or
+    /// the executable's own directory, where cargo builds it].
     #[arg(long = "lib", value_name = "PATH")]
     pub lib: Option<PathBuf>,
+
+    /// Say on stderr which drop-in library the program gets (its path, and where it was
+    /// found) and the directory put first on LD_LIBRARY_PATH.
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
 
     /// The device address (sets SOFTVERBS_ADDR): IP, IP:PORT or [IPv6]:PORT.
     #[arg(long = "addr", value_name = "IP[:PORT]", value_parser = device_address)]
@@ -88,7 +112,19 @@ pub fn run(args: &RunArgs) -> ExitCode {
 /// `SOFTVERBS_*` variables of the options.
 fn prepare(args: &RunArgs) -> Result<std::process::Command, Error> {
     let lib = find_library(args.lib.as_deref())?;
-    let dir = library_dir(&lib)?;
+    let dir = match installed_dir(&lib.path) {
+        Some(dir) => dir,
+        None => library_dir(&lib.path)?,
+    };
+    if args.verbose {
+        eprintln!(
+            "softverbs: drop-in library {} ({}), loaded as {SONAME} from {} (first on \
+             LD_LIBRARY_PATH)",
+            lib.path.display(),
+            lib.origin,
+            dir.display()
+        );
+    }
     let mut command = std::process::Command::new(&args.command[0]);
     command.args(&args.command[1..]).env(
         "LD_LIBRARY_PATH",
@@ -103,14 +139,28 @@ fn prepare(args: &RunArgs) -> Result<std::process::Command, Error> {
     Ok(command)
 }
 
-/// The drop-in, as an absolute path without symlinks.
-fn find_library(lib: Option<&Path>) -> Result<PathBuf, Error> {
-    let (path, origin) = match (lib, std::env::var_os(LIB_ENV).filter(|v| !v.is_empty())) {
-        (Some(path), _) => (path.to_owned(), "--lib ".to_owned()),
-        (None, Some(path)) => (PathBuf::from(path), format!("{LIB_ENV}=")),
-        (None, None) => (beside_executable()?, String::new()),
+/// The drop-in library found, and how.
+#[derive(Debug)]
+pub struct Library {
+    /// Absolute, without symlinks.
+    pub path: PathBuf,
+    /// Where it was found, for messages: "--lib", "SOFTVERBS_LIB", "installed beside this
+    /// executable", "cargo's build directory".
+    pub origin: &'static str,
+}
+
+/// The drop-in: `lib` (`--lib`), else `SOFTVERBS_LIB`, else the installed one beside this
+/// executable, else cargo's.
+pub fn find_library(lib: Option<&Path>) -> Result<Library, Error> {
+    let (path, origin, prefix) = match (lib, std::env::var_os(LIB_ENV).filter(|v| !v.is_empty())) {
+        (Some(path), _) => (path.to_owned(), "--lib", "--lib "),
+        (None, Some(path)) => (PathBuf::from(path), LIB_ENV, "SOFTVERBS_LIB="),
+        (None, None) => {
+            let (path, origin) = beside_executable()?;
+            (path, origin, "")
+        }
     };
-    let name = format!("{origin}{}", path.display());
+    let name = format!("{prefix}{}", path.display());
     let path = fs::canonicalize(&path).map_err(|e| format!("{name}: {e}"))?;
     let mut magic = [0u8; 4];
     fs::File::open(&path)
@@ -119,28 +169,54 @@ fn find_library(lib: Option<&Path>) -> Result<PathBuf, Error> {
     if &magic != b"\x7fELF" {
         return Err(format!("{name}: not a shared library (no ELF header)").into());
     }
-    Ok(path)
+    Ok(Library { path, origin })
 }
 
-/// `libsoftverbs_capi.so` where cargo puts it for this executable: in `deps/` (what rustc
-/// wrote last: a build of this package rebuilds it there) or else next to it (where only
-/// `cargo build -p softverbs-capi` copies it, and where an installation would put it).
-fn beside_executable() -> Result<PathBuf, Error> {
+/// `libsoftverbs_capi.so` for this executable: installed in `../lib/softverbs/`, else
+/// where cargo puts it: in `deps/` (what rustc wrote last: a build of this package
+/// rebuilds it there) or next to the executable (where `cargo build -p softverbs-capi`
+/// copies it).
+fn beside_executable() -> Result<(PathBuf, &'static str), Error> {
     let exe = std::env::current_exe().map_err(|e| format!("this executable's path: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
+    // `current_exe` has no symlinks: its directory's parent is `..`.
+    let installed_dir = installed_lib_dir(dir.parent().unwrap_or(dir));
+    let installed = installed_dir.join(LIB_FILE);
+    if installed.is_file() {
+        return Ok((installed, "installed beside this executable"));
+    }
     for candidate in [dir.join("deps").join(LIB_FILE), dir.join(LIB_FILE)] {
         if candidate.is_file() {
-            return Ok(candidate);
+            return Ok((candidate, "cargo's build directory"));
         }
     }
+    // `cargo install` leaves PREFIX/bin/softverbs alone: install the library beside it.
+    let prefix = match dir.file_name() {
+        Some(name) if name == "bin" => dir.parent().map(|p| format!(" --prefix {}", p.display())),
+        _ => None,
+    }
+    .unwrap_or_default();
     Err(format!(
-        "the drop-in library {LIB_FILE} is neither in {deps} nor in {dir}: build it with \
-         `cargo build --release -p softverbs-capi` (building softverbs-cli builds it too), or \
-         name it with --lib PATH or {LIB_ENV}=PATH",
+        "the drop-in library {LIB_FILE} is neither installed beside this executable \
+         ({installed}) nor built beside it ({deps}, {dir}).\n`cargo install` installs the \
+         command alone; to install its library beside it, run from a clone of softverbs:\n  \
+         `cargo run --release --locked -p softverbs-cli -- install{prefix}`\nor name a \
+         library with --lib PATH or {LIB_ENV}=PATH",
+        installed = installed_dir.display(),
         deps = dir.join("deps").display(),
         dir = dir.display(),
     )
     .into())
+}
+
+/// The directory of an installed library, when it can go on `LD_LIBRARY_PATH` as it is:
+/// it holds `libibverbs.so.1` resolving to `lib` itself (the symlink `softverbs install`
+/// makes), and its path holds no `:` or `;`.
+fn installed_dir(lib: &Path) -> Option<PathBuf> {
+    let dir = lib.parent()?;
+    let named = fs::canonicalize(dir.join(SONAME)).ok()?;
+    let usable = !dir.as_os_str().as_bytes().iter().any(|b| b":;".contains(b));
+    (named == lib && usable).then(|| dir.to_owned())
 }
 
 /// The private directory holding `libibverbs.so.1` → `lib`: one per user and library

@@ -299,7 +299,7 @@ fn a_missing_library_fails_naming_it_and_runs_nothing() {
 }
 
 #[test]
-fn without_the_library_beside_the_executable_the_error_says_how_to_build_it() {
+fn without_the_library_beside_the_executable_the_error_says_how_to_install_it() {
     let runtime = private_dir("no-lib-beside");
     let alone = private_dir("no-lib-beside-exe").join("softverbs");
     // A hard link (the running executable's path is the link's), else a copy: writing a
@@ -317,8 +317,9 @@ fn without_the_library_beside_the_executable_the_error_says_how_to_build_it() {
     );
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("libsoftverbs_capi.so"), "{stderr}");
+    // The executable's directory is not named bin/, so no --prefix is suggested.
     assert!(
-        stderr.contains("cargo build --release -p softverbs-capi"),
+        stderr.contains("`cargo run --release --locked -p softverbs-cli -- install`"),
         "{stderr}"
     );
     assert!(stderr.contains("--lib") && stderr.contains("SOFTVERBS_LIB"));
