@@ -59,7 +59,8 @@ enum Command {
     /// parameters from the client).
     Perf(perf::PerfArgs),
 
-    /// Decode a pcap capture of RoCEv2 traffic: one line per packet, then a summary.
+    /// Decode a pcap or pcapng capture of RoCEv2 traffic: one line per packet, then a
+    /// summary.
     Pcap(capture::PcapArgs),
 
     /// Run a program on the drop-in libibverbs.so.1: `run [OPTIONS] -- CMD ARGS...`.
