@@ -1,5 +1,5 @@
 //! `softverbs pcap FILE`: a capture (pcap or pcapng) decoded one line per packet, then a
-//! summary.
+//! summary; `--plot` draws its per-QP timeline.
 
 use crate::Error;
 use softverbs_device::pcap::{read_capture_tolerant, CaptureRecord};
@@ -25,12 +25,18 @@ pub struct PcapArgs {
     /// Print only the summary, not one line per packet.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+
+    /// Draw a per-QP timeline of the capture into an SVG file: a row per destination QP,
+    /// a mark per packet at its time (requests, retransmitted requests, ACKs and
+    /// responses, NAKs, RNR NAKs).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 /// Runs `softverbs pcap`. A capture that ends in a partial record (its writer died
 /// mid-record) is decoded up to it, with a warning on stderr; a damaged one is listed up
 /// to the damage, then is an error naming the file. A closed stdout (`| head`) ends the
-/// listing quietly.
+/// listing quietly (the picture is still drawn).
 pub fn run(args: &PcapArgs) -> Result<(), Error> {
     let named = |e: &dyn std::fmt::Display| format!("{}: {e}", args.file.display());
     let file = std::fs::File::open(&args.file).map_err(|e| named(&e))?;
@@ -48,6 +54,10 @@ pub fn run(args: &PcapArgs) -> Result<(), Error> {
             ))
             .into());
         }
+    }
+    if let Some(plot) = &args.plot {
+        let title = format!("{}: packets by destination QP", args.file.display());
+        crate::plot::capture_timeline(plot, &title, &records)?;
     }
     if let Some(error) = broken {
         eprintln!(

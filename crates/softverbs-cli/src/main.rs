@@ -14,6 +14,7 @@ mod conn;
 mod devinfo;
 mod perf;
 mod pingpong;
+mod plot;
 mod run;
 mod stats;
 
@@ -60,7 +61,7 @@ enum Command {
     Perf(perf::PerfArgs),
 
     /// Decode a pcap or pcapng capture of RoCEv2 traffic: one line per packet, then a
-    /// summary.
+    /// summary (--plot: a per-QP timeline as SVG).
     Pcap(capture::PcapArgs),
 
     /// Run a program on the drop-in libibverbs.so.1: `run [OPTIONS] -- CMD ARGS...`.
