@@ -24,10 +24,11 @@ limit() {
 # Debian packages: verbs.h and the real libibverbs (layout and status-string tests), the man
 # pages the tests cite, the unmodified programs the drop-in must load (ibverbs-utils,
 # perftest), a C compiler, binutils (objdump checks symbol versions), tshark (decodes our
-# RoCEv2 captures), iproute2 and iptables (two hosts as network namespaces, packet loss),
-# valgrind and python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in).
+# RoCEv2 captures) and wireshark-common (editcap writes the pcapng our reader must read),
+# iproute2 and iptables (two hosts as network namespaces, packet loss), valgrind and
+# python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in).
 packages=(libibverbs-dev rdma-core ibverbs-utils perftest gcc libc6-dev pkg-config binutils
-  tshark iproute2 iptables valgrind python3-pyverbs)
+  tshark wireshark-common iproute2 iptables valgrind python3-pyverbs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,6 +16,7 @@ mod devinfo;
 mod install;
 mod perf;
 mod pingpong;
+mod plot;
 mod run;
 mod stats;
 
@@ -61,7 +62,8 @@ enum Command {
     /// parameters from the client).
     Perf(perf::PerfArgs),
 
-    /// Decode a pcap capture of RoCEv2 traffic: one line per packet, then a summary.
+    /// Decode a pcap or pcapng capture of RoCEv2 traffic: one line per packet, then a
+    /// summary (--plot: a per-QP timeline as SVG).
     Pcap(capture::PcapArgs),
 
     /// Run a program on the drop-in libibverbs.so.1: `run [OPTIONS] -- CMD ARGS...`.

@@ -78,6 +78,11 @@ pub struct PerfArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// Draw the results into an SVG file: a lat test's latency distribution (a curve per
+    /// size), a bw test's bandwidth against the message size (every size with -a).
+    #[arg(long, value_name = "FILE.svg", conflicts_with = "server")]
+    pub plot: Option<std::path::PathBuf>,
+
     /// Where the two sides run.
     #[command(flatten)]
     pub net: NetArgs,
@@ -199,6 +204,9 @@ struct SizeResult {
     /// Message rate (bw only), millions per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     msg_rate_mpps: Option<f64>,
+    /// The distribution of the t_* times, for `--plot` (`plot::percentile_curve`).
+    #[serde(skip)]
+    curve: Vec<(f64, f64)>,
 }
 
 /// The client device's protocol counters over the whole run: retransmissions and NAKs
@@ -559,6 +567,7 @@ fn client(ctx: &Context, control: &mut Control, p: &Params) -> Result<Vec<SizeRe
             elapsed_sec: secs,
             bw_gbit_per_sec: bw.then(|| (p.iters as f64 * size as f64 * 8.0) / secs / 1e9),
             msg_rate_mpps: bw.then(|| p.iters as f64 / secs / 1e6),
+            curve: crate::plot::percentile_curve(&lat),
         });
     }
     control.send(&Msg::Finish)?;
@@ -725,6 +734,14 @@ fn print_results(
             c.duplicates_received,
             c.packets_dropped
         );
+    }
+    if let Some(path) = &args.plot {
+        let sizes = results.iter().map(|r| crate::plot::PerfSize {
+            bytes: r.bytes,
+            curve: &r.curve,
+            gbit_per_sec: r.bw_gbit_per_sec,
+        });
+        crate::plot::perf(path, &p.title(), &sizes.collect::<Vec<_>>())?;
     }
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address |
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
 //! | [`fault`] | [`FaultTransport`]: seeded drop / duplicate / delay / reorder / corrupt middleware |
-//! | [`pcap`] | [`PcapTransport`]: capture middleware writing Wireshark-readable RoCEv2 pcap files, and a reader |
+//! | [`pcap`] | [`PcapTransport`]: capture middleware writing Wireshark-readable RoCEv2 pcap or pcapng files (`*.pcapng`: pcapng), and a reader of both |
 //!
 //! Every transport moves opaque IB transport packets (BTH onward, ICRC included) and owns
 //! the IP / UDP encapsulation and the ICRC (reference `rocev2.md` §1.1, §1.7); the QP
@@ -66,6 +66,6 @@ pub use events::{AsyncEvent, AsyncEventQueue};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};
 pub use memory::{copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError};
-pub use pcap::{Capture, CaptureRecord, Direction, PcapTransport};
+pub use pcap::{Capture, CaptureFormat, CaptureRecord, Direction, PcapTransport};
 pub use transport::{Endpoint, Gid, Received, Sent, Transport, TransportCounters};
 pub use udp::{UdpConfig, UdpTransport};

@@ -1,16 +1,26 @@
 //! Packet capture as transport middleware, and a reader for the files it writes.
 //!
 //! [`PcapTransport`] wraps any [`Transport`] and records every packet it transmits and
-//! every packet it hands out of `recv` into a [`Capture`]: a classic pcap file (microsecond
-//! timestamps, link type Ethernet) that Wireshark / `tshark` decode as RoCEv2 / InfiniBand
-//! (UDP destination port 4791, reference `rocev2.md` §1.1). Several transports may share
-//! one capture (`Arc<Capture>`), e.g. both ends of an in-process connection; recording can
-//! be switched on and off at run time ([`Capture::set_enabled`]).
+//! every packet it hands out of `recv` into a [`Capture`]: a pcap or pcapng file (link type
+//! Ethernet) that Wireshark / `tshark` decode as RoCEv2 / InfiniBand (UDP destination port
+//! 4791, reference `rocev2.md` §1.1). Several transports may share one capture
+//! (`Arc<Capture>`), e.g. both ends of an in-process connection; recording can be switched
+//! on and off at run time ([`Capture::set_enabled`]).
 //!
 //! Where it sits in a stack decides what it shows: `PcapTransport<FaultTransport<T>>`
 //! records what the device meant to send (faults happen below it), while
 //! `FaultTransport<PcapTransport<T>>` records what went on the wire, corrupted ICRCs
 //! included.
+//!
+//! # Formats
+//!
+//! The file name chooses the format ([`CaptureFormat::for_path`]): a name ending in
+//! `.pcapng` (any case) is written as **pcapng**, Wireshark's own format, with nanosecond
+//! timestamps (`if_tsresol` 9) and each packet's direction in its flags (`epb_flags`);
+//! any other name as **classic pcap** (libpcap's format, microsecond timestamps), which
+//! every tool reads. So `SOFTVERBS_PCAP=run.pcapng` (and `--pcap run.pcapng`) writes
+//! pcapng and `SOFTVERBS_PCAP=run.pcap` classic pcap. [`Capture::create_as`] and
+//! [`Capture::to_writer_as`] take the format explicitly.
 //!
 //! # Frames
 //!
@@ -23,18 +33,24 @@
 //! their IPv4 ID is shown as 0, which is what softverbs senders write and is all a socket
 //! can know (§5.3).
 //!
-//! Classic pcap has no direction field, so the Ethernet addresses carry it: the capturing
-//! device is always [`LOCAL_MAC`] (`02:53:56:00:00:01`) and its peer [`PEER_MAC`]
-//! (`02:53:56:00:00:02`). A transmitted packet goes `LOCAL_MAC → PEER_MAC`, a received one
-//! `PEER_MAC → LOCAL_MAC`; [`read_capture`] turns that back into a [`Direction`].
+//! Classic pcap has no direction field, so the Ethernet addresses carry it (in both
+//! formats): the capturing device is always [`LOCAL_MAC`] (`02:53:56:00:00:01`) and its
+//! peer [`PEER_MAC`] (`02:53:56:00:00:02`). A transmitted packet goes `LOCAL_MAC →
+//! PEER_MAC`, a received one `PEER_MAC → LOCAL_MAC`; [`read_capture`] turns that back into
+//! a [`Direction`] (in a pcapng file, a packet's `epb_flags` direction comes first).
 //!
 //! # Reading
 //!
-//! [`read_capture`] decodes a pcap file (ours, or any Ethernet / raw-IP capture, e.g. from
-//! `tcpdump -w`) into [`CaptureRecord`]s: timestamp, direction, IP / UDP headers, the
-//! parsed [`PacketRepr`] (or why it did not parse), and whether the ICRC verifies. Each
-//! record prints like a tcpdump line. Frames that are not IP / UDP are skipped. Reading
-//! never panics on a malformed file: it returns an error or skips the frame.
+//! [`read_capture`] decodes a pcap or a pcapng file (ours, or any Ethernet / raw-IP
+//! capture, e.g. from `tcpdump -w`, Wireshark or `editcap -F pcapng`; the format is told
+//! by the file's first bytes, not its name) into [`CaptureRecord`]s: timestamp,
+//! direction, IP / UDP headers, the parsed [`PacketRepr`] (or why it did not parse), and
+//! whether the ICRC verifies. Each record prints like a tcpdump line. Frames that are not
+//! IP / UDP, and pcapng packets of an interface whose link type is neither Ethernet nor
+//! raw IP, are skipped. pcapng timestamps are read in each interface's resolution
+//! (`if_tsresol`, `if_tsoffset`). Reading never panics on a malformed file: it returns an
+//! error or skips the frame; [`read_capture_tolerant`] tells a file cut short
+//! ([`CaptureError::is_truncated`]) from a damaged one.
 //!
 //! Write errors (disk full, …) never fail the transport: they are counted
 //! ([`Capture::write_errors`]) and logged, and the packet still goes.
@@ -49,7 +65,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
-use pcap_file::{DataLink, Endianness};
+use pcap_file::pcapng::blocks::enhanced_packet::{EnhancedPacketBlock, EnhancedPacketOption};
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
+use pcap_file::pcapng::blocks::section_header::{SectionHeaderBlock, SectionHeaderOption};
+use pcap_file::pcapng::{Block, PcapNgReader, PcapNgWriter};
+use pcap_file::{DataLink, Endianness, PcapError};
 use softverbs_wire::icrc::{self, IpHeaderInfo, UdpHeaderInfo};
 use softverbs_wire::{PacketRepr, WireError};
 
@@ -160,35 +182,190 @@ pub fn ethernet_frame(
     Ok(frame)
 }
 
-/// The file behind a [`PcapWriter`], shared so that [`Capture::flush`] can reach it
-/// (`PcapWriter` offers no access to its writer). Only ever locked while the capture's
-/// own writer lock is held, so never contended.
+/// The two file formats a [`Capture`] writes (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CaptureFormat {
+    /// Classic pcap: microsecond timestamps, direction in the Ethernet addresses only.
+    Pcap,
+    /// pcapng: nanosecond timestamps, direction also in each packet's `epb_flags`.
+    PcapNg,
+}
+
+impl CaptureFormat {
+    /// The format a file name asks for: [`CaptureFormat::PcapNg`] if it ends in `.pcapng`
+    /// (any case), [`CaptureFormat::Pcap`] otherwise.
+    pub fn for_path(path: impl AsRef<Path>) -> CaptureFormat {
+        match path.as_ref().extension() {
+            Some(extension) if extension.eq_ignore_ascii_case("pcapng") => CaptureFormat::PcapNg,
+            _ => CaptureFormat::Pcap,
+        }
+    }
+
+    /// Bytes a packet of `frame_len` bytes takes in the file: the record header and the
+    /// frame (pcap); the Enhanced Packet Block with the frame padded to 4 bytes and its
+    /// `epb_flags` option (pcapng).
+    fn record_len(self, frame_len: usize) -> u64 {
+        let frame_len = frame_len as u64;
+        match self {
+            CaptureFormat::Pcap => PCAP_RECORD_HEADER_LEN + frame_len,
+            CaptureFormat::PcapNg => EPB_FIXED_LEN + frame_len.next_multiple_of(4),
+        }
+    }
+}
+
+/// `pcap` or `pcapng`.
+impl fmt::Display for CaptureFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CaptureFormat::Pcap => "pcap",
+            CaptureFormat::PcapNg => "pcapng",
+        })
+    }
+}
+
+/// Bytes of a classic pcap record header.
+const PCAP_RECORD_HEADER_LEN: u64 = 16;
+/// Bytes of an Enhanced Packet Block without its data: block type, both lengths (12),
+/// interface, timestamp, captured and original lengths (20), and the `epb_flags` option
+/// with the end-of-options marker (12).
+const EPB_FIXED_LEN: u64 = 44;
+/// `epb_flags` direction bits (pcapng specification, "Enhanced Packet Block Flags Word").
+const EPB_FLAGS_INBOUND: u32 = 0b01;
+const EPB_FLAGS_OUTBOUND: u32 = 0b10;
+/// `if_tsresol` of the interface our pcapng files describe: 10^-9 s, the unit pcap-file
+/// writes Enhanced Packet Block timestamps in.
+const TSRESOL_NANOSECONDS: u8 = 9;
+/// `if_tsresol` a pcapng interface has when it says nothing: 10^-6 s.
+const TSRESOL_DEFAULT: u8 = 6;
+
+/// The file behind the format's writer, shared so that [`Capture::flush`] can reach it
+/// (`PcapWriter` offers no access to its writer), and counting the bytes written. Only
+/// ever locked while the capture's own writer lock is held, so never contended.
 #[derive(Clone)]
-struct SharedWriter(Arc<Mutex<Box<dyn Write + Send>>>);
+struct SharedWriter(Arc<Mutex<CountedWriter>>);
+
+struct CountedWriter {
+    out: Box<dyn Write + Send>,
+    written: u64,
+}
 
 impl SharedWriter {
-    fn lock(&self) -> MutexGuard<'_, Box<dyn Write + Send>> {
+    fn new(out: Box<dyn Write + Send>) -> SharedWriter {
+        SharedWriter(Arc::new(Mutex::new(CountedWriter { out, written: 0 })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CountedWriter> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Bytes handed to the file so far.
+    fn written(&self) -> u64 {
+        self.lock().written
     }
 }
 
 impl Write for SharedWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.lock().write(buf)
+        let mut inner = self.lock();
+        let n = inner.out.write(buf)?;
+        inner.written += n as u64;
+        Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.lock().flush()
+        self.lock().out.flush()
     }
 }
 
-/// The pcap writer and another handle to its file.
-type Writer = (PcapWriter<SharedWriter>, SharedWriter);
+/// The writer of the capture's format.
+enum FormatWriter {
+    Pcap(PcapWriter<SharedWriter>),
+    PcapNg(PcapNgWriter<SharedWriter>),
+}
 
-/// A pcap file being written, shared by the transports that record into it.
+impl FormatWriter {
+    /// Writes the file header: the pcap header, or pcapng's section header and the one
+    /// interface every packet is on (Ethernet, nanosecond timestamps).
+    fn start(format: CaptureFormat, file: SharedWriter) -> Result<FormatWriter, PcapError> {
+        Ok(match format {
+            CaptureFormat::Pcap => {
+                let header = PcapHeader {
+                    datalink: DataLink::ETHERNET,
+                    endianness: Endianness::Little,
+                    ..PcapHeader::default()
+                };
+                FormatWriter::Pcap(PcapWriter::with_header(file, header)?)
+            }
+            CaptureFormat::PcapNg => {
+                let section = SectionHeaderBlock {
+                    endianness: Endianness::Little,
+                    options: vec![SectionHeaderOption::UserApplication("softverbs".into())],
+                    ..SectionHeaderBlock::default()
+                };
+                let mut writer = PcapNgWriter::with_section_header(file, section)?;
+                writer.write_pcapng_block(InterfaceDescriptionBlock {
+                    linktype: DataLink::ETHERNET,
+                    snaplen: 0xFFFF,
+                    options: vec![
+                        InterfaceDescriptionOption::IfName("softverbs".into()),
+                        InterfaceDescriptionOption::IfTsResol(TSRESOL_NANOSECONDS),
+                    ],
+                })?;
+                FormatWriter::PcapNg(writer)
+            }
+        })
+    }
+
+    fn format(&self) -> CaptureFormat {
+        match self {
+            FormatWriter::Pcap(_) => CaptureFormat::Pcap,
+            FormatWriter::PcapNg(_) => CaptureFormat::PcapNg,
+        }
+    }
+
+    fn write(
+        &mut self,
+        timestamp: Duration,
+        direction: Direction,
+        frame: &[u8],
+    ) -> Result<(), PcapError> {
+        match self {
+            FormatWriter::Pcap(writer) => {
+                writer.write_packet(&PcapPacket::new(timestamp, frame.len() as u32, frame))?;
+            }
+            FormatWriter::PcapNg(writer) => {
+                let flags = match direction {
+                    Direction::Inbound => EPB_FLAGS_INBOUND,
+                    Direction::Outbound | Direction::Unknown => EPB_FLAGS_OUTBOUND,
+                };
+                writer.write_pcapng_block(EnhancedPacketBlock {
+                    interface_id: 0,
+                    timestamp,
+                    original_len: frame.len() as u32,
+                    data: frame.into(),
+                    options: vec![EnhancedPacketOption::Flags(flags)],
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn into_file(self) -> SharedWriter {
+        match self {
+            FormatWriter::Pcap(writer) => writer.into_writer(),
+            FormatWriter::PcapNg(writer) => writer.into_inner(),
+        }
+    }
+}
+
+/// The format's writer and another handle to its file.
+type Writer = (FormatWriter, SharedWriter);
+
+/// A pcap or pcapng file being written, shared by the transports that record into it.
 pub struct Capture {
     enabled: AtomicBool,
+    format: CaptureFormat,
     writer: Mutex<Option<Writer>>,
     /// Largest file size in bytes (`u64::MAX`: no limit); packets that would pass it are
     /// not written. Written before recording starts or at any time; `Relaxed`.
@@ -205,10 +382,6 @@ pub struct Capture {
 /// a number with a `K`, `M` or `G` suffix (powers of 1024). Packets past the cap are not
 /// written but counted ([`Capture::over_limit`]), so a flood cannot fill a disk.
 pub const PCAP_LIMIT_ENV: &str = "SOFTVERBS_PCAP_LIMIT";
-
-/// Bytes of a pcap file header and of a record header.
-const FILE_HEADER_LEN: u64 = 24;
-const RECORD_HEADER_LEN: u64 = 16;
 
 /// Parses a size as [`PCAP_LIMIT_ENV`] takes it: `4096`, `64K`, `100M`, `2G`.
 pub fn parse_size(spec: &str) -> Result<u64, String> {
@@ -244,31 +417,47 @@ impl fmt::Debug for Capture {
 }
 
 impl Capture {
-    /// Creates (truncates) the pcap file at `path` and writes its header. Recording is on.
+    /// Creates (truncates) the capture file at `path` and writes its header, in the format
+    /// its name asks for ([`CaptureFormat::for_path`]: pcapng for `*.pcapng`, classic
+    /// pcap otherwise). Recording is on.
     pub fn create(path: impl AsRef<Path>) -> io::Result<Arc<Capture>> {
-        let file = File::create(path)?;
-        Capture::to_writer(BufWriter::new(file))
+        let format = CaptureFormat::for_path(&path);
+        Capture::create_as(path, format)
     }
 
-    /// A capture into any writer (the pcap header is written now). Recording is on.
+    /// Creates (truncates) the capture file at `path` in `format`, whatever its name.
+    pub fn create_as(path: impl AsRef<Path>, format: CaptureFormat) -> io::Result<Arc<Capture>> {
+        let file = File::create(path)?;
+        Capture::to_writer_as(BufWriter::new(file), format)
+    }
+
+    /// A classic pcap capture into any writer (the header is written now). Recording is on.
     pub fn to_writer(writer: impl Write + Send + 'static) -> io::Result<Arc<Capture>> {
-        let header = PcapHeader {
-            datalink: DataLink::ETHERNET,
-            endianness: Endianness::Little,
-            ..PcapHeader::default()
-        };
-        let boxed: Box<dyn Write + Send> = Box::new(writer);
-        let shared = SharedWriter(Arc::new(Mutex::new(boxed)));
-        let writer = PcapWriter::with_header(shared.clone(), header).map_err(pcap_to_io)?;
+        Capture::to_writer_as(writer, CaptureFormat::Pcap)
+    }
+
+    /// A capture in `format` into any writer (the header is written now). Recording is on.
+    pub fn to_writer_as(
+        writer: impl Write + Send + 'static,
+        format: CaptureFormat,
+    ) -> io::Result<Arc<Capture>> {
+        let file = SharedWriter::new(Box::new(writer));
+        let writer = FormatWriter::start(format, file.clone()).map_err(pcap_to_io)?;
         Ok(Arc::new(Capture {
             enabled: AtomicBool::new(true),
-            writer: Mutex::new(Some((writer, shared))),
+            format,
+            bytes: AtomicU64::new(file.written()),
+            writer: Mutex::new(Some((writer, file))),
             limit: AtomicU64::new(u64::MAX),
-            bytes: AtomicU64::new(FILE_HEADER_LEN),
             packets: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
             over_limit: AtomicU64::new(0),
         }))
+    }
+
+    /// The file's format.
+    pub fn format(&self) -> CaptureFormat {
+        self.format
     }
 
     /// Caps the file at `bytes` (headers included): a packet whose record would pass it
@@ -332,10 +521,10 @@ impl Capture {
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))
             .and_then(|frame| {
                 let mut writer = self.lock();
-                let Some((writer, _)) = writer.as_mut() else {
+                let Some((writer, file)) = writer.as_mut() else {
                     return Ok(());
                 };
-                let record_len = RECORD_HEADER_LEN + frame.len() as u64;
+                let record_len = writer.format().record_len(frame.len());
                 let written = self.bytes.load(Ordering::Relaxed);
                 if written.saturating_add(record_len) > self.limit.load(Ordering::Relaxed) {
                     if self.over_limit.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -347,9 +536,9 @@ impl Capture {
                     }
                     return Ok(());
                 }
-                let packet = PcapPacket::new(timestamp, frame.len() as u32, &frame);
-                writer.write_packet(&packet).map_err(pcap_to_io)?;
-                self.bytes.store(written + record_len, Ordering::Relaxed);
+                let result = writer.write(timestamp, direction, &frame);
+                self.bytes.store(file.written(), Ordering::Relaxed);
+                result.map_err(pcap_to_io)?;
                 self.packets.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             });
@@ -371,7 +560,7 @@ impl Capture {
     /// Flushes and closes the file; later packets are not recorded.
     pub fn close(&self) -> io::Result<()> {
         match self.lock().take() {
-            Some((writer, _)) => writer.into_writer().flush(),
+            Some((writer, _)) => writer.into_file().flush(),
             None => Ok(()),
         }
     }
@@ -475,12 +664,56 @@ pub enum CaptureError {
     /// The file could not be opened or read.
     #[error("cannot read the capture: {0}")]
     Io(#[from] io::Error),
-    /// The file is not a pcap file pcap-file can read (pcapng is not supported).
-    #[error("not a readable pcap file: {0}")]
-    Pcap(#[from] pcap_file::PcapError),
-    /// The link type is neither Ethernet nor raw IP.
+    /// The pcap or pcapng structure is broken (or cut short: see
+    /// [`CaptureError::is_truncated`]).
+    #[error("{}", describe_pcap_error(.0))]
+    Pcap(#[from] PcapError),
+    /// The link type is neither Ethernet nor raw IP (of a classic pcap file, or of every
+    /// interface of a pcapng file that has packets).
     #[error("unsupported link type {0:?} (Ethernet and raw IP are supported)")]
     LinkType(DataLink),
+    /// The file starts with neither a pcap nor a pcapng magic number: its first bytes.
+    #[error("{}", describe_start(.0))]
+    UnknownFormat(Vec<u8>),
+}
+
+impl CaptureError {
+    /// True if the file ends in the middle of a record or block, as a capture does whose
+    /// writer died while writing (`tcpdump`'s "truncated dump file"), rather than being
+    /// damaged.
+    pub fn is_truncated(&self) -> bool {
+        let eof = |error: &io::Error| error.kind() == io::ErrorKind::UnexpectedEof;
+        match self {
+            CaptureError::Io(error) | CaptureError::Pcap(PcapError::IoError(error)) => eof(error),
+            CaptureError::Pcap(PcapError::IncompleteBuffer) => true,
+            _ => false,
+        }
+    }
+}
+
+fn describe_pcap_error(error: &PcapError) -> String {
+    match error {
+        PcapError::IncompleteBuffer => "the file ends in the middle of a record".to_owned(),
+        PcapError::IoError(error) if error.kind() == io::ErrorKind::UnexpectedEof => {
+            "the file ends in the middle of a record".to_owned()
+        }
+        PcapError::IoError(error) => format!("cannot read the capture: {error}"),
+        PcapError::InvalidInterfaceId(id) => {
+            format!("damaged capture: a packet names interface {id}, which no block describes")
+        }
+        other => format!("damaged capture: {other}"),
+    }
+}
+
+fn describe_start(start: &[u8]) -> String {
+    if start.is_empty() {
+        return "not a capture: the file is empty".to_owned();
+    }
+    let hex: Vec<String> = start.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "neither a pcap nor a pcapng file (it begins with {})",
+        hex.join(" ")
+    )
 }
 
 /// One RoCEv2 packet of a capture.
@@ -545,12 +778,12 @@ impl fmt::Display for CaptureRecord {
     }
 }
 
-/// Decodes the pcap file at `path` (see the module documentation).
+/// Decodes the pcap or pcapng file at `path` (see the module documentation).
 pub fn read_capture(path: impl AsRef<Path>) -> Result<Vec<CaptureRecord>, CaptureError> {
     read_capture_from(BufReader::new(File::open(path)?))
 }
 
-/// Decodes a pcap stream (see the module documentation).
+/// Decodes a pcap or pcapng stream (see the module documentation).
 pub fn read_capture_from(reader: impl Read) -> Result<Vec<CaptureRecord>, CaptureError> {
     match read_capture_tolerant(reader)? {
         (records, None) => Ok(records),
@@ -558,19 +791,58 @@ pub fn read_capture_from(reader: impl Read) -> Result<Vec<CaptureRecord>, Captur
     }
 }
 
-/// Decodes a pcap stream as far as its records are whole: the records before a broken
-/// one, and what broke it (a file whose writer died mid-record ends in a partial
-/// record, as `tcpdump` says of a "truncated dump file"). Errors before the first record
-/// (not a pcap file, unsupported link type) are errors.
+/// The magic numbers a file starts with: classic pcap (microsecond or nanosecond
+/// timestamps, either byte order) and pcapng's Section Header Block type.
+const PCAP_MAGICS: [[u8; 4]; 4] = [
+    [0xd4, 0xc3, 0xb2, 0xa1],
+    [0xa1, 0xb2, 0xc3, 0xd4],
+    [0x4d, 0x3c, 0xb2, 0xa1],
+    [0xa1, 0xb2, 0x3c, 0x4d],
+];
+const PCAPNG_MAGIC: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
+
+/// Decodes a pcap or pcapng stream as far as its records are whole: the records before
+/// a broken one, and what broke it (a file whose writer died mid-record ends in a partial
+/// record, as `tcpdump` says of a "truncated dump file"; [`CaptureError::is_truncated`]
+/// tells that from a damaged file). Errors before the first record (neither pcap nor
+/// pcapng, a broken file header, an unsupported link type) are errors.
 pub fn read_capture_tolerant(
+    mut reader: impl Read,
+) -> Result<(Vec<CaptureRecord>, Option<CaptureError>), CaptureError> {
+    let mut magic = [0u8; 4];
+    let mut got = 0;
+    while got < magic.len() {
+        match reader.read(&mut magic[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let start = &magic[..got];
+    let whole = start.chain(reader);
+    if start == PCAPNG_MAGIC {
+        read_pcapng(whole)
+    } else if PCAP_MAGICS.iter().any(|m| m == start) {
+        read_pcap(whole)
+    } else {
+        Err(CaptureError::UnknownFormat(start.to_vec()))
+    }
+}
+
+fn supported_link(datalink: DataLink) -> bool {
+    matches!(
+        datalink,
+        DataLink::ETHERNET | DataLink::RAW | DataLink::IPV4 | DataLink::IPV6
+    )
+}
+
+fn read_pcap(
     reader: impl Read,
 ) -> Result<(Vec<CaptureRecord>, Option<CaptureError>), CaptureError> {
     let mut reader = PcapReader::new(reader)?;
     let datalink = reader.header().datalink;
-    if !matches!(
-        datalink,
-        DataLink::ETHERNET | DataLink::RAW | DataLink::IPV4 | DataLink::IPV6
-    ) {
+    if !supported_link(datalink) {
         return Err(CaptureError::LinkType(datalink));
     }
     let mut records = Vec::new();
@@ -580,7 +852,7 @@ pub fn read_capture_tolerant(
             Ok(packet) => packet,
             Err(error) => return Ok((records, Some(error.into()))),
         };
-        if let Some(record) = decode_frame(frame, datalink, packet.timestamp, &packet.data) {
+        if let Some(record) = decode_frame(frame, datalink, packet.timestamp, None, &packet.data) {
             records.push(record);
         }
         frame += 1;
@@ -588,11 +860,158 @@ pub fn read_capture_tolerant(
     Ok((records, None))
 }
 
-/// Decodes one frame; `None` if it is not IP / UDP.
+/// What a pcapng Interface Description Block says about the packets on it.
+struct Interface {
+    datalink: DataLink,
+    /// `if_tsresol`: bit 7 clear, 10^-n s; set, 2^-n s.
+    tsresol: u8,
+    /// `if_tsoffset`: seconds to add to every timestamp.
+    tsoffset: i64,
+}
+
+impl Interface {
+    fn of(block: &InterfaceDescriptionBlock<'_>) -> Interface {
+        let mut interface = Interface {
+            datalink: block.linktype,
+            tsresol: TSRESOL_DEFAULT,
+            tsoffset: 0,
+        };
+        for option in &block.options {
+            match option {
+                InterfaceDescriptionOption::IfTsResol(value) => interface.tsresol = *value,
+                // A signed 64-bit integer in the specification.
+                InterfaceDescriptionOption::IfTsOffset(value) => interface.tsoffset = *value as i64,
+                _ => {}
+            }
+        }
+        interface
+    }
+
+    /// The time of a timestamp of `units` in this interface's resolution and offset.
+    fn time(&self, units: u64) -> Duration {
+        let units = u128::from(units);
+        let since_offset = if self.tsresol & 0x80 == 0 {
+            let exponent = u32::from(self.tsresol);
+            match 10u128.checked_pow(exponent) {
+                Some(per_second) => {
+                    let fraction = units % per_second;
+                    let nanos = if exponent >= 9 {
+                        fraction / 10u128.pow(exponent - 9)
+                    } else {
+                        fraction * 10u128.pow(9 - exponent)
+                    };
+                    duration(units / per_second, nanos)
+                }
+                // More than 10^38 units per second: every timestamp is below 1 ns.
+                None => Duration::ZERO,
+            }
+        } else {
+            let shift = u32::from(self.tsresol & 0x7f);
+            let fraction = units & ((1u128 << shift) - 1);
+            duration(units >> shift, (fraction * 1_000_000_000) >> shift)
+        };
+        let offset = Duration::from_secs(self.tsoffset.unsigned_abs());
+        if self.tsoffset >= 0 {
+            since_offset.saturating_add(offset)
+        } else {
+            since_offset.saturating_sub(offset)
+        }
+    }
+}
+
+/// `seconds` and `nanos` (below 10^9) as a duration, saturating.
+fn duration(seconds: u128, nanos: u128) -> Duration {
+    Duration::new(
+        u64::try_from(seconds).unwrap_or(u64::MAX),
+        u32::try_from(nanos).unwrap_or(0),
+    )
+}
+
+fn read_pcapng(
+    reader: impl Read,
+) -> Result<(Vec<CaptureRecord>, Option<CaptureError>), CaptureError> {
+    let mut reader = PcapNgReader::new(reader)?;
+    let mut interfaces: Vec<Interface> = Vec::new();
+    let mut unsupported = None;
+    let mut records = Vec::new();
+    let mut frame = 0;
+    let mut last_time = Duration::ZERO;
+    while let Some(block) = reader.next_block() {
+        let block = match block {
+            Ok(block) => block,
+            Err(error) => return Ok((records, Some(error.into()))),
+        };
+        // (interface, timestamp in the interface's units if the block has one, frame,
+        // direction from the flags)
+        let (interface_id, units, data, direction) = match block {
+            Block::SectionHeader(_) => {
+                interfaces.clear();
+                continue;
+            }
+            Block::InterfaceDescription(block) => {
+                interfaces.push(Interface::of(&block));
+                continue;
+            }
+            Block::EnhancedPacket(block) => {
+                let direction = block.options.iter().find_map(|option| match option {
+                    EnhancedPacketOption::Flags(flags) => match flags & 0b11 {
+                        EPB_FLAGS_INBOUND => Some(Direction::Inbound),
+                        EPB_FLAGS_OUTBOUND => Some(Direction::Outbound),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+                // pcap-file hands the raw timestamp over as that many nanoseconds.
+                let units = u64::try_from(block.timestamp.as_nanos()).unwrap_or(u64::MAX);
+                (block.interface_id, Some(units), block.data, direction)
+            }
+            Block::Packet(block) => (
+                u32::from(block.interface_id),
+                Some(block.timestamp),
+                block.data,
+                None,
+            ),
+            Block::SimplePacket(block) => {
+                // The block's data runs to its end, padding included.
+                let mut data = block.data;
+                let len = usize::try_from(block.original_len).unwrap_or(usize::MAX);
+                if len < data.len() {
+                    data.to_mut().truncate(len);
+                }
+                (0, None, data, None)
+            }
+            _ => continue,
+        };
+        let Some(interface) = interfaces.get(interface_id as usize) else {
+            let error = PcapError::InvalidInterfaceId(interface_id);
+            return Ok((records, Some(error.into())));
+        };
+        // A Simple Packet Block has no timestamp: it is shown at the time of the packet
+        // before it.
+        let time = units.map_or(last_time, |units| interface.time(units));
+        last_time = time;
+        if supported_link(interface.datalink) {
+            if let Some(record) = decode_frame(frame, interface.datalink, time, direction, &data) {
+                records.push(record);
+            }
+        } else {
+            unsupported.get_or_insert(interface.datalink);
+        }
+        frame += 1;
+    }
+    match unsupported {
+        Some(datalink) if records.is_empty() => Err(CaptureError::LinkType(datalink)),
+        _ => Ok((records, None)),
+    }
+}
+
+/// Decodes one frame; `None` if it is not IP / UDP. `direction` (a pcapng packet's flags)
+/// comes before what the Ethernet addresses say.
 fn decode_frame(
     frame: usize,
     datalink: DataLink,
     timestamp: Duration,
+    direction: Option<Direction>,
     data: &[u8],
 ) -> Option<CaptureRecord> {
     let (direction, ip_packet) = if datalink == DataLink::ETHERNET {
@@ -607,7 +1026,9 @@ fn decode_frame(
         if ethertype != ETHERTYPE_IPV4 && ethertype != ETHERTYPE_IPV6 {
             return None;
         }
-        let direction = if src == LOCAL_MAC {
+        let direction = if let Some(direction) = direction {
+            direction
+        } else if src == LOCAL_MAC {
             Direction::Outbound
         } else if dst == LOCAL_MAC {
             Direction::Inbound
@@ -616,7 +1037,7 @@ fn decode_frame(
         };
         (direction, data.get(at + 2..)?)
     } else {
-        (Direction::Unknown, data)
+        (direction.unwrap_or(Direction::Unknown), data)
     };
     let (ip, udp, ib_packet) = icrc::split_ip_packet(ip_packet).ok()?;
     let packet = PacketRepr::parse(ib_packet).map(|(repr, payload)| (repr, payload.len()));

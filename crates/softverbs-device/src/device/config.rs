@@ -53,7 +53,9 @@ pub struct FaultSetup {
     pub seed: u64,
 }
 
-/// Environment variable naming a pcap file to capture the device's traffic into.
+/// Environment variable naming a capture file to record the device's traffic into: pcapng
+/// if the name ends in `.pcapng`, classic pcap otherwise
+/// ([`CaptureFormat::for_path`](crate::pcap::CaptureFormat::for_path)).
 pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
 
 /// Environment variable choosing a device's network ([`DeviceConfig::from_env`]):
