@@ -5,9 +5,16 @@
 //! There is one device per process, `softverbs0`, opened on the first
 //! `ibv_get_device_list` with its address from the environment (`SOFTVERBS_ADDR`, else the
 //! first free 127.0.0.x). It reports: node type CA, transport IB, link layer Ethernet
-//! (RoCEv2; GID 0 is the device's IP address as an IPv4-mapped IPv6 address), port 1
+//! (RoCEv2; GIDs below), port 1
 //! ACTIVE / LinkUp, MTU per the device, vendor id 0xffffff, part 0 (outside perftest's
 //! vendor tables), a 1 GHz device clock with a full 64-bit completion timestamp mask.
+//!
+//! The GID table is laid out as kernel rxe lays out a port's (RoCEv2 entries): index 0 the
+//! IPv6 link-local GID, made from the device's address (`fe80::ffff:a.b.c.d`), index 1 the
+//! address (`::ffff:a.b.c.d`, or the IPv6 address); `gid_tbl_len` counts them, and every
+//! entry's `ndev_ifindex` is the interface holding the address (`lo` for 127.0.0.0/8).
+//! Both indexes reach another softverbs device (`-g 0` and `-g 1`); a kernel rxe peer
+//! reaches index 1.
 //!
 //! | function | version | status |
 //! |---|---|---|
@@ -577,7 +584,7 @@ fn gid_entry(entry: &DeviceEntry, index: u32) -> Result<ibv_gid_entry, Errno> {
         gid_index: index,
         port_num: PORT,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: 0,
+        ndev_ifindex: entry.device.interface_index(),
     })
 }
 
@@ -779,24 +786,48 @@ mod tests {
         });
     }
 
+    // ibv_query_gid(3), ibv_query_gid_ex(3): the table as kernel rxe lays it out for an
+    // IPv4 address, the link-local GID at 0 and the IPv4-mapped one at 1; gid_tbl_len
+    // entries, EINVAL past them; every entry on the interface holding the address.
     #[test]
-    fn gid_zero_is_the_device_address_and_out_of_range_indexes_fail() {
+    fn gids_are_link_local_then_the_ipv4_address_and_out_of_range_indexes_fail() {
         with_context(|ctx| {
+            // SAFETY: an open context.
+            let block = unsafe { ContextBlock::from_ptr(ctx) }.unwrap();
+            let std::net::IpAddr::V4(address) = block.entry.device.address() else {
+                panic!("the test device is on IPv4");
+            };
             let mut gid = MaybeUninit::<ibv_gid>::uninit();
             // SAFETY: writable.
             assert_eq!(unsafe { ibv_query_gid(ctx, 1, 0, gid.as_mut_ptr()) }, 0);
             // SAFETY: written above; any bytes are a valid [u8; 16].
             let raw = unsafe { gid.assume_init().raw };
-            assert_eq!(&raw[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+            let mut link_local = [0u8; 16];
+            link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+            link_local[10..12].copy_from_slice(&[0xff, 0xff]);
+            link_local[12..].copy_from_slice(&address.octets());
+            assert_eq!(raw, link_local);
             // SAFETY: writable.
-            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 1, gid.as_mut_ptr()) }, -1);
-            let mut entry = MaybeUninit::<ibv_gid_entry>::uninit();
-            // SAFETY: writable for its size.
-            let rc = unsafe { _ibv_query_gid_ex(ctx, 1, 0, entry.as_mut_ptr(), 0, 32) };
-            assert_eq!(rc, 0);
+            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 1, gid.as_mut_ptr()) }, 0);
             // SAFETY: written above.
-            let entry = unsafe { entry.assume_init() };
-            assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+            let raw = unsafe { gid.assume_init().raw };
+            assert_eq!(raw, address.to_ipv6_mapped().octets());
+            // SAFETY: writable.
+            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 2, gid.as_mut_ptr()) }, -1);
+            assert_eq!(port_attr(block.entry).gid_tbl_len, 2);
+            // SAFETY: the interface name is a literal C string.
+            let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+            for index in 0..2 {
+                let mut entry = MaybeUninit::<ibv_gid_entry>::uninit();
+                // SAFETY: writable for its size.
+                let rc = unsafe { _ibv_query_gid_ex(ctx, 1, index, entry.as_mut_ptr(), 0, 32) };
+                assert_eq!(rc, 0);
+                // SAFETY: written above.
+                let entry = unsafe { entry.assume_init() };
+                assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+                assert_eq!(entry.gid_index, index);
+                assert_eq!(entry.ndev_ifindex, lo, "GID {index} is on lo");
+            }
         });
     }
 
