@@ -18,7 +18,8 @@
 //!
 //! | function | version | status |
 //! |---|---|---|
-//! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_name`, `ibv_get_device_guid` | 1.1 | real |
+//! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_guid` | 1.1 | real |
+//! | `ibv_get_device_name` | 1.1 | real: the struct's `name`, as rdma-core reads it, for any `struct ibv_device` |
 //! | `ibv_get_device_index` | 1.9 | real (0) |
 //! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]; at exit if no context was closed) |
 //! | `ibv_query_device`, `ibv_query_port` (48-byte legacy write), `ibv_query_gid`, `ibv_query_pkey` | 1.1 | real |
@@ -220,26 +221,36 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 }
 symver!(ibv_free_device_list, "IBVERBS_1.1");
 
-/// `ibv_get_device_name(3)`: `NULL` (errno `EINVAL`/`ENODEV`) for a pointer that is not
-/// our device.
+/// `ibv_get_device_name(3)`: the `name` of the `struct ibv_device`, read from the struct
+/// as rdma-core reads it (so a struct the program built itself names itself); `NULL` with
+/// errno `EINVAL` for a NULL pointer.
 ///
 /// # Safety
 ///
-/// `device` is NULL or a pointer C got from `ibv_get_device_list`.
+/// `device` is NULL or points to a `struct ibv_device` (from `ibv_get_device_list` or the
+/// program's own).
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
     pointer(|| {
-        let entry = device_from_ptr(device)?;
-        Ok(entry.ibv_device.name.as_ptr().cast_mut())
+        if device.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // The field's address, not its bytes: the caller reads the name.
+        let name = device
+            .cast::<u8>()
+            .wrapping_add(std::mem::offset_of!(ibv_device, name));
+        Ok(name.cast::<c_char>())
     })
 }
 symver!(ibv_get_device_name, "IBVERBS_1.1");
 
-/// `ibv_get_device_guid(3)`: the node GUID in network byte order (0 for a foreign
-/// pointer, errno set).
+/// `ibv_get_device_guid(3)`: the node GUID in network byte order. 0 with errno `ENODEV`
+/// for a `struct ibv_device` that is not the device's: rdma-core reads the GUID through
+/// the provider's `verbs_device` around the struct (its sysfs entry), which a struct the
+/// program built does not have, and answers 0 when it cannot read one.
 ///
 /// # Safety
 ///
-/// As [`ibv_get_device_name`].
+/// `device` is NULL or any pointer (only compared with the device's).
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
     crate::boundary::guarded(|| Ok(device_from_ptr(device)?.node_guid.to_be())).unwrap_or_else(
         |e| {
@@ -250,11 +261,13 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
 }
 symver!(ibv_get_device_guid, "IBVERBS_1.1");
 
-/// `ibv_get_device_index(3)`: 0 for our device, -1 otherwise.
+/// `ibv_get_device_index(3)`: 0 for our device; -1 for any other struct, as rdma-core
+/// answers for a device without a sysfs entry (it reads the index from the provider's
+/// `verbs_device` around the struct).
 ///
 /// # Safety
 ///
-/// As [`ibv_get_device_name`].
+/// `device` is NULL or any pointer (only compared with the device's).
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
     minus_one(|| device_from_ptr(device).map(|_| 0))
 }
@@ -831,6 +844,29 @@ mod tests {
         });
     }
 
+    // rdma-core's ibv_get_device_name is `return device->name;`: any struct ibv_device
+    // names itself.
+    #[test]
+    fn the_device_name_is_read_from_the_struct_given() {
+        let mut own = ibv_device {
+            _ops: _ibv_device_ops::default(),
+            node_type: 0,
+            transport_type: 0,
+            name: [0; 64],
+            dev_name: [0; 64],
+            dev_path: [0; 256],
+            ibdev_path: [0; 256],
+        };
+        for (dst, src) in own.name.iter_mut().zip(b"mine0") {
+            *dst = *src as c_char;
+        }
+        // SAFETY: a struct ibv_device of ours; the name is only pointed at.
+        let name = unsafe { ibv_get_device_name(&mut own) };
+        assert_eq!(name, own.name.as_ptr());
+        // SAFETY: NULL is refused.
+        assert!(unsafe { ibv_get_device_name(std::ptr::null_mut()) }.is_null());
+    }
+
     #[test]
     fn null_and_foreign_pointers_are_refused_with_errno() {
         // SAFETY: NULL is allowed and refused.
@@ -840,6 +876,10 @@ mod tests {
         assert!(unsafe { ibv_open_device(std::ptr::null_mut()) }.is_null());
         let mut not_ours = [0u8; 664];
         // SAFETY: a readable block that is not our device; only compared by address.
-        assert!(unsafe { ibv_get_device_name(not_ours.as_mut_ptr().cast()) }.is_null());
+        let guid = unsafe { ibv_get_device_guid(not_ours.as_mut_ptr().cast()) };
+        assert_eq!(guid, 0);
+        // SAFETY: as above.
+        let index = unsafe { ibv_get_device_index(not_ours.as_mut_ptr().cast()) };
+        assert_eq!(index, -1);
     }
 }
