@@ -25,9 +25,11 @@ limit() {
 # pages the tests cite, the unmodified programs the drop-in must load (ibverbs-utils,
 # perftest), a C compiler, binutils (objdump checks symbol versions), tshark (decodes our
 # RoCEv2 captures), iproute2 and iptables (two hosts as network namespaces, packet loss),
-# valgrind and python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in).
+# valgrind and python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in),
+# cmake and libclang-dev (the `ibverbs` crate's build script configures its vendored
+# rdma-core and runs bindgen: its example runs on the drop-in).
 packages=(libibverbs-dev rdma-core ibverbs-utils perftest gcc libc6-dev pkg-config binutils
-  tshark iproute2 iptables valgrind python3-pyverbs)
+  tshark iproute2 iptables valgrind python3-pyverbs cmake libclang-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
