@@ -26,9 +26,11 @@ limit() {
 # perftest), a C compiler, binutils (objdump checks symbol versions), tshark (decodes our
 # RoCEv2 captures) and wireshark-common (editcap writes the pcapng our reader must read),
 # iproute2 and iptables (two hosts as network namespaces, packet loss), valgrind and
-# python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in).
+# python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in), cmake and
+# libclang-dev (the `ibverbs` crate's build script configures its vendored rdma-core and
+# runs bindgen: its example runs on the drop-in).
 packages=(libibverbs-dev rdma-core ibverbs-utils perftest gcc libc6-dev pkg-config binutils
-  tshark wireshark-common iproute2 iptables valgrind python3-pyverbs)
+  tshark wireshark-common iproute2 iptables valgrind python3-pyverbs cmake libclang-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -242,7 +242,10 @@ class Case:
         gflag = "-x" if self.perf else "-g"
         common = f"{self.args} -p {port}"
         guest = f"{self.prog} -d rxe0 {gflag} {gidx} {common}"
-        host = f"{self.prog} {gflag} 0 {common}"
+        # softverbs lays out its GID table as rxe does: index 1 is the host's address
+        # (::ffff:10.99.0.1, or fd99::1); index 0, the link-local GID, reaches only
+        # softverbs peers.
+        host = f"{self.prog} {gflag} 1 {common}"
         if self.server == "guest":
             host += f" {a.guest_ip}"
         else:

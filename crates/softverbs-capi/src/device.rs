@@ -5,13 +5,21 @@
 //! There is one device per process, `softverbs0`, opened on the first
 //! `ibv_get_device_list` with its address from the environment (`SOFTVERBS_ADDR`, else the
 //! first free 127.0.0.x). It reports: node type CA, transport IB, link layer Ethernet
-//! (RoCEv2; GID 0 is the device's IP address as an IPv4-mapped IPv6 address), port 1
+//! (RoCEv2; GIDs below), port 1
 //! ACTIVE / LinkUp, MTU per the device, vendor id 0xffffff, part 0 (outside perftest's
 //! vendor tables), a 1 GHz device clock with a full 64-bit completion timestamp mask.
 //!
+//! The GID table is laid out as kernel rxe lays out a port's (RoCEv2 entries): index 0 the
+//! IPv6 link-local GID, made from the device's address (`fe80::ffff:a.b.c.d`), index 1 the
+//! address (`::ffff:a.b.c.d`, or the IPv6 address); `gid_tbl_len` counts them, and every
+//! entry's `ndev_ifindex` is the interface holding the address (`lo` for 127.0.0.0/8).
+//! Both indexes reach another softverbs device (`-g 0` and `-g 1`); a kernel rxe peer
+//! reaches index 1.
+//!
 //! | function | version | status |
 //! |---|---|---|
-//! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_name`, `ibv_get_device_guid` | 1.1 | real |
+//! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_guid` | 1.1 | real |
+//! | `ibv_get_device_name` | 1.1 | real: the struct's `name`, as rdma-core reads it, for any `struct ibv_device` |
 //! | `ibv_get_device_index` | 1.9 | real (0) |
 //! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]; at exit if no context was closed) |
 //! | `ibv_query_device`, `ibv_query_port` (48-byte legacy write), `ibv_query_gid`, `ibv_query_pkey` | 1.1 | real |
@@ -213,26 +221,36 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 }
 symver!(ibv_free_device_list, "IBVERBS_1.1");
 
-/// `ibv_get_device_name(3)`: `NULL` (errno `EINVAL`/`ENODEV`) for a pointer that is not
-/// our device.
+/// `ibv_get_device_name(3)`: the `name` of the `struct ibv_device`, read from the struct
+/// as rdma-core reads it (so a struct the program built itself names itself); `NULL` with
+/// errno `EINVAL` for a NULL pointer.
 ///
 /// # Safety
 ///
-/// `device` is NULL or a pointer C got from `ibv_get_device_list`.
+/// `device` is NULL or points to a `struct ibv_device` (from `ibv_get_device_list` or the
+/// program's own).
 pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
     pointer(|| {
-        let entry = device_from_ptr(device)?;
-        Ok(entry.ibv_device.name.as_ptr().cast_mut())
+        if device.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // The field's address, not its bytes: the caller reads the name.
+        let name = device
+            .cast::<u8>()
+            .wrapping_add(std::mem::offset_of!(ibv_device, name));
+        Ok(name.cast::<c_char>())
     })
 }
 symver!(ibv_get_device_name, "IBVERBS_1.1");
 
-/// `ibv_get_device_guid(3)`: the node GUID in network byte order (0 for a foreign
-/// pointer, errno set).
+/// `ibv_get_device_guid(3)`: the node GUID in network byte order. 0 with errno `ENODEV`
+/// for a `struct ibv_device` that is not the device's: rdma-core reads the GUID through
+/// the provider's `verbs_device` around the struct (its sysfs entry), which a struct the
+/// program built does not have, and answers 0 when it cannot read one.
 ///
 /// # Safety
 ///
-/// As [`ibv_get_device_name`].
+/// `device` is NULL or any pointer (only compared with the device's).
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
     crate::boundary::guarded(|| Ok(device_from_ptr(device)?.node_guid.to_be())).unwrap_or_else(
         |e| {
@@ -243,11 +261,13 @@ pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
 }
 symver!(ibv_get_device_guid, "IBVERBS_1.1");
 
-/// `ibv_get_device_index(3)`: 0 for our device, -1 otherwise.
+/// `ibv_get_device_index(3)`: 0 for our device; -1 for any other struct, as rdma-core
+/// answers for a device without a sysfs entry (it reads the index from the provider's
+/// `verbs_device` around the struct).
 ///
 /// # Safety
 ///
-/// As [`ibv_get_device_name`].
+/// `device` is NULL or any pointer (only compared with the device's).
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
     minus_one(|| device_from_ptr(device).map(|_| 0))
 }
@@ -577,7 +597,7 @@ fn gid_entry(entry: &DeviceEntry, index: u32) -> Result<ibv_gid_entry, Errno> {
         gid_index: index,
         port_num: PORT,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: 0,
+        ndev_ifindex: entry.device.interface_index(),
     })
 }
 
@@ -779,25 +799,72 @@ mod tests {
         });
     }
 
+    // ibv_query_gid(3), ibv_query_gid_ex(3): the table as kernel rxe lays it out for an
+    // IPv4 address, the link-local GID at 0 and the IPv4-mapped one at 1; gid_tbl_len
+    // entries, EINVAL past them; every entry on the interface holding the address.
     #[test]
-    fn gid_zero_is_the_device_address_and_out_of_range_indexes_fail() {
+    fn gids_are_link_local_then_the_ipv4_address_and_out_of_range_indexes_fail() {
         with_context(|ctx| {
+            // SAFETY: an open context.
+            let block = unsafe { ContextBlock::from_ptr(ctx) }.unwrap();
+            let std::net::IpAddr::V4(address) = block.entry.device.address() else {
+                panic!("the test device is on IPv4");
+            };
             let mut gid = MaybeUninit::<ibv_gid>::uninit();
             // SAFETY: writable.
             assert_eq!(unsafe { ibv_query_gid(ctx, 1, 0, gid.as_mut_ptr()) }, 0);
             // SAFETY: written above; any bytes are a valid [u8; 16].
             let raw = unsafe { gid.assume_init().raw };
-            assert_eq!(&raw[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+            let mut link_local = [0u8; 16];
+            link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+            link_local[10..12].copy_from_slice(&[0xff, 0xff]);
+            link_local[12..].copy_from_slice(&address.octets());
+            assert_eq!(raw, link_local);
             // SAFETY: writable.
-            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 1, gid.as_mut_ptr()) }, -1);
-            let mut entry = MaybeUninit::<ibv_gid_entry>::uninit();
-            // SAFETY: writable for its size.
-            let rc = unsafe { _ibv_query_gid_ex(ctx, 1, 0, entry.as_mut_ptr(), 0, 32) };
-            assert_eq!(rc, 0);
+            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 1, gid.as_mut_ptr()) }, 0);
             // SAFETY: written above.
-            let entry = unsafe { entry.assume_init() };
-            assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+            let raw = unsafe { gid.assume_init().raw };
+            assert_eq!(raw, address.to_ipv6_mapped().octets());
+            // SAFETY: writable.
+            assert_eq!(unsafe { ibv_query_gid(ctx, 1, 2, gid.as_mut_ptr()) }, -1);
+            assert_eq!(port_attr(block.entry).gid_tbl_len, 2);
+            // SAFETY: the interface name is a literal C string.
+            let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+            for index in 0..2 {
+                let mut entry = MaybeUninit::<ibv_gid_entry>::uninit();
+                // SAFETY: writable for its size.
+                let rc = unsafe { _ibv_query_gid_ex(ctx, 1, index, entry.as_mut_ptr(), 0, 32) };
+                assert_eq!(rc, 0);
+                // SAFETY: written above.
+                let entry = unsafe { entry.assume_init() };
+                assert_eq!(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+                assert_eq!(entry.gid_index, index);
+                assert_eq!(entry.ndev_ifindex, lo, "GID {index} is on lo");
+            }
         });
+    }
+
+    // rdma-core's ibv_get_device_name is `return device->name;`: any struct ibv_device
+    // names itself.
+    #[test]
+    fn the_device_name_is_read_from_the_struct_given() {
+        let mut own = ibv_device {
+            _ops: _ibv_device_ops::default(),
+            node_type: 0,
+            transport_type: 0,
+            name: [0; 64],
+            dev_name: [0; 64],
+            dev_path: [0; 256],
+            ibdev_path: [0; 256],
+        };
+        for (dst, src) in own.name.iter_mut().zip(b"mine0") {
+            *dst = *src as c_char;
+        }
+        // SAFETY: a struct ibv_device of ours; the name is only pointed at.
+        let name = unsafe { ibv_get_device_name(&mut own) };
+        assert_eq!(name, own.name.as_ptr());
+        // SAFETY: NULL is refused.
+        assert!(unsafe { ibv_get_device_name(std::ptr::null_mut()) }.is_null());
     }
 
     #[test]
@@ -809,6 +876,10 @@ mod tests {
         assert!(unsafe { ibv_open_device(std::ptr::null_mut()) }.is_null());
         let mut not_ours = [0u8; 664];
         // SAFETY: a readable block that is not our device; only compared by address.
-        assert!(unsafe { ibv_get_device_name(not_ours.as_mut_ptr().cast()) }.is_null());
+        let guid = unsafe { ibv_get_device_guid(not_ours.as_mut_ptr().cast()) };
+        assert_eq!(guid, 0);
+        // SAFETY: as above.
+        let index = unsafe { ibv_get_device_index(not_ours.as_mut_ptr().cast()) };
+        assert_eq!(index, -1);
     }
 }

@@ -21,7 +21,8 @@ fn softverbs_network_inprocess_reaches_the_drop_in() {
     assert!(!context.is_null());
     let mut gid = ibv_gid { raw: [0; 16] };
     // SAFETY: `context` is open, `gid` writable.
-    assert_eq!(unsafe { ibv_query_gid(context, 1, 0, &mut gid) }, 0);
+    // GID 1 is the device's address (GID 0 the link-local GID made from it).
+    assert_eq!(unsafe { ibv_query_gid(context, 1, 1, &mut gid) }, 0);
     // SAFETY: every 16-byte pattern is a valid `[u8; 16]`.
     let raw = unsafe { gid.raw };
     assert_eq!(&raw[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);

@@ -105,7 +105,11 @@ fn ibv_devinfo_verbose_prints_the_device_port_and_gid() {
         "state:\t\t\tPORT_ACTIVE (4)",
         "link_layer:\t\tEthernet",
         "phys_state:\t\tLINK_UP (5)",
-        "GID[  0]:\t\t::ffff:127.0.0.77, RoCE v2",
+        // The GID table as kernel rxe lays it out (issue #17): the link-local GID (made
+        // from the address), then the IPv4-mapped address.
+        "gid_tbl_len:\t\t2",
+        "GID[  0]:\t\tfe80::ffff:7f00:4d, RoCE v2",
+        "GID[  1]:\t\t::ffff:127.0.0.77, RoCE v2",
     ] {
         assert!(
             stdout.contains(expected),

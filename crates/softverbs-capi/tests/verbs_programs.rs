@@ -16,8 +16,11 @@
 //! - each pair has its own TCP port for the program's address exchange (`-p`, 18601+);
 //!   the client connects to the server as `127.0.0.1` (the exchange listens on all
 //!   addresses);
-//! - the device's link layer is Ethernet with LID 0, so the pingpongs get `-g 0` on both
-//!   sides (GID index 0 is the device address); perftest picks GID index 0 itself;
+//! - the device's link layer is Ethernet with LID 0, so the pingpongs get a GID index:
+//!   the port's table is laid out as kernel rxe's (index 0 the link-local GID
+//!   `fe80::ffff:127.0.0.N`, index 1 the address `::ffff:127.0.0.N`); most tests keep the
+//!   old habit `-g 0`, others use rxe's `-g 1` or one of each; perftest picks the
+//!   IPv4-mapped GID (index 1) itself;
 //! - the server starts first; the client starts once the server's process holds a
 //!   listening socket on the exchange port (read from `/proc`, without connecting, since a
 //!   probe connection would be taken as the client). Every wait is bounded: after
@@ -66,6 +69,8 @@ struct Pair {
     package: &'static str,
     /// Arguments given to both sides (the client also gets the server host last).
     args: Vec<String>,
+    /// Arguments given to the client instead of `args`, if they differ.
+    client_args: Option<Vec<String>>,
     /// Last octet of the server's device address (127.0.0.N).
     server: u8,
     /// Last octet of the client's device address.
@@ -255,9 +260,24 @@ impl Pair {
             program,
             package,
             args: args.iter().map(|a| a.to_string()).collect(),
+            client_args: None,
             server,
             client,
             tcp_port,
+        }
+    }
+
+    /// The client gets `args` instead of the server's.
+    fn client_args(mut self, args: &[&str]) -> Pair {
+        self.client_args = Some(args.iter().map(|a| a.to_string()).collect());
+        self
+    }
+
+    /// The arguments of one side (without `-p` and the server host).
+    fn args_of(&self, role: &str) -> &[String] {
+        match (&self.client_args, role) {
+            (Some(client), "client") => client,
+            _ => &self.args,
         }
     }
 
@@ -272,10 +292,13 @@ impl Pair {
         let lib = common::library_dir(&format!("verbs-programs-{}", self.tcp_port));
         let port = self.tcp_port.to_string();
         let mut server_args = self.args.clone();
-        server_args.extend(["-p".to_string(), port]);
-        let mut client_args = server_args.clone();
-        client_args.push("127.0.0.1".to_string());
-        let label = format!("{} {}", self.program, self.args.join(" "));
+        server_args.extend(["-p".to_string(), port.clone()]);
+        let mut client_args = self.args_of("client").to_vec();
+        client_args.extend(["-p".to_string(), port, "127.0.0.1".to_string()]);
+        let mut label = format!("{} {}", self.program, self.args.join(" "));
+        if let Some(client) = &self.client_args {
+            label += &format!(" (client: {})", client.join(" "));
+        }
         let not_started = |command: String| Side {
             role: "client",
             command,
@@ -352,9 +375,23 @@ impl Pair {
     }
 }
 
-/// The GID a pingpong or perftest prints for the device 127.0.0.N.
-fn pingpong_gid(octet: u8) -> String {
-    format!("::ffff:127.0.0.{octet}")
+/// The GID a pingpong prints for the device 127.0.0.N with `-g index`: the link-local GID
+/// made from the address at index 0, the IPv4-mapped address at index 1 (as `inet_ntop`
+/// writes them).
+fn pingpong_gid(octet: u8, index: u8) -> String {
+    match index {
+        0 => format!("fe80::ffff:7f00:{octet:x}"),
+        _ => format!("::ffff:127.0.0.{octet}"),
+    }
+}
+
+/// The GID index a side's pingpong arguments ask for (`-g N`; 0 without one).
+fn gid_index(args: &[String]) -> u8 {
+    args.iter()
+        .position(|a| a == "-g")
+        .and_then(|at| args.get(at + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Checks a pingpong's success output on both sides: the exchanged addresses (every
@@ -367,6 +404,13 @@ fn assert_pingpong(out: &Outcome, pair: &Pair, size: u64, iters: u64) {
         (&out.server, pair.server, pair.client),
         (&out.client, pair.client, pair.server),
     ] {
+        let peer_role = if side.role == "server" {
+            "client"
+        } else {
+            "server"
+        };
+        let own = pingpong_gid(own, gid_index(pair.args_of(side.role)));
+        let peer = pingpong_gid(peer, gid_index(pair.args_of(peer_role)));
         let stdout = &side.stdout;
         let gid_of = |line: &str| line.split_whitespace().last().unwrap_or("").to_string();
         let locals: Vec<String> = stdout
@@ -382,13 +426,11 @@ fn assert_pingpong(out: &Outcome, pair: &Pair, size: u64, iters: u64) {
         assert!(
             !locals.is_empty()
                 && locals.len() == remotes.len()
-                && locals.iter().all(|g| *g == pingpong_gid(own))
-                && remotes.iter().all(|g| *g == pingpong_gid(peer)),
-            "{}: the {} exchanged GIDs {locals:?} -> {remotes:?}, expected {} -> {}:\n{}",
+                && locals.iter().all(|g| *g == own)
+                && remotes.iter().all(|g| *g == peer),
+            "{}: the {} exchanged GIDs {locals:?} -> {remotes:?}, expected {own} -> {peer}:\n{}",
             pair.program,
             side.role,
-            pingpong_gid(own),
-            pingpong_gid(peer),
             out.report()
         );
         let bytes_line = stdout
@@ -628,6 +670,50 @@ fn rc_pingpong_completes_10000_round_trips() {
 fn rc_pingpong_posts_sends_through_the_qp_ex_api_with_new_send() {
     let (out, pair) = rc_pingpong(&["-g", "0", "-N"], 149, 150, 18615);
     assert_pingpong(&out, &pair, 4096, 1000);
+}
+
+/// `ibv_rc_pingpong -g 1`, as guides written for kernel rxe run it: GID index 1 is the
+/// port's IPv4 RoCEv2 GID `::ffff:127.0.0.N` on rxe and here (issue #17), and each side
+/// sends to the other's.
+#[test]
+fn rc_pingpong_connects_through_gid_index_1_as_on_rxe() {
+    let (out, pair) = rc_pingpong(&["-g", "1", "-n", "200"], 151, 152, 18640);
+    assert_pingpong(&out, &pair, 4096, 200);
+}
+
+/// One side on `-g 0` (its link-local GID `fe80::ffff:127.0.0.N`, which the peer's device
+/// sends to as 127.0.0.N and accepts packets from 127.0.0.N for), the other on `-g 1`:
+/// every GID table entry reaches a softverbs peer.
+#[test]
+fn rc_pingpong_connects_with_gid_index_0_on_one_side_and_1_on_the_other() {
+    let pair = Pair::new(
+        "ibv_rc_pingpong",
+        UTILS,
+        &["-g", "0", "-n", "200"],
+        153,
+        154,
+        18641,
+    )
+    .client_args(&["-g", "1", "-n", "200"]);
+    let out = pair.run();
+    assert_pingpong(&out, &pair, 4096, 200);
+}
+
+/// `ibv_ud_pingpong` with the server on `-g 1` and the client on `-g 0`: address handles
+/// to a link-local GID and to an IPv4-mapped one both deliver.
+#[test]
+fn ud_pingpong_delivers_through_address_handles_to_either_gid_index() {
+    let pair = Pair::new(
+        "ibv_ud_pingpong",
+        UTILS,
+        &["-g", "1", "-s", "1024", "-n", "200"],
+        155,
+        156,
+        18642,
+    )
+    .client_args(&["-g", "0", "-s", "1024", "-n", "200"]);
+    let out = pair.run();
+    assert_pingpong(&out, &pair, 1024, 200);
 }
 
 /// `ibv_uc_pingpong(1)`: the same ping-pong over an unreliable connected QP (RTR/RTS

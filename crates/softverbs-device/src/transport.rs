@@ -67,6 +67,13 @@ impl Gid {
         }
     }
 
+    /// The IP address a device on `local` sends to for this GID
+    /// ([`softverbs_proto::gid_address`]): [`Gid::ip`], except that a port's link-local
+    /// GID (index 0 of a softverbs GID table) is the address it was made from.
+    pub fn resolve(&self, local: IpAddr) -> IpAddr {
+        softverbs_proto::gid_address(&self.0, local)
+    }
+
     /// True if this GID is an IPv4-mapped address (the packet goes over IPv4).
     pub fn is_ipv4(&self) -> bool {
         Ipv6Addr::from(self.0).to_ipv4_mapped().is_some()

@@ -2,6 +2,7 @@
 //! demultiplexer, and the `poll_*` outputs.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Bound;
 
 use crate::codec::{self, ParseError};
@@ -359,18 +360,36 @@ impl Engine {
 }
 
 /// Whether the GRH area of a received packet (the form a UD receive gets: an IPv6 header,
-/// or 20 zero bytes then the IPv4 header) names `dgid` as its source. An IPv4 source is
-/// compared as the IPv4-mapped GID `::ffff:a.b.c.d`, the form RoCEv2 GIDs take.
+/// or 20 zero bytes then the IPv4 header) names `dgid` as its source: the source as a GID
+/// (an IPv4 source as `::ffff:a.b.c.d`) is `dgid`, or `dgid` names the source address for
+/// the device the packet was sent to ([`gid_address`](crate::gid_address): a port's
+/// link-local GID names the address it was made from).
 fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
-    let mut source = [0u8; 16];
-    if grh[0] >> 4 == 6 {
+    let (source, local) = if grh[0] >> 4 == 6 {
+        let mut source = [0u8; 16];
+        let mut local = [0u8; 16];
         source.copy_from_slice(&grh[8..24]);
+        local.copy_from_slice(&grh[24..40]);
+        (
+            IpAddr::V6(Ipv6Addr::from(source)),
+            IpAddr::V6(Ipv6Addr::from(local)),
+        )
     } else {
-        source[10] = 0xff;
-        source[11] = 0xff;
-        source[12..16].copy_from_slice(&grh[32..36]);
-    }
-    &source == dgid
+        let ipv4 = |at: usize| {
+            IpAddr::V4(Ipv4Addr::new(
+                grh[at],
+                grh[at + 1],
+                grh[at + 2],
+                grh[at + 3],
+            ))
+        };
+        (ipv4(32), ipv4(36))
+    };
+    let source_gid = match source {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    &source_gid == dgid || crate::gid_address(dgid, local) == source
 }
 
 /// The error for a QP number the engine does not know.
@@ -757,7 +776,7 @@ mod tests {
             refused,
             VerbsError::BadSgidIndex {
                 index: 99,
-                table_len: 1
+                table_len: 2
             }
         );
         assert_eq!(ep.qp_state(qpn), Some(QpState::Init));
@@ -846,5 +865,30 @@ mod tests {
         assert!(from_path(&v6, &mapped(3)));
         v6[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
         assert!(!from_path(&v6, &mapped(3)));
+    }
+
+    /// A path through the peer's link-local GID (index 0 of a softverbs port, made from its
+    /// address: `crate::gid`) admits packets from that address, and only from it: for an
+    /// IPv4 peer `fe80::ffff:a.b.c.d`, for an IPv6 peer `fe80::` and its interface
+    /// identifier, on the receiver's /64.
+    #[test]
+    fn the_path_check_reads_a_link_local_gid_as_the_address_it_was_made_from() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut v4 = [0u8; 40];
+        v4[20] = 0x45;
+        v4[32..36].copy_from_slice(&[127, 0, 0, 3]);
+        v4[36..40].copy_from_slice(&[127, 0, 0, 2]);
+        assert!(from_path(&v4, &crate::link_local_gid(ip("127.0.0.3"))));
+        assert!(!from_path(&v4, &crate::link_local_gid(ip("127.0.0.9"))));
+        let mut v6 = [0u8; 40];
+        v6[0] = 0x60;
+        v6[8..24].copy_from_slice(&ip_octets("fd99::3"));
+        v6[24..40].copy_from_slice(&ip_octets("fd99::2"));
+        assert!(from_path(&v6, &crate::link_local_gid(ip("fd99::3"))));
+        assert!(!from_path(&v6, &crate::link_local_gid(ip("fd99::4"))));
+    }
+
+    fn ip_octets(s: &str) -> [u8; 16] {
+        s.parse::<Ipv6Addr>().unwrap().octets()
     }
 }

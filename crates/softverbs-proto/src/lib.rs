@@ -23,6 +23,7 @@
 //! | `completer` | ACK / NAK / response handling, go-back-N, timers, error statuses |
 //! | `responder` | request checks and execution, duplicates, RNR, UC and UD receive |
 //! | `codec` | the only user of `softverbs-wire`: packets to and from bytes |
+//! | `gid` | GIDs as addresses: the address a GID names, the link-local GID of a port |
 //! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
 //!
 //! # Decisions and deviations
@@ -71,6 +72,7 @@ mod codec;
 mod completer;
 mod engine;
 mod error;
+mod gid;
 mod memory;
 mod output;
 mod psn;
@@ -83,6 +85,7 @@ mod wr;
 
 pub use engine::Engine;
 pub use error::{Capacity, Object, PostVerb, Queue, VerbsError};
+pub use gid::{gid_address, link_local_gid};
 pub use memory::{
     access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
 };

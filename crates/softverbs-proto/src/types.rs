@@ -344,7 +344,9 @@ pub struct EngineConfig {
     /// Largest number of unacknowledged PSNs a requester keeps in flight (reference §2.2).
     pub max_unacked_psns: u32,
     /// Entries of the port's GID table (`ibv_port_attr.gid_tbl_len`): an address vector's
-    /// `sgid_index` must be below it.
+    /// `sgid_index` must be below it. The default, 2, is the table of a device on an IPv4
+    /// or a global IPv6 address: its link-local GID, then its address
+    /// ([`link_local_gid`](crate::link_local_gid)).
     pub gid_table_len: u32,
     /// Longest window, in nanoseconds, of the responder's reply limiter (RC): a duplicate
     /// or out-of-sequence request gets at most one ACK and at most one NAK per QP and
@@ -379,7 +381,7 @@ impl Default for EngineConfig {
             max_inline_data: 1024,
             first_qpn: 0x11,
             max_unacked_psns: 128,
-            gid_table_len: 1,
+            gid_table_len: 2,
             duplicate_reply_window_ns: 65_536,
         }
     }

@@ -128,7 +128,21 @@ impl Context {
         Ok(self.inner.device.query_port(u32::from(port))?)
     }
 
-    /// GID table entry `index` of port 1 (`ibv_query_gid(3)`); only index 0 exists.
+    /// GID table entry `index` of port 1 (`ibv_query_gid(3)`), the table laid out as
+    /// kernel rxe lays it out: index 0 the IPv6 link-local GID (made from the device's
+    /// address, e.g. `fe80::ffff:127.0.0.2`), index 1 the address's own GID
+    /// (`::ffff:127.0.0.2`, the one programs written for rxe pick for IPv4 RoCEv2). Both
+    /// reach this device from another softverbs device; a kernel rxe peer needs index 1.
+    ///
+    /// ```
+    /// use softverbs::{Context, DeviceConfig};
+    /// let ctx = Context::open_with(DeviceConfig::in_process())?;
+    /// let address = ctx.device().address();
+    /// assert_eq!(ctx.gid(1).map(std::net::IpAddr::from), Some(address));
+    /// assert!(ctx.gid(0).unwrap().to_string().starts_with("fe80::"));
+    /// assert_eq!(ctx.gid(2), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn gid(&self, index: u32) -> Option<Gid> {
         self.inner.device.gid(index)
     }

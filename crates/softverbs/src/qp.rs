@@ -483,13 +483,14 @@ impl Qp {
     }
 
     /// What the peer needs to connect to this QP, announcing `psn` as the first PSN it
-    /// will send with (then [`Qp::to_rts`] with the same PSN).
+    /// will send with (then [`Qp::to_rts`] with the same PSN). Its GID is the device's
+    /// address (GID index 1 of an IPv4 device), which any RoCEv2 peer reaches, kernel rxe
+    /// included.
     pub fn local_info(&self, psn: u32) -> RemoteInfo {
-        let ctx = &self.pd.inner.ctx;
         RemoteInfo {
             qpn: self.qpn,
             psn: psn & 0xff_ffff,
-            gid: ctx.gid(0).unwrap_or(Gid([0; 16])),
+            gid: Gid::from_ip(self.device().address()),
             mtu: self.device().port_attr().active_mtu,
         }
     }

@@ -93,17 +93,19 @@ int main(void)
 	CHECK(port.port_cap_flags2 == 0); /* written (zero), not left 0xaaaa */
 	CHECK(ibv_query_port(ctx, 2, &port) == EINVAL);
 
-	/* GIDs */
+	/* GIDs, laid out as kernel rxe's: 0 link-local (fe80::), 1 IPv4-mapped (::ffff:) */
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0);
-	CHECK(gid.raw[10] == 0xff && gid.raw[11] == 0xff); /* IPv4-mapped */
+	CHECK(gid.raw[0] == 0xfe && gid.raw[1] == 0x80); /* link-local */
+	CHECK(ibv_query_gid(ctx, 1, 1, &gid) == 0);
+	CHECK(gid.raw[0] == 0 && gid.raw[10] == 0xff && gid.raw[11] == 0xff); /* IPv4-mapped */
 	CHECK(ibv_query_gid(ctx, 1, port.gid_tbl_len, &gid) == -1);
 	struct ibv_gid_entry entry;
-	CHECK(ibv_query_gid_ex(ctx, 1, 0, &entry, 0) == 0);
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &entry, 0) == 0);
 	CHECK(entry.gid_type == IBV_GID_TYPE_ROCE_V2);
 	CHECK(memcmp(&entry.gid, &gid, sizeof(gid)) == 0);
 	struct ibv_gid_entry table[4];
-	CHECK(ibv_query_gid_table(ctx, table, 4, 0) == 1);
+	CHECK(ibv_query_gid_table(ctx, table, 4, 0) == port.gid_tbl_len);
 	__be16 pkey = 0;
 	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0);
 	CHECK(pkey == htobe16(0xffff));

@@ -4,7 +4,8 @@ and a completion channel, in one process on one device.
 Run by `tests/pyverbs.rs` with Debian's /usr/bin/python3 (package python3-pyverbs),
 LD_LIBRARY_PATH pointing at the drop-in `libibverbs.so.1` and SOFTVERBS_ADDR giving the
 device its address. The device sends to itself: both QPs' address vectors carry the
-device's own GID (index 0, ::ffff:127.0.0.N), as rdma-core's tests/base.py does.
+device's own GID (index 1, ::ffff:127.0.0.N, the IPv4 RoCEv2 GID of a port laid out
+as kernel rxe's), as rdma-core's tests/base.py does.
 
 1. RC: QP A (send and receive CQ: the plain CQ, bound to a completion channel) and QP B
    (send and receive CQ: the extended CQ with byte_len, qp_num, imm and completion
@@ -41,7 +42,7 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 DEVICE = "softverbs0"
 PORT = 1
-GID_INDEX = 0
+GID_INDEX = 1
 TIMEOUT = 20.0
 ENOENT = 2
 SLOT = 4096

@@ -1,16 +1,33 @@
 //! What the device reports about itself: [`DeviceAttr`] (`ibv_query_device`) and
-//! [`PortAttr`] (`ibv_query_port`), with the constants behind them ([`VENDOR_ID`], the
-//! GID table's length). Plain data; [`Device::query_device`](super::Device::query_device)
+//! [`PortAttr`] (`ibv_query_port`), with what is behind them ([`VENDOR_ID`], the GID
+//! table). Plain data; [`Device::query_device`](super::Device::query_device)
 //! and [`Device::query_port`](super::Device::query_port) fill them in.
 
+use crate::transport::Gid;
 use softverbs_proto::Mtu;
+use std::net::IpAddr;
 
 /// The vendor id the device reports: outside every vendor table (perftest treats unknown
 /// vendors as generic devices).
 pub const VENDOR_ID: u32 = 0x00ff_ffff;
 
-/// Entries of the port's GID table: the device's own address at index 0.
-pub(super) const GID_TABLE_LEN: u32 = 1;
+/// The port's GID table for a device on `address`, laid out as kernel rxe lays out the
+/// table of an interface holding that address (RoCEv2 entries only): index 0 the
+/// link-local GID ([`softverbs_proto::link_local_gid`]: made from the address, so that a
+/// peer's device reaches it), index 1 the GID of the address itself (`::ffff:a.b.c.d`
+/// for IPv4, the address for IPv6). A device on a link-local IPv6 address has that one
+/// GID, as rxe's interface whose only address is link-local. Programs written for rxe
+/// use index 1 for IPv4 RoCEv2 (`ibv_rc_pingpong -g 1`); older habits use 0; both reach
+/// a softverbs peer.
+pub(super) fn gid_table(address: IpAddr) -> Vec<Gid> {
+    let link_local = Gid(softverbs_proto::link_local_gid(address));
+    let own = Gid::from_ip(address);
+    if link_local == own {
+        vec![own]
+    } else {
+        vec![link_local, own]
+    }
+}
 
 /// The device's limits (`struct ibv_device_attr`, the fields that mean something here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,4 +91,31 @@ pub struct PortAttr {
     pub gid_tbl_len: u32,
     /// Link layer: Ethernet (RoCE).
     pub link_layer_ethernet: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(address: &str) -> Vec<String> {
+        gid_table(address.parse().unwrap())
+            .iter()
+            .map(|g| g.to_string())
+            .collect()
+    }
+
+    // Kernel rxe's table of an interface (roce_gid_mgmt: the default link-local GID, then
+    // the IPv4 addresses as IPv4-mapped GIDs, then the other IPv6 addresses), one RoCEv2
+    // entry each; the link-local GID made from the address.
+    #[test]
+    fn the_gid_table_is_link_local_then_the_address_as_rxe_lays_it_out() {
+        assert_eq!(
+            table("127.0.0.2"),
+            ["fe80::ffff:7f00:2", "::ffff:127.0.0.2"]
+        );
+        assert_eq!(table("10.99.0.1"), ["fe80::ffff:a63:1", "::ffff:10.99.0.1"]);
+        assert_eq!(table("fd99::1"), ["fe80::1", "fd99::1"]);
+        assert_eq!(table("::1"), ["fe80::1", "::1"]);
+        assert_eq!(table("fe80::5054:ff:fe99:1"), ["fe80::5054:ff:fe99:1"]);
+    }
 }

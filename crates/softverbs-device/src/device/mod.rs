@@ -20,8 +20,9 @@
 //! |---|---|
 //! | `mod.rs` | [`Device`] and its verbs (open, PD, MR, QP, SRQ, counters, capture), the state behind it |
 //! | `config.rs` | [`DeviceConfig`], [`Network`], [`FaultSetup`]; the `SOFTVERBS_*` environment ([`PCAP_ENV`], [`FAULTS_ENV`], [`parse_faults`]) |
-//! | `attr.rs` | [`DeviceAttr`], [`PortAttr`], [`VENDOR_ID`]: what `query_device` / `query_port` report |
+//! | `attr.rs` | [`DeviceAttr`], [`PortAttr`], [`VENDOR_ID`]: what `query_device` / `query_port` report; the GID table (link-local GID, then the address, as rxe lays it out) |
 //! | `error.rs` | [`DeviceError`] and the errno the C side reports for it |
+//! | `netdev.rs` | the interface holding the address: its index (every GID's `ndev_ifindex`) and MTU |
 //! | `mtu.rs` | the port MTU: the largest IB MTU whose packets fit the interface holding the address |
 //! | `registry.rs` | the devices of this process by address, and in-process addresses |
 //! | `runtime.rs` | progress: the progress thread, runs of the engine, sending, receiving, timers |
@@ -34,6 +35,7 @@ mod config;
 mod error;
 mod grh;
 mod mtu;
+mod netdev;
 mod objects;
 mod registry;
 mod runtime;
@@ -46,7 +48,7 @@ pub use config::{
 pub use error::DeviceError;
 pub use objects::AddressHandle;
 
-use attr::GID_TABLE_LEN;
+use attr::gid_table;
 use completions::Route;
 use registry::{next_in_process_address, registry};
 use runtime::progress_loop;
@@ -89,7 +91,10 @@ struct State {
 pub(crate) struct DeviceInner {
     name: String,
     address: IpAddr,
-    gid: Gid,
+    /// The port's GID table ([`attr::gid_table`]).
+    gids: Vec<Gid>,
+    /// The index of the interface holding the address (0: none).
+    ifindex: u32,
     state: Mutex<State>,
     transport: Option<Box<dyn Transport>>,
     /// The pcap capture of the transport, if any (flushed on request).
@@ -176,15 +181,21 @@ impl Device {
                 (Some(stack), addr)
             }
         };
+        let netdev = netdev::holding(address);
         let mut engine_config = config.engine;
-        engine_config.port_mtu = mtu::port_mtu(address, engine_config.port_mtu);
-        // One GID, the device's address (index 0); the engine checks every source GID
-        // index against this table.
-        engine_config.gid_table_len = GID_TABLE_LEN;
+        engine_config.port_mtu = mtu::port_mtu(
+            address,
+            netdev.as_ref().and_then(|n| n.mtu),
+            engine_config.port_mtu,
+        );
+        // The engine checks every source GID index against this table.
+        let gids = gid_table(address);
+        engine_config.gid_table_len = gids.len() as u32;
         let inner = Arc::new(DeviceInner {
             name: config.name,
             address,
-            gid: Gid::from_ip(address),
+            gids,
+            ifindex: netdev.map_or(0, |n| n.index),
             state: Mutex::new(State {
                 engine: Engine::new(engine_config),
                 memory: MemoryTable::new(),
@@ -227,20 +238,38 @@ impl Device {
         &self.inner.name
     }
 
-    /// The device's address (its GID 0 as an IP address).
+    /// The device's address: where its socket receives, and what its GIDs name.
     pub fn address(&self) -> IpAddr {
         self.inner.address
     }
 
-    /// GID table entry `index` (only index 0 exists).
+    /// GID table entry `index`: 0 the link-local GID, 1 the GID of the address (one entry
+    /// only for a link-local IPv6 address); see [`Device::gid_table`].
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        (index < GID_TABLE_LEN).then_some(self.inner.gid)
+        self.inner.gids.get(index as usize).copied()
+    }
+
+    /// The port's GID table, laid out as kernel rxe lays out the table of an interface
+    /// holding the device's address (RoCEv2 entries only): index 0 the IPv6 link-local GID,
+    /// made from the address ([`softverbs_proto::link_local_gid`]: `fe80::ffff:a.b.c.d`
+    /// for IPv4), index 1 the address itself (`::ffff:a.b.c.d` for IPv4). Every entry
+    /// reaches the device: a peer's device sends a link-local GID to the address it was
+    /// made from, so QPs and address handles work with either index on either side.
+    pub fn gid_table(&self) -> &[Gid] {
+        &self.inner.gids
+    }
+
+    /// The index of the network interface holding the device's address (`lo` for
+    /// 127.0.0.0/8), as `if_nametoindex(3)` gives it: the `ndev_ifindex` of every GID
+    /// (`ibv_query_gid_ex(3)`). 0 when no interface holds the address (a wildcard).
+    pub fn interface_index(&self) -> u32 {
+        self.inner.ifindex
     }
 
     /// The device's limits.
     pub fn query_device(&self) -> DeviceAttr {
         let config = *lock(&self.inner.state).engine.config();
-        let guid_bytes = self.inner.gid.0;
+        let guid_bytes = Gid::from_ip(self.inner.address).0;
         let node_guid = u64::from_be_bytes([
             0x02,
             0x53,
@@ -283,7 +312,7 @@ impl Device {
             active: true,
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.inner.port_mtu,
-            gid_tbl_len: GID_TABLE_LEN,
+            gid_tbl_len: self.inner.gids.len() as u32,
             link_layer_ethernet: true,
         }
     }
@@ -296,18 +325,18 @@ impl Device {
     }
 
     /// `ibv_query_gid(3)`: entry `index` of `port`'s GID table ([`VerbsError::NoSuchPort`]
-    /// for a port other than 1, [`VerbsError::BadSgidIndex`] outside the table; an index
-    /// inside the table with no GID is the all-zero GID).
+    /// for a port other than 1, [`VerbsError::BadSgidIndex`] outside the table, whose
+    /// length is `gid_tbl_len`: every entry of it holds a GID).
     pub fn query_gid(&self, port: u32, index: u32) -> Result<[u8; 16], DeviceError> {
         check_port(port)?;
-        if index >= GID_TABLE_LEN {
-            return Err(VerbsError::BadSgidIndex {
+        match self.gid(index) {
+            Some(gid) => Ok(gid.octets()),
+            None => Err(VerbsError::BadSgidIndex {
                 index,
-                table_len: GID_TABLE_LEN,
+                table_len: self.inner.gids.len() as u32,
             }
-            .into());
+            .into()),
         }
-        Ok(self.gid(index).map_or([0; 16], |g| g.octets()))
     }
 
     /// The asynchronous event queue.

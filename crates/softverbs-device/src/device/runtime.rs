@@ -90,7 +90,9 @@ impl DeviceInner {
             ..
         } = st;
         while let Some(tx) = engine.poll_transmit(now, scratch, memory) {
-            let to = Endpoint::from_gid(Gid(tx.av.dgid), self.port());
+            // The peer's address as the path check reads it (a link-local GID is the
+            // address it was made from).
+            let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
             outgoing.push(Outgoing {
                 to,
                 src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),

@@ -71,8 +71,17 @@ pub fn side_of(config: DeviceConfig, qp_type: QpType) -> Side {
 
 /// Connects `a` and `b` (both RC or both UC) as `ibv_rc_pingpong` and `ibv_uc_pingpong`
 /// do: the attributes `ibv_modify_qp(3)` requires for each transition of the QP type.
+/// Both sides use GID index 0 (`-g 0`).
 pub fn connect(a: &Side, b: &Side) {
+    connect_through(a, b, 0, 0);
+}
+
+/// [`connect`] with `a` on GID index `a_gid` and `b` on `b_gid`: each side's
+/// `sgid_index` is its own index, and the peer's path its GID at that index (as the
+/// pingpongs exchange `ibv_query_gid(gidx)`).
+pub fn connect_through(a: &Side, b: &Side, a_gid: u8, b_gid: u8) {
     let rc = a.qp_type == QpType::Rc;
+    let gid_index = |side: &Side| if std::ptr::eq(side, a) { a_gid } else { b_gid };
     for (me, peer) in [(a, b), (b, a)] {
         let init = QpAttr {
             qp_state: QpState::Init,
@@ -99,7 +108,8 @@ pub fn connect(a: &Side, b: &Side) {
             max_dest_rd_atomic: 4,
             min_rnr_timer: 1,
             ah_attr: AddressVector {
-                dgid: peer.device.gid(0).unwrap().0,
+                dgid: peer.device.gid(u32::from(gid_index(peer))).unwrap().0,
+                sgid_index: gid_index(me),
                 is_global: true,
                 hop_limit: 64,
                 port_num: 1,

@@ -22,7 +22,7 @@ use std::io;
 /// let mut attr = AhAttr::new(ctx.gid(0).unwrap());
 /// attr.sgid_index = 3;
 /// let err = ctx.alloc_pd().create_ah(&attr).unwrap_err();
-/// assert!(matches!(err, Error::Verbs(VerbsError::BadSgidIndex { index: 3, table_len: 1 })));
+/// assert!(matches!(err, Error::Verbs(VerbsError::BadSgidIndex { index: 3, table_len: 2 })));
 /// assert_eq!(err.errno(), 22); // EINVAL, as the kernel's rdma_get_gid_attr
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -671,16 +671,29 @@ pub const RULES: &[Rule] = &[
               port 1 exist)",
     },
     Rule {
-        name: "ah_sgid_index_outside_gid_table",
+        name: "ah_sgid_index_1_is_ok",
         case: Case::CreateAh {
             sgid_index: 1,
+            port: 1,
+        },
+        expect: Expect::Ok,
+        safe_api: SUCCEEDS,
+        drop_in: HOLDS,
+        man: "ibv_create_ah(3): returns a pointer to the created AH; GID index 1 exists, the \
+              IPv4 RoCEv2 GID of a port laid out as kernel rxe's (ibv_query_port(3) \
+              gid_tbl_len = 2)",
+    },
+    Rule {
+        name: "ah_sgid_index_outside_gid_table",
+        case: Case::CreateAh {
+            sgid_index: 2,
             port: 1,
         },
         expect: Expect::Errno(EINVAL),
         safe_api: cause("Error::Verbs(BadSgidIndex)"),
         drop_in: HOLDS,
-        man: "ibv_create_ah(3): \"returns ... NULL if the request fails\"; grh.sgid_index 1 \
-              is outside the port's GID table (ibv_query_port(3) gid_tbl_len = 1): EINVAL, \
+        man: "ibv_create_ah(3): \"returns ... NULL if the request fails\"; grh.sgid_index 2 \
+              is outside the port's GID table (ibv_query_port(3) gid_tbl_len = 2): EINVAL, \
               as the kernel's rdma_get_gid_attr refuses it",
     },
     Rule {
@@ -750,6 +763,20 @@ pub const RULES: &[Rule] = &[
               IBV_QP_MIN_RNR_TIMER (control)",
     },
     Rule {
+        name: "rtr_sgid_index_1_is_ok",
+        case: Case::ModifyQpToRtr {
+            sgid_index: 1,
+            max_dest_rd_atomic: Amount::Value(1),
+            path_mtu: IBV_MTU_1024,
+        },
+        expect: Expect::Ok,
+        safe_api: SUCCEEDS,
+        drop_in: HOLDS,
+        man: "ibv_modify_qp(3): INIT -> RTR from GID index 1, the IPv4 RoCEv2 GID of a port \
+              laid out as kernel rxe's (ibv_query_port(3) gid_tbl_len = 2; `-g 1` of the \
+              pingpongs)",
+    },
+    Rule {
         name: "rtr_sgid_index_99",
         case: Case::ModifyQpToRtr {
             sgid_index: 99,
@@ -761,7 +788,7 @@ pub const RULES: &[Rule] = &[
         drop_in: HOLDS,
         man: "ibv_modify_qp(3): invalid attributes modify nothing (including the QP state); \
               ah_attr.grh.sgid_index 99 is outside the GID table (ibv_query_port(3) \
-              gid_tbl_len = 1): EINVAL as the kernel's rdma_get_gid_attr, the QP stays in \
+              gid_tbl_len = 2): EINVAL as the kernel's rdma_get_gid_attr, the QP stays in \
               INIT",
     },
     Rule {
@@ -1060,7 +1087,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         name: "rtr_sgid_index_at_gid_tbl_len",
         case: Case::ModifyQpToRtr {
-            sgid_index: 1,
+            sgid_index: 2,
             max_dest_rd_atomic: Amount::Value(1),
             path_mtu: IBV_MTU_1024,
         },
@@ -1069,7 +1096,7 @@ pub const RULES: &[Rule] = &[
         drop_in: HOLDS,
         man: "ibv_modify_qp(3): \"If any of the modify attributes or the modify mask are \
               invalid, none of the attributes will be modified (including the QP state)\"; \
-              ah_attr.grh.sgid_index 1 = ibv_query_port(3)'s gid_tbl_len, one past the table: \
+              ah_attr.grh.sgid_index 2 = ibv_query_port(3)'s gid_tbl_len, one past the table: \
               EINVAL, the QP stays in INIT (attributes.c rule 2)",
     },
     Rule {
