@@ -34,7 +34,7 @@
 //! only decides *when* held packets go, not *which* faults happen.) Transmits are
 //! serialised by a mutex, which keeps decisions in call order when several threads send.
 //!
-//! Everything done is counted ([`FaultCounters`]).
+//! Everything done is counted ([`FaultCounters`], part of the device's statistics).
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -201,6 +201,25 @@ pub struct FaultCounters {
     pub reordered: u64,
     /// Held packets transmitted later.
     pub released: u64,
+}
+
+/// `packets=N dropped=N duplicated=N corrupted=N delayed=N reordered=N released=N`, as
+/// the device's statistics print it.
+impl std::fmt::Display for FaultCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "packets={} dropped={} duplicated={} corrupted={} delayed={} reordered={} \
+             released={}",
+            self.packets,
+            self.dropped,
+            self.duplicated,
+            self.corrupted,
+            self.delayed,
+            self.reordered,
+            self.released
+        )
+    }
 }
 
 #[derive(Debug)]

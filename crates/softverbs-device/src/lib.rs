@@ -3,7 +3,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread |
+//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread; [`DeviceStats`], the `SOFTVERBS_STATS` line |
 //! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd, of [`AsyncEvent`]s (the engine's type, re-exported) |
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
@@ -59,10 +59,11 @@ pub mod transport;
 pub mod udp;
 
 pub use device::{
-    network_from_env, parse_faults, AddressHandle, Device, DeviceAttr, DeviceConfig, DeviceError,
-    FaultSetup, Network, NetworkKind, PortAttr, FAULTS_ENV, NETWORK_ENV, PCAP_ENV,
+    network_from_env, parse_faults, AddressHandle, CaptureCounts, CqSummary, Device, DeviceAttr,
+    DeviceConfig, DeviceError, DeviceStats, FaultSetup, Network, NetworkKind, PortAttr, FAULTS_ENV,
+    NETWORK_ENV, PCAP_ENV, STATS_ENV,
 };
-pub use events::{AsyncEvent, AsyncEventQueue};
+pub use events::{AsyncEvent, AsyncEventQueue, EventCounts};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};
 pub use memory::{copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError};

@@ -27,6 +27,7 @@
 //! | `runtime.rs` | progress: the progress thread, runs of the engine, sending, receiving, timers |
 //! | `completions.rs` | where a QP's completions go, and back-pressure on a full CQ |
 //! | `grh.rs` | the GRH area a UD receive gets, rebuilt from the IP addresses |
+//! | `stats.rs` | [`DeviceStats`]: every counter of the device in one structure, and the `SOFTVERBS_STATS` line ([`STATS_ENV`]) |
 
 mod attr;
 mod completions;
@@ -37,6 +38,7 @@ mod mtu;
 mod objects;
 mod registry;
 mod runtime;
+mod stats;
 
 pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
 pub use config::{
@@ -45,6 +47,7 @@ pub use config::{
 };
 pub use error::DeviceError;
 pub use objects::AddressHandle;
+pub use stats::{CaptureCounts, CqSummary, DeviceStats, STATS_ENV};
 
 use attr::GID_TABLE_LEN;
 use completions::Route;
@@ -62,6 +65,7 @@ use softverbs_proto::{
     AccessFlags, AddressVector, AttrMask, Completion, Engine, Mtu, Object, QpAttr, QpInit, QpState,
     RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
+use stats::CqSummary as RetiredCqs;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::IpAddr;
@@ -82,6 +86,11 @@ struct State {
     held: VecDeque<Completion>,
     objects: objects::Objects,
     scratch: Vec<u8>,
+    /// Every CQ a QP of the device completes into, by id, until the CQ is destroyed
+    /// ([`Device::cq_destroyed`]): for the statistics' high-water marks and overruns.
+    cqs: HashMap<u64, CqProducer>,
+    /// The figures of the CQs destroyed so far.
+    retired_cqs: RetiredCqs,
 }
 
 /// What an open device shares with its progress thread and with the devices of this
@@ -120,6 +129,8 @@ pub(crate) struct DeviceInner {
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
     port_mtu: Mtu,
+    /// Whether a statistics report was made (the drop reports only if not).
+    stats_reported: AtomicBool,
 }
 
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
@@ -192,6 +203,8 @@ impl Device {
                 held: VecDeque::new(),
                 objects: objects::Objects::new(),
                 scratch: vec![0u8; 16 * 1024],
+                cqs: HashMap::new(),
+                retired_cqs: RetiredCqs::default(),
             }),
             transport,
             tx: Mutex::new(()),
@@ -206,6 +219,7 @@ impl Device {
             last_app_progress: AtomicU64::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
+            stats_reported: AtomicBool::new(false),
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));
         inner.events.push(AsyncEvent::PortActive { port: 1 });
@@ -322,6 +336,10 @@ impl Device {
     /// call this when they destroy a CQ.
     pub fn cq_destroyed(&self, cq_id: u64) {
         self.inner.events.forget(Object::Cq, cq_id);
+        let mut st = lock(&self.inner.state);
+        if let Some(producer) = st.cqs.remove(&cq_id) {
+            st.retired_cqs.add(&producer.stats());
+        }
     }
 
     /// Allocates a protection domain (`ibv_alloc_pd(3)`); returns its handle.
@@ -412,6 +430,9 @@ impl Device {
         send_cq.attach_qp();
         if recv_cq.cq_id() != send_cq.cq_id() {
             recv_cq.attach_qp();
+        }
+        for cq in [&send_cq, &recv_cq] {
+            st.cqs.entry(cq.cq_id()).or_insert_with(|| cq.clone());
         }
         st.routes.insert(
             qpn,
@@ -605,6 +626,8 @@ impl Drop for Device {
         if let Some(handle) = self.progress.take() {
             let _ = handle.join();
         }
+        // The safe API's (and so the command's) moment to report: SOFTVERBS_STATS.
+        self.report_stats_once();
         let mut reg = lock(registry());
         if reg
             .get(&self.inner.address)
