@@ -12,6 +12,7 @@
 mod capture;
 mod conn;
 mod devinfo;
+mod logging;
 mod perf;
 mod pingpong;
 mod run;
@@ -77,6 +78,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init();
     let result = match &cli.command {
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),

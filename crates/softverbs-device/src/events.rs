@@ -1,7 +1,9 @@
 //! The device's asynchronous event queue (`ibv_get_async_event(3)`): CQ errors, QP
 //! errors, last-WQE-reached, SRQ limit, port and device events, delivered through a
 //! pollable file descriptor like libibverbs' `context->async_fd`. Every event raised is
-//! counted by kind ([`EventCounts`], in the device's statistics).
+//! counted by kind ([`EventCounts`], in the device's statistics) and logged: the errors
+//! (CQ overrun, QP fatal / request / access error, device fatal) at WARN, the others at
+//! DEBUG.
 
 use std::collections::VecDeque;
 use std::io;
@@ -41,21 +43,22 @@ pub struct EventCounts {
 }
 
 impl EventCounts {
-    /// Counts one event.
-    fn record(&mut self, event: &AsyncEvent) {
-        let count = match event {
-            AsyncEvent::CqError { .. } => &mut self.cq_error,
-            AsyncEvent::QpFatal { .. } => &mut self.qp_fatal,
-            AsyncEvent::QpRequestError { .. } => &mut self.qp_request_error,
-            AsyncEvent::QpAccessError { .. } => &mut self.qp_access_error,
-            AsyncEvent::CommEst { .. } => &mut self.comm_est,
-            AsyncEvent::SqDrained { .. } => &mut self.sq_drained,
-            AsyncEvent::QpLastWqeReached { .. } => &mut self.qp_last_wqe_reached,
-            AsyncEvent::SrqLimitReached { .. } => &mut self.srq_limit_reached,
-            AsyncEvent::PortActive { .. } => &mut self.port_active,
-            AsyncEvent::DeviceFatal => &mut self.device_fatal,
+    /// Counts one event; returns whether it reports an error (for its log level).
+    fn record(&mut self, event: &AsyncEvent) -> bool {
+        let (count, error) = match event {
+            AsyncEvent::CqError { .. } => (&mut self.cq_error, true),
+            AsyncEvent::QpFatal { .. } => (&mut self.qp_fatal, true),
+            AsyncEvent::QpRequestError { .. } => (&mut self.qp_request_error, true),
+            AsyncEvent::QpAccessError { .. } => (&mut self.qp_access_error, true),
+            AsyncEvent::CommEst { .. } => (&mut self.comm_est, false),
+            AsyncEvent::SqDrained { .. } => (&mut self.sq_drained, false),
+            AsyncEvent::QpLastWqeReached { .. } => (&mut self.qp_last_wqe_reached, false),
+            AsyncEvent::SrqLimitReached { .. } => (&mut self.srq_limit_reached, false),
+            AsyncEvent::PortActive { .. } => (&mut self.port_active, false),
+            AsyncEvent::DeviceFatal => (&mut self.device_fatal, true),
         };
         *count += 1;
+        error
     }
 
     /// `(name, count)` of every kind, in `enum ibv_event_type` order of the kinds the
@@ -116,11 +119,16 @@ impl AsyncEventQueue {
 
     /// Queues an event and wakes one reader.
     pub fn push(&self, event: AsyncEvent) {
-        tracing::debug!(?event, "async event");
-        self.counts
+        let error = self
+            .counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .record(&event);
+        if error {
+            tracing::warn!(?event, "async event");
+        } else {
+            tracing::debug!(?event, "async event");
+        }
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         queue.push_back(event);
         // Under the lock, so that the fd's count is the queue's length whenever the lock

@@ -11,6 +11,12 @@
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
 //! | [`fault`] | [`FaultTransport`]: seeded drop / duplicate / delay / reorder / corrupt middleware |
 //! | [`pcap`] | [`PcapTransport`]: capture middleware writing Wireshark-readable RoCEv2 pcap files, and a reader |
+//! | `logging` | (feature `logging`) the `tracing` subscriber of `SOFTVERBS_LOG` / `RUST_LOG` / `SOFTVERBS_LOG_FILE`, for the programs that install one |
+//!
+//! The device, the engine below it and the transports log through `tracing` (spans and
+//! events, no subscriber of their own): a program that installs none pays one relaxed
+//! load per event site reached, and the per-packet paths reach none unless a packet is
+//! dropped, retransmitted or faulted.
 //!
 //! Every transport moves opaque IB transport packets (BTH onward, ICRC included) and owns
 //! the IP / UDP encapsulation and the ICRC (reference `rocev2.md` §1.1, §1.7); the QP
@@ -51,6 +57,8 @@ pub mod device;
 pub mod events;
 pub mod fault;
 pub mod guarded;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod loopback;
 pub mod mappings;
 pub mod memory;

@@ -28,6 +28,11 @@
 //! | `completions.rs` | where a QP's completions go, and back-pressure on a full CQ |
 //! | `grh.rs` | the GRH area a UD receive gets, rebuilt from the IP addresses |
 //! | `stats.rs` | [`DeviceStats`]: every counter of the device in one structure, and the `SOFTVERBS_STATS` line ([`STATS_ENV`]) |
+//!
+//! Logging (`tracing`): each device has a span (`device{name, address}`, INFO) entered
+//! around every run of its engine, so the engine's events (QP state changes,
+//! retransmissions, drops) say which device of the process they come from; when no
+//! subscriber listens, the span is empty and entering it is a test of an `Option`.
 
 mod attr;
 mod completions;
@@ -131,6 +136,9 @@ pub(crate) struct DeviceInner {
     port_mtu: Mtu,
     /// Whether a statistics report was made (the drop reports only if not).
     stats_reported: AtomicBool,
+    /// `device{name, address}`, entered around each run of the engine (empty when no
+    /// subscriber listened as the device opened).
+    span: tracing::Span,
 }
 
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
@@ -192,6 +200,15 @@ impl Device {
         // One GID, the device's address (index 0); the engine checks every source GID
         // index against this table.
         engine_config.gid_table_len = GID_TABLE_LEN;
+        let span = tracing::info_span!("device", name = %config.name, %address);
+        tracing::info!(
+            parent: &span,
+            network = if transport.is_some() { "udp" } else { "in-process" },
+            port_mtu = engine_config.port_mtu.bytes(),
+            faults = config.faults.is_some(),
+            capture = config.capture.is_some(),
+            "device opened"
+        );
         let inner = Arc::new(DeviceInner {
             name: config.name,
             address,
@@ -220,9 +237,12 @@ impl Device {
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
             stats_reported: AtomicBool::new(false),
+            span,
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));
-        inner.events.push(AsyncEvent::PortActive { port: 1 });
+        inner
+            .span
+            .in_scope(|| inner.events.push(AsyncEvent::PortActive { port: 1 }));
         let progress = if config.progress_thread {
             let weak = Arc::downgrade(&inner);
             Some(
@@ -446,6 +466,7 @@ impl Device {
 
     /// Destroys a QP; its CQs may then be destroyed.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        let _span = self.inner.span.enter();
         let mut st = lock(&self.inner.state);
         let (_, init) = st.engine.query_qp(qpn)?;
         st.engine.destroy_qp(qpn)?;
