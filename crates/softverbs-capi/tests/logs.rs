@@ -6,7 +6,9 @@
 //! The pair is Debian's `ibv_rc_pingpong` (`ibv_rc_pingpong(1)`; package `ibverbs-utils`)
 //! on 127.0.0.241 and .242 with the exchange on TCP port 18661; the lines pinned are the
 //! QP state changes `ibv_modify_qp(3)` makes (RESET → INIT → RTR → RTS) and the go-back-N
-//! retransmissions (IBTA vol. 1 §9.7.5.1) that `SOFTVERBS_FAULTS=drop=…` causes.
+//! retransmissions (IBTA vol. 1 §9.7.5.1) that `SOFTVERBS_FAULTS=drop=…` causes. Our C
+//! program `tests/c/teardown_at_exit.c` (on 127.0.0.243) tears its objects down from an
+//! `atexit` handler with logging on.
 
 mod common;
 
@@ -195,4 +197,36 @@ fn ibv_rc_pingpong_on_the_drop_in_logs_qp_state_changes_and_retransmissions_unde
         "{line}"
     );
     let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn verbs_called_from_an_atexit_handler_with_logging_on_still_succeed() {
+    // exit(3) destroys the main thread's thread-locals before it runs the atexit handlers:
+    // the logs must not touch them there, nor fail the call (tokio-rs/tracing#3239).
+    let lib = common::library_dir("logs-teardown");
+    let exe = common::compile_c("teardown_at_exit.c", "teardown_at_exit", &["-O1"]);
+    let mut command = Command::new(&exe);
+    for name in CLEARED {
+        command.env_remove(name);
+    }
+    command
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_ADDR", "127.0.0.243:0")
+        .env("SOFTVERBS_LOG", "debug")
+        .env("SOFTVERBS_STATS", "stderr");
+    let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
+    let outputs = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{outputs}");
+    assert!(
+        stdout.contains("teardown: destroy_qp 0 destroy_cq 0 dealloc_pd 0 close_device 0"),
+        "{outputs}"
+    );
+    assert!(!stderr.contains("panicked"), "{outputs}");
+    // It logged while main ran, and its close (in the handler) wrote the one report.
+    assert_eq!(transitions(&stderr, "Reset", "Init"), 1, "{outputs}");
+    assert_eq!(
+        stderr.matches("softverbs stats: device softverbs0").count(),
+        1,
+        "{outputs}"
+    );
 }

@@ -23,12 +23,27 @@
 //!   received and the RNR waits, NAK sequence errors sent, flushes, other events;
 //! - TRACE, per packet: every drop with its reason (as the statistics name it) and QP and
 //!   PSN, every retransmitted packet, every injected fault, every duplicate request.
+//!
+//! # Logging while a process exits
+//!
+//! The drop-in runs inside C programs, which close devices and destroy objects from their
+//! `atexit` handlers, and reports its own statistics from one: by then the C library has
+//! destroyed the main thread's thread-locals, and the `fmt` subscriber (its line buffer,
+//! its span stack) cannot be used on that thread without panicking (tokio-rs/tracing#3239).
+//! The subscriber is therefore wrapped in a gate (`Gated`) which sees, per thread,
+//! whether its thread-locals are gone and then lets no event or span through: such a
+//! thread logs nothing, every other thread goes on.
 
+use std::cell::Cell;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::sync::Arc;
+use tracing::level_filters::LevelFilter;
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
+use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::EnvFilter;
 
@@ -139,11 +154,104 @@ pub fn init_from_env() -> Result<bool, LogSetupError> {
             (BoxMakeWriter::new(io::stderr), ansi)
         }
     };
-    let installed = tracing_subscriber::fmt()
+    let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
         .with_ansi(ansi)
-        .try_init()
-        .is_ok();
-    Ok(installed)
+        .finish();
+    Ok(tracing::subscriber::set_global_default(Gated(subscriber)).is_ok())
+}
+
+thread_local! {
+    /// Whether this thread's thread-locals have been destroyed. It has no destructor of
+    /// its own, so it can be read until the thread is gone.
+    static TORN_DOWN: Cell<bool> = const { Cell::new(false) };
+    /// Destroyed with the thread's other thread-locals, which it records in [`TORN_DOWN`].
+    static SENTINEL: Sentinel = const { Sentinel };
+}
+
+struct Sentinel;
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        TORN_DOWN.with(|torn_down| torn_down.set(true));
+    }
+}
+
+/// Whether this thread can still use thread-locals. The first call on a thread registers
+/// the sentinel; on a thread whose thread-locals are gone, it fails or finds them marked.
+fn thread_alive() -> bool {
+    !TORN_DOWN.with(Cell::get) && SENTINEL.try_with(|_| ()).is_ok()
+}
+
+/// A subscriber that forwards to `S` on threads whose thread-locals are alive, and drops
+/// events and span entries on the others (module documentation, "Logging while a process
+/// exits"). Callsites `S` always enables are asked again each time ([`Interest::sometimes`]),
+/// so the check runs before a span is created too; callsites `S` never enables stay off.
+/// Only a process with logging on pays for it.
+struct Gated<S>(S);
+
+impl<S: Subscriber> Subscriber for Gated<S> {
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        let interest = self.0.register_callsite(metadata);
+        if interest.is_always() {
+            Interest::sometimes()
+        } else {
+            interest
+        }
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        thread_alive() && self.0.enabled(metadata)
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        self.0.max_level_hint()
+    }
+
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        self.0.new_span(span)
+    }
+
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        if thread_alive() {
+            self.0.record(span, values);
+        }
+    }
+
+    fn record_follows_from(&self, span: &Id, follows: &Id) {
+        if thread_alive() {
+            self.0.record_follows_from(span, follows);
+        }
+    }
+
+    fn event_enabled(&self, event: &Event<'_>) -> bool {
+        thread_alive() && self.0.event_enabled(event)
+    }
+
+    fn event(&self, event: &Event<'_>) {
+        if thread_alive() {
+            self.0.event(event);
+        }
+    }
+
+    fn enter(&self, span: &Id) {
+        if thread_alive() {
+            self.0.enter(span);
+        }
+    }
+
+    fn exit(&self, span: &Id) {
+        if thread_alive() {
+            self.0.exit(span);
+        }
+    }
+
+    fn clone_span(&self, id: &Id) -> Id {
+        self.0.clone_span(id)
+    }
+
+    fn try_close(&self, id: Id) -> bool {
+        self.0.try_close(id)
+    }
 }
