@@ -96,6 +96,8 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     if let Some(entry) = *slot {
         return Ok(entry);
     }
+    // The library's first use: logs as SOFTVERBS_LOG / RUST_LOG ask, from the opening on.
+    crate::stats::start_logging();
     // As the safe API opens it: SOFTVERBS_NETWORK, SOFTVERBS_ADDR, SOFTVERBS_PCAP,
     // SOFTVERBS_FAULTS.
     let config = DeviceConfig::from_env().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;

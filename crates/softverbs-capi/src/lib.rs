@@ -9,7 +9,7 @@
 //! | [`boundary`] | the panic boundary and the three failure conventions (`NULL`+errno, errno return, `-1`+errno) |
 //! | [`handles`] | who owns every pointer that crosses the boundary; raw pointer → Rust reference, in one place (the handle contract) |
 //! | [`device`] | device list, open/close, query device/port/GID/P_Key, `query_device_ex`, `query_rt_values_ex` |
-//! | [`stats`] | the `SOFTVERBS_STATS` counters report (at `ibv_close_device` or exit) |
+//! | [`stats`] | the `SOFTVERBS_STATS` counters report (at `ibv_close_device` or exit) and the start of the `SOFTVERBS_LOG` / `RUST_LOG` logs (first use) |
 //! | [`pd`] | protection domains |
 //! | [`cq`] | completion channels, CQs and extended CQs, completion events |
 //! | [`qp`] | queue pairs and their work requests (`post_send`, `post_recv`, the `ibv_qp_ex` builders) |

@@ -1,64 +1,45 @@
-//! The `SOFTVERBS_STATS` report: one line of the device's engine and transport counters,
-//! written when a context is closed or, if none was, when the process exits.
+//! The `SOFTVERBS_STATS` report and the `SOFTVERBS_LOG` logs of the drop-in: when each
+//! happens. What they say is the device's (`softverbs::core::device::DeviceStats`, one line
+//! both front doors print; `softverbs::core::device::logging`, the subscriber the command
+//! installs too).
+//!
+//! - The report is written when a context is closed (`ibv_close_device`) or, if none was,
+//!   when the process exits: the process's device is never dropped, which is when the safe
+//!   API reports.
+//! - The logs start when the library is first used (the device opens, at
+//!   `ibv_get_device_list` or whatever first needs the device).
 //!
 //! Its own module so that both [`crate::device`] (`ibv_close_device`) and
-//! [`crate::handles`] (the exit hook of the process's device) can call it without the two
+//! [`crate::handles`] (the device's opening and exit hook) can call it without the two
 //! depending on each other; it needs only the device runtime.
 
-use softverbs::core::device::Device;
+use softverbs::core::device::{logging, Device};
 
 /// The environment variable naming where `ibv_close_device` reports the device's
 /// counters: `stderr` (or `-`), or a file the report is appended to. Unset: no report.
-pub const STATS_ENV: &str = "SOFTVERBS_STATS";
+pub use softverbs::core::device::STATS_ENV;
 
-/// Writes one line of the device's engine and transport counters where
-/// [`STATS_ENV`] says, so a C program's run (say, under packet loss) shows what the device
-/// did: retransmissions, timeouts, NAKs, drops by reason.
+/// Writes the device's statistics line where [`STATS_ENV`] says, so a C program's run
+/// (say, under packet loss) shows what the device did: retransmissions, timeouts, NAKs,
+/// drops by reason, faults injected by kind, CQ high-water marks, events.
 pub fn report(device: &Device) {
-    let Some(target) = std::env::var_os(STATS_ENV) else {
-        return;
-    };
-    STATS_REPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut line = format!(
-        "softverbs stats: device {} address {} pid {}: {}",
-        device.name(),
-        device.address(),
-        std::process::id(),
-        device.counters()
-    );
-    if let Some(t) = device.transport_counters() {
-        line.push_str(&format!("; transport: {t}"));
-    }
-    line.push_str(&format!(
-        "; memory: faulted_accesses={}",
-        device.faulted_accesses()
-    ));
-    if let Some(capture) = device.capture() {
-        line.push_str(&format!("; capture: {capture}"));
-    }
-    line.push('\n');
-    use std::io::Write;
-    let written = if target == "stderr" || target == "-" {
-        std::io::stderr().write_all(line.as_bytes())
-    } else {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&target)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-    };
-    if let Err(e) = written {
-        eprintln!("softverbs: cannot write the {STATS_ENV} report to {target:?}: {e}");
-    }
+    device.report_stats();
 }
 
-/// Whether a [`STATS_ENV`] report was written (at exit, one is written only if not).
-static STATS_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// The [`STATS_ENV`] report of a program that leaves without closing its context (or
-/// fails before it does).
+/// fails before it does): written only if no context close wrote one.
 pub fn report_once_at_exit(device: &Device) {
-    if !STATS_REPORTED.load(std::sync::atomic::Ordering::Relaxed) {
-        report(device);
-    }
+    device.report_stats_once();
+}
+
+/// Installs the log subscriber the environment asks for (`SOFTVERBS_LOG` or `RUST_LOG`,
+/// `SOFTVERBS_LOG_FILE`), once per process; with none set, nothing. A bad variable is
+/// one line on stderr and the program goes on without logs: the library cannot end it.
+pub fn start_logging() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        if let Err(error) = logging::init_from_env() {
+            eprintln!("softverbs: {error}; continuing without logs");
+        }
+    });
 }

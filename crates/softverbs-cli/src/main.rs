@@ -14,6 +14,7 @@ mod capture;
 mod conn;
 mod devinfo;
 mod install;
+mod logging;
 mod perf;
 mod pingpong;
 mod plot;
@@ -87,6 +88,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init();
     let result = match &cli.command {
         Command::Devinfo(args) => devinfo::run(args),
         Command::Pingpong(args) => pingpong::run(args),

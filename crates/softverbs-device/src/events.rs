@@ -1,6 +1,9 @@
 //! The device's asynchronous event queue (`ibv_get_async_event(3)`): CQ errors, QP
 //! errors, last-WQE-reached, SRQ limit, port and device events, delivered through a
-//! pollable file descriptor like libibverbs' `context->async_fd`.
+//! pollable file descriptor like libibverbs' `context->async_fd`. Every event raised is
+//! counted by kind ([`EventCounts`], in the device's statistics) and logged: the errors
+//! (CQ overrun, QP fatal / request / access error, device fatal) at WARN, the others at
+//! DEBUG.
 
 use std::collections::VecDeque;
 use std::io;
@@ -13,11 +16,94 @@ use std::time::Duration;
 pub use softverbs_proto::AsyncEvent;
 use softverbs_proto::Object;
 
+/// How many asynchronous events of each kind a device raised (queued, whether or not the
+/// program read them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounts {
+    /// `IBV_EVENT_CQ_ERR`: CQ overruns.
+    pub cq_error: u64,
+    /// `IBV_EVENT_QP_FATAL`.
+    pub qp_fatal: u64,
+    /// `IBV_EVENT_QP_REQ_ERR`.
+    pub qp_request_error: u64,
+    /// `IBV_EVENT_QP_ACCESS_ERR`.
+    pub qp_access_error: u64,
+    /// `IBV_EVENT_COMM_EST`.
+    pub comm_est: u64,
+    /// `IBV_EVENT_SQ_DRAINED`.
+    pub sq_drained: u64,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`.
+    pub qp_last_wqe_reached: u64,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`.
+    pub srq_limit_reached: u64,
+    /// `IBV_EVENT_PORT_ACTIVE`.
+    pub port_active: u64,
+    /// `IBV_EVENT_DEVICE_FATAL`.
+    pub device_fatal: u64,
+}
+
+impl EventCounts {
+    /// Counts one event; returns whether it reports an error (for its log level).
+    fn record(&mut self, event: &AsyncEvent) -> bool {
+        let (count, error) = match event {
+            AsyncEvent::CqError { .. } => (&mut self.cq_error, true),
+            AsyncEvent::QpFatal { .. } => (&mut self.qp_fatal, true),
+            AsyncEvent::QpRequestError { .. } => (&mut self.qp_request_error, true),
+            AsyncEvent::QpAccessError { .. } => (&mut self.qp_access_error, true),
+            AsyncEvent::CommEst { .. } => (&mut self.comm_est, false),
+            AsyncEvent::SqDrained { .. } => (&mut self.sq_drained, false),
+            AsyncEvent::QpLastWqeReached { .. } => (&mut self.qp_last_wqe_reached, false),
+            AsyncEvent::SrqLimitReached { .. } => (&mut self.srq_limit_reached, false),
+            AsyncEvent::PortActive { .. } => (&mut self.port_active, false),
+            AsyncEvent::DeviceFatal => (&mut self.device_fatal, true),
+        };
+        *count += 1;
+        error
+    }
+
+    /// `(name, count)` of every kind, in `enum ibv_event_type` order of the kinds the
+    /// device raises.
+    pub fn fields(&self) -> [(&'static str, u64); 10] {
+        [
+            ("cq_error", self.cq_error),
+            ("qp_fatal", self.qp_fatal),
+            ("qp_request_error", self.qp_request_error),
+            ("qp_access_error", self.qp_access_error),
+            ("comm_est", self.comm_est),
+            ("sq_drained", self.sq_drained),
+            ("qp_last_wqe_reached", self.qp_last_wqe_reached),
+            ("srq_limit_reached", self.srq_limit_reached),
+            ("port_active", self.port_active),
+            ("device_fatal", self.device_fatal),
+        ]
+    }
+
+    /// Every event raised.
+    pub fn total(&self) -> u64 {
+        self.fields().iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// `total=N` and then `name=N` for each kind raised at least once.
+impl std::fmt::Display for EventCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "total={}", self.total())?;
+        for (name, count) in self.fields() {
+            if count > 0 {
+                write!(f, " {name}={count}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A queue of [`AsyncEvent`]s behind a pollable eventfd (one count per queued event).
 #[derive(Debug)]
 pub struct AsyncEventQueue {
     fd: OwnedFd,
     queue: Mutex<VecDeque<AsyncEvent>>,
+    /// What was queued, by kind (counted before queueing).
+    counts: Mutex<EventCounts>,
 }
 
 impl AsyncEventQueue {
@@ -27,17 +113,32 @@ impl AsyncEventQueue {
         Ok(AsyncEventQueue {
             fd: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::SEMAPHORE)?,
             queue: Mutex::new(VecDeque::new()),
+            counts: Mutex::new(EventCounts::default()),
         })
     }
 
     /// Queues an event and wakes one reader.
     pub fn push(&self, event: AsyncEvent) {
-        tracing::debug!(?event, "async event");
+        let error = self
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(&event);
+        if error {
+            tracing::warn!(?event, "async event");
+        } else {
+            tracing::debug!(?event, "async event");
+        }
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         queue.push_back(event);
         // Under the lock, so that the fd's count is the queue's length whenever the lock
         // is free. Fails only on counter overflow (2^64 - 2 queued events).
         let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+
+    /// How many events of each kind were queued so far.
+    pub fn counts(&self) -> EventCounts {
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Takes the next event without waiting.

@@ -34,7 +34,8 @@
 //! only decides *when* held packets go, not *which* faults happen.) Transmits are
 //! serialised by a mutex, which keeps decisions in call order when several threads send.
 //!
-//! Everything done is counted ([`FaultCounters`]).
+//! Everything done is counted ([`FaultCounters`], part of the device's statistics) and
+//! logged at TRACE, one event per fault naming the packet's QP, PSN and opcode.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -184,6 +185,25 @@ struct Rules {
     reorder_hold: Duration,
 }
 
+/// Logs (TRACE) a fault done to `packet` going `to`, with the QP, PSN and opcode its BTH
+/// names. Costs one level check when TRACE is off.
+fn trace_fault(fault: &'static str, to: &Endpoint, packet: &[u8]) {
+    if !tracing::enabled!(tracing::Level::TRACE) {
+        return;
+    }
+    match softverbs_wire::bth::Header::new_checked(packet) {
+        Ok(bth) => tracing::trace!(
+            fault,
+            to = %to.addr(),
+            qpn = %bth.dest_qp(),
+            psn = %bth.psn(),
+            opcode = %bth.opcode(),
+            "fault injected"
+        ),
+        Err(_) => tracing::trace!(fault, to = %to.addr(), len = packet.len(), "fault injected"),
+    }
+}
+
 /// What a [`FaultTransport`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct FaultCounters {
@@ -201,6 +221,25 @@ pub struct FaultCounters {
     pub reordered: u64,
     /// Held packets transmitted later.
     pub released: u64,
+}
+
+/// `packets=N dropped=N duplicated=N corrupted=N delayed=N reordered=N released=N`, as
+/// the device's statistics print it.
+impl std::fmt::Display for FaultCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "packets={} dropped={} duplicated={} corrupted={} delayed={} reordered={} \
+             released={}",
+            self.packets,
+            self.dropped,
+            self.duplicated,
+            self.corrupted,
+            self.delayed,
+            self.reordered,
+            self.released
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -325,6 +364,7 @@ impl<T: Transport> Transport for FaultTransport<T> {
 
         if drop < rules.drop {
             state.counters.dropped += 1;
+            trace_fault("dropped", to, ib_packet);
             return Ok(());
         }
         let mut bytes = ib_packet.to_vec();
@@ -335,12 +375,14 @@ impl<T: Transport> Transport for FaultTransport<T> {
             if at >= 4 {
                 at += 1;
             }
+            trace_fault("corrupted", to, &bytes);
             bytes[at] ^= 1 << ((position >> 32) % 8);
             state.counters.corrupted += 1;
         }
         let now = Instant::now();
         if delay < rules.delay {
             state.counters.delayed += 1;
+            trace_fault("delayed", to, &bytes);
             state.held.push(Held {
                 due: now + rules.delay_for,
                 after_next: false,
@@ -352,6 +394,7 @@ impl<T: Transport> Transport for FaultTransport<T> {
         }
         if reorder < rules.reorder {
             state.counters.reordered += 1;
+            trace_fault("reordered", to, &bytes);
             state.held.push(Held {
                 due: now + rules.reorder_hold,
                 after_next: true,
@@ -364,6 +407,7 @@ impl<T: Transport> Transport for FaultTransport<T> {
         self.inner.transmit(to, sent, &bytes)?;
         if duplicate < rules.duplicate {
             state.counters.duplicated += 1;
+            trace_fault("duplicated", to, &bytes);
             self.inner.transmit(to, sent, &bytes)?;
         }
         // Packets held for reordering go out right after this one.

@@ -3,7 +3,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread |
+//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread; [`DeviceStats`], the `SOFTVERBS_STATS` line |
 //! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd, of [`AsyncEvent`]s (the engine's type, re-exported) |
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
@@ -11,6 +11,12 @@
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
 //! | [`fault`] | [`FaultTransport`]: seeded drop / duplicate / delay / reorder / corrupt middleware |
 //! | [`pcap`] | [`PcapTransport`]: capture middleware writing Wireshark-readable RoCEv2 pcap or pcapng files (`*.pcapng`: pcapng), and a reader of both |
+//! | `logging` | (feature `logging`) the `tracing` subscriber of `SOFTVERBS_LOG` / `RUST_LOG` / `SOFTVERBS_LOG_FILE`, for the programs that install one |
+//!
+//! The device, the engine below it and the transports log through `tracing` (spans and
+//! events, no subscriber of their own): a program that installs none pays one relaxed
+//! load per event site reached, and the per-packet paths reach none unless a packet is
+//! dropped, retransmitted or faulted.
 //!
 //! Every transport moves opaque IB transport packets (BTH onward, ICRC included) and owns
 //! the IP / UDP encapsulation and the ICRC (reference `rocev2.md` §1.1, §1.7); the QP
@@ -51,6 +57,8 @@ pub mod device;
 pub mod events;
 pub mod fault;
 pub mod guarded;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod loopback;
 pub mod mappings;
 pub mod memory;
@@ -59,10 +67,11 @@ pub mod transport;
 pub mod udp;
 
 pub use device::{
-    network_from_env, parse_faults, AddressHandle, Device, DeviceAttr, DeviceConfig, DeviceError,
-    FaultSetup, Network, NetworkKind, PortAttr, FAULTS_ENV, NETWORK_ENV, PCAP_ENV,
+    network_from_env, parse_faults, AddressHandle, CaptureCounts, CqSummary, Device, DeviceAttr,
+    DeviceConfig, DeviceError, DeviceStats, FaultSetup, Network, NetworkKind, PortAttr, FAULTS_ENV,
+    NETWORK_ENV, PCAP_ENV, STATS_ENV,
 };
-pub use events::{AsyncEvent, AsyncEventQueue};
+pub use events::{AsyncEvent, AsyncEventQueue, EventCounts};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};
 pub use memory::{copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError};

@@ -14,6 +14,31 @@ use crate::requester::{packets_for, scatter};
 use crate::types::{QpState, QpType};
 use crate::wr::{Gather, SendOp};
 
+/// Why the requester goes back to the oldest unacknowledged PSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RetryCause {
+    /// The local ACK timeout fired (counts against `retry_cnt`).
+    Timeout,
+    /// The responder NAKed a PSN sequence error.
+    NakSequenceError,
+    /// An ACK beyond a read or atomic whose response never came.
+    ImpliedNak,
+    /// A read response ahead of the one expected.
+    OutOfOrderReadResponse,
+}
+
+impl RetryCause {
+    /// How the logs name it.
+    fn as_str(self) -> &'static str {
+        match self {
+            RetryCause::Timeout => "local ACK timeout",
+            RetryCause::NakSequenceError => "NAK sequence error",
+            RetryCause::ImpliedNak => "implied NAK",
+            RetryCause::OutOfOrderReadResponse => "out-of-order read response",
+        }
+    }
+}
+
 /// Outcome of retiring WQEs up to a PSN.
 enum Retire {
     /// Everything before the PSN that could be retired was.
@@ -90,19 +115,19 @@ impl Qp {
     /// happens at most once per `comp_psn` until the next timeout or progress (rxe's
     /// "started_retry"), so the responses still in flight from before a rewind cannot
     /// restart the window again and again.
-    fn retry(&mut self, ctx: &mut Ctx<'_>, timeout: bool) {
+    fn retry(&mut self, ctx: &mut Ctx<'_>, cause: RetryCause) {
         if !self.outstanding() {
             return;
         }
-        tracing::debug!(
-            qpn = self.qpn,
-            comp_psn = self.comp_psn,
-            timeout,
-            retry_left = self.retry_left,
-            "go-back-N retry"
-        );
-        if timeout {
+        let (qpn, psn) = (self.qpn, self.comp_psn);
+        if cause == RetryCause::Timeout {
             if self.retry_left == 0 {
+                tracing::warn!(
+                    qpn,
+                    psn,
+                    retry_cnt = self.attr.retry_cnt,
+                    "retry count exhausted: the request at this PSN fails (RETRY_EXC_ERR)"
+                );
                 ctx.counters.retries += 1;
                 self.complete_head(WcStatus::RetryExcErr, 0, ctx);
                 return;
@@ -110,10 +135,24 @@ impl Qp {
             self.retry_left -= 1;
         } else {
             if self.nak_retry_from == Some(self.comp_psn) {
+                tracing::trace!(
+                    qpn,
+                    psn,
+                    cause = cause.as_str(),
+                    "retransmission from this PSN already under way"
+                );
                 return;
             }
             self.nak_retry_from = Some(self.comp_psn);
         }
+        tracing::debug!(
+            qpn,
+            psn,
+            cause = cause.as_str(),
+            next_psn = self.req_psn,
+            retry_left = self.retry_left,
+            "go-back-N: retransmitting from PSN"
+        );
         ctx.counters.retries += 1;
         self.rewind();
     }
@@ -146,48 +185,66 @@ impl Qp {
         ctx: &mut Ctx<'_>,
     ) {
         if self.init.qp_type != QpType::Rc {
-            ctx.counters.drop_packet(DropReason::WrongTransport);
+            ctx.counters
+                .drop_packet(DropReason::WrongTransport, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
-            ctx.counters.drop_packet(DropReason::WrongState);
+            ctx.counters
+                .drop_packet(DropReason::WrongState, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         let psn = pkt.hdr.bth.psn;
         if psn::diff(psn, self.sent_high) >= 0 {
-            ctx.counters.drop_packet(DropReason::GhostResponse);
+            ctx.counters
+                .drop_packet(DropReason::GhostResponse, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         if psn::diff(psn, self.comp_psn) < 0 {
-            ctx.counters.drop_packet(DropReason::StaleResponse);
+            ctx.counters
+                .drop_packet(DropReason::StaleResponse, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         if self.sq.is_empty() {
-            ctx.counters.drop_packet(DropReason::UnexpectedResponse);
+            ctx.counters
+                .drop_packet(DropReason::UnexpectedResponse, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         match pkt.info.kind {
             Kind::Ack => {
                 let Some(aeth) = pkt.hdr.aeth else {
-                    ctx.counters.drop_packet(DropReason::Malformed);
+                    ctx.counters
+                        .drop_packet(DropReason::Malformed, self.qpn, pkt.hdr.bth.psn);
                     return;
                 };
                 match aeth.syndrome >> 5 {
                     0 => {
                         if let Retire::ImpliedNak = self.retire_before(psn::add(psn, 1), ctx) {
-                            self.retry(ctx, false);
+                            self.retry(ctx, RetryCause::ImpliedNak);
                         }
                         self.rnr_left = self.attr.rnr_retry;
                     }
                     1 => {
                         ctx.counters.rnr_naks_received += 1;
                         if self.rnr_deadline.is_some() {
+                            tracing::trace!(
+                                qpn = self.qpn,
+                                psn,
+                                "RNR NAK received while already waiting"
+                            );
                             return;
                         }
                         if let Retire::ImpliedNak = self.retire_before(psn, ctx) {
-                            self.retry(ctx, false);
+                            self.retry(ctx, RetryCause::ImpliedNak);
                         } else if self.outstanding() {
                             if self.rnr_left == 0 {
+                                tracing::warn!(
+                                    qpn = self.qpn,
+                                    psn,
+                                    rnr_retry = self.attr.rnr_retry,
+                                    "RNR retry count exhausted: the request at this PSN \
+                                     fails (RNR_RETRY_EXC_ERR)"
+                                );
                                 self.complete_head(
                                     WcStatus::RnrRetryExcErr,
                                     u32::from(aeth.syndrome),
@@ -197,7 +254,16 @@ impl Qp {
                                 if self.attr.rnr_retry != 7 {
                                     self.rnr_left -= 1;
                                 }
-                                self.rnr_deadline = Some(now + rnr_delay_ns(aeth.syndrome));
+                                let wait = rnr_delay_ns(aeth.syndrome);
+                                tracing::debug!(
+                                    qpn = self.qpn,
+                                    psn,
+                                    wait_us = wait / 1000,
+                                    rnr_left = self.rnr_left,
+                                    "RNR NAK received (the peer had no receive posted): \
+                                     retrying after the RNR timer"
+                                );
+                                self.rnr_deadline = Some(now + wait);
                                 self.retrans_deadline = None;
                                 self.rewind();
                             }
@@ -210,7 +276,7 @@ impl Qp {
                             codec::NAK_PSN_SEQ => {
                                 let _ = retired;
                                 if self.rnr_deadline.is_none() {
-                                    self.retry(ctx, false);
+                                    self.retry(ctx, RetryCause::NakSequenceError);
                                 }
                             }
                             s => {
@@ -226,7 +292,11 @@ impl Qp {
                         }
                     }
                     _ => {
-                        ctx.counters.drop_packet(DropReason::BadSyndrome);
+                        ctx.counters.drop_packet(
+                            DropReason::BadSyndrome,
+                            self.qpn,
+                            pkt.hdr.bth.psn,
+                        );
                         return;
                     }
                 }
@@ -242,7 +312,8 @@ impl Qp {
                 }
             }
             _ => {
-                ctx.counters.drop_packet(DropReason::UnexpectedResponse);
+                ctx.counters
+                    .drop_packet(DropReason::UnexpectedResponse, self.qpn, pkt.hdr.bth.psn);
                 return;
             }
         }
@@ -258,16 +329,18 @@ impl Qp {
     ) -> bool {
         let psn = pkt.hdr.bth.psn;
         if let Retire::ImpliedNak = self.retire_before(psn, ctx) {
-            self.retry(ctx, false);
+            self.retry(ctx, RetryCause::ImpliedNak);
             return true;
         }
         let mtu = self.mtu(ctx.config);
         let Some(w) = self.sq.front() else {
-            ctx.counters.drop_packet(DropReason::UnexpectedResponse);
+            ctx.counters
+                .drop_packet(DropReason::UnexpectedResponse, self.qpn, pkt.hdr.bth.psn);
             return false;
         };
         if !w.started {
-            ctx.counters.drop_packet(DropReason::UnexpectedResponse);
+            ctx.counters
+                .drop_packet(DropReason::UnexpectedResponse, self.qpn, pkt.hdr.bth.psn);
             return false;
         }
         let in_range = psn::diff(psn, w.first_psn) >= 0 && psn::diff(psn, w.last_psn()) <= 0;
@@ -278,8 +351,9 @@ impl Qp {
         if psn != self.comp_psn {
             // A response of this read was lost: re-read from the first missing one now
             // (implied NAK) instead of waiting for the timeout as rxe does (§5.8 item 8).
-            ctx.counters.drop_packet(DropReason::OutOfOrderResponse);
-            self.retry(ctx, false);
+            ctx.counters
+                .drop_packet(DropReason::OutOfOrderResponse, self.qpn, psn);
+            self.retry(ctx, RetryCause::OutOfOrderReadResponse);
             return false;
         }
         let k = psn::diff(psn, w.first_psn) as u32;
@@ -325,15 +399,17 @@ impl Qp {
     ) -> bool {
         let psn = pkt.hdr.bth.psn;
         if let Retire::ImpliedNak = self.retire_before(psn, ctx) {
-            self.retry(ctx, false);
+            self.retry(ctx, RetryCause::ImpliedNak);
             return true;
         }
         let Some(w) = self.sq.front() else {
-            ctx.counters.drop_packet(DropReason::UnexpectedResponse);
+            ctx.counters
+                .drop_packet(DropReason::UnexpectedResponse, self.qpn, pkt.hdr.bth.psn);
             return false;
         };
         if !w.started {
-            ctx.counters.drop_packet(DropReason::UnexpectedResponse);
+            ctx.counters
+                .drop_packet(DropReason::UnexpectedResponse, self.qpn, pkt.hdr.bth.psn);
             return false;
         }
         let ack_ok = pkt.hdr.aeth.is_some_and(|a| a.syndrome >> 5 == 0);
@@ -366,6 +442,12 @@ impl Qp {
             return;
         }
         if self.rnr_deadline.is_some_and(|t| t <= now) {
+            tracing::debug!(
+                qpn = self.qpn,
+                psn = self.comp_psn,
+                rnr_left = self.rnr_left,
+                "RNR timer expired: retransmitting from PSN"
+            );
             self.rnr_deadline = None;
             self.rewind();
         }
@@ -376,7 +458,7 @@ impl Qp {
             }
             ctx.counters.timeouts += 1;
             self.nak_retry_from = None;
-            self.retry(ctx, true);
+            self.retry(ctx, RetryCause::Timeout);
         }
     }
 }

@@ -130,6 +130,7 @@ impl Engine {
     /// `ibv_destroy_qp`: forgets the QP (no completions are generated).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
+        tracing::debug!(qpn, state = ?qp.state, "QP destroyed");
         if let Some(id) = qp.init.srq {
             if let Some(srq) = self.srqs.get_mut(&id.0) {
                 srq.users -= 1;
@@ -149,7 +150,13 @@ impl Engine {
     /// `ibv_modify_qp(3)` and applies all of it or nothing.
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
-        qp.modify(attr, mask, &mut ctx!(self))
+        let from = qp.state;
+        let result = qp.modify(attr, mask, &mut ctx!(self));
+        if let Err(error) = &result {
+            let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
+            tracing::debug!(qpn, ?from, ?to, %error, "modify_qp refused");
+        }
+        result
     }
 
     /// `ibv_query_qp`: current attributes (with `qp_state`) and creation parameters.
@@ -265,21 +272,23 @@ impl Engine {
         let pkt = match codec::parse(bytes) {
             Ok(p) => p,
             Err(ParseError::UnknownOpcode) => {
-                self.counters.drop_packet(DropReason::UnknownOpcode);
+                self.counters.drop_unparsed(DropReason::UnknownOpcode);
                 return;
             }
             Err(_) => {
-                self.counters.drop_packet(DropReason::Malformed);
+                self.counters.drop_unparsed(DropReason::Malformed);
                 return;
             }
         };
         // Default partition only (reference §1.2).
         if pkt.hdr.bth.pkey & 0x7FFF != 0x7FFF {
-            self.counters.drop_packet(DropReason::BadPkey);
+            self.counters
+                .drop_packet(DropReason::BadPkey, pkt.hdr.bth.dest_qp, pkt.hdr.bth.psn);
             return;
         }
         let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
-            self.counters.drop_packet(DropReason::UnknownQp);
+            self.counters
+                .drop_packet(DropReason::UnknownQp, pkt.hdr.bth.dest_qp, pkt.hdr.bth.psn);
             return;
         };
         if let Some(grh) = grh {
@@ -288,7 +297,11 @@ impl Engine {
                 // source address must be the QP's remote address; rxe's `check_addr`).
                 // Checked before the QP sees the packet, so a forged request, response,
                 // ACK or NAK moves no PSN, no timer and no byte.
-                self.counters.drop_packet(DropReason::OffPath);
+                self.counters.drop_packet(
+                    DropReason::OffPath,
+                    pkt.hdr.bth.dest_qp,
+                    pkt.hdr.bth.psn,
+                );
                 return;
             }
         }

@@ -335,8 +335,17 @@ impl Counters {
         out
     }
 
-    pub(crate) fn drop_packet(&mut self, reason: DropReason) {
-        tracing::trace!(?reason, "packet dropped");
+    /// Counts a packet for QP `qpn` (its BTH DestQP) with PSN `psn` dropped for `reason`.
+    /// Traced per packet (level TRACE), named as the counter is (`out_of_sequence`).
+    pub(crate) fn drop_packet(&mut self, reason: DropReason, qpn: u32, psn: u32) {
+        tracing::trace!(qpn, psn, reason = %reason.snake_name(), "packet dropped");
+        self.drops[reason.index()] += 1;
+    }
+
+    /// Counts a packet dropped before its headers could be read (malformed, unknown
+    /// opcode).
+    pub(crate) fn drop_unparsed(&mut self, reason: DropReason) {
+        tracing::trace!(reason = %reason.snake_name(), "packet dropped");
         self.drops[reason.index()] += 1;
     }
 }

@@ -429,7 +429,48 @@ impl Qp {
             }
             other => self.state = other,
         }
+        self.trace_modify(cur, next);
         Ok(())
+    }
+
+    /// The log line of a transition `ibv_modify_qp` made (DEBUG), with the attributes a
+    /// connection hangs on when it enters RTR or RTS.
+    fn trace_modify(&self, from: QpState, to: QpState) {
+        let (qpn, qp_type, a) = (self.qpn, self.init.qp_type, &self.attr);
+        match to {
+            _ if to == from => {}
+            QpState::Rtr => tracing::debug!(
+                qpn,
+                ?qp_type,
+                ?from,
+                ?to,
+                cause = "modify_qp",
+                dest_qpn = a.dest_qp_num,
+                rq_psn = a.rq_psn,
+                path_mtu = a.path_mtu.bytes(),
+                "QP state change"
+            ),
+            QpState::Rts => tracing::debug!(
+                qpn,
+                ?qp_type,
+                ?from,
+                ?to,
+                cause = "modify_qp",
+                sq_psn = a.sq_psn,
+                timeout = a.timeout,
+                retry_cnt = a.retry_cnt,
+                rnr_retry = a.rnr_retry,
+                "QP state change"
+            ),
+            _ => tracing::debug!(
+                qpn,
+                ?qp_type,
+                ?from,
+                ?to,
+                cause = "modify_qp",
+                "QP state change"
+            ),
+        }
     }
 
     fn validate_values(
@@ -590,6 +631,12 @@ impl Qp {
         };
         if matches!(self.state, QpState::Err | QpState::Sqe) {
             // Accepted and flushed at once (reference §2.7).
+            tracing::debug!(
+                qpn = self.qpn,
+                wr_id = wqe.wr.wr_id,
+                state = ?self.state,
+                "send work request posted in an error state: flushed"
+            );
             ctx.completions.push_back(Completion {
                 cq: CqTarget::Send,
                 wc: WorkCompletion::failure(wqe.wr.wr_id, WcStatus::WrFlushErr, self.qpn, 0)
@@ -625,6 +672,11 @@ impl Qp {
             });
         }
         if self.state == QpState::Err {
+            tracing::debug!(
+                qpn = self.qpn,
+                wr_id = wr.wr_id,
+                "receive work request posted in the error state: flushed"
+            );
             ctx.completions.push_back(recv_flush(self.qpn, wr.wr_id));
             return Ok(());
         }
@@ -699,12 +751,18 @@ impl Qp {
             }
             self.check_sq_drained(ctx);
         } else {
-            tracing::debug!(
+            let to = match self.init.qp_type {
+                QpType::Rc => QpState::Err,
+                QpType::Uc | QpType::Ud => QpState::Sqe,
+            };
+            tracing::warn!(
                 qpn = self.qpn,
                 wr_id = wqe.wr.wr_id,
-                ?status,
+                %status,
                 vendor_err,
-                "send WR failed"
+                from = ?self.state,
+                ?to,
+                "send work request failed: QP state change"
             );
             ctx.completions.push_back(Completion {
                 cq: CqTarget::Send,
@@ -740,7 +798,13 @@ impl Qp {
         if self.state == QpState::Err {
             return;
         }
-        tracing::debug!(qpn = self.qpn, ?event, "responder error: QP to ERR");
+        tracing::warn!(
+            qpn = self.qpn,
+            ?event,
+            from = ?self.state,
+            to = ?QpState::Err,
+            "responder error: QP state change"
+        );
         ctx.events.push_back(event);
         self.state = QpState::Err;
         self.flush(ctx);
@@ -765,6 +829,12 @@ impl Qp {
     /// Enter-ERR flush (reference §2.7): every outstanding send WQE, then the receive WQE
     /// in progress and every posted one, complete with `WR_FLUSH_ERR` in order.
     pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        tracing::debug!(
+            qpn = self.qpn,
+            send = self.sq.len(),
+            recv = self.rq.len() + usize::from(matches!(self.cur, CurMsg::Send { .. })),
+            "flushing the work requests with WR_FLUSH_ERR"
+        );
         self.flush_send_queue(ctx);
         if let CurMsg::Send { wqe, .. } = std::mem::take(&mut self.cur) {
             ctx.completions.push_back(recv_flush(self.qpn, wqe.wr_id));

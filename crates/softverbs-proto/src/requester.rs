@@ -534,6 +534,8 @@ impl Qp {
             ctx.counters.packets_sent += 1;
             ctx.counters.bytes_sent += payload_len as u64;
             if psn::diff(sent_psn, self.sent_high) < 0 {
+                // Off the fast path: only packets sent again get here.
+                tracing::trace!(qpn = self.qpn, psn = sent_psn, "retransmitted packet");
                 ctx.counters.retransmitted_packets += 1;
             }
             self.req_psn = psn::add(self.req_psn, consume);

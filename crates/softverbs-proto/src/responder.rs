@@ -58,7 +58,8 @@ impl Qp {
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         ) {
-            ctx.counters.drop_packet(DropReason::WrongState);
+            ctx.counters
+                .drop_packet(DropReason::WrongState, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         let transport_ok = matches!(
@@ -68,7 +69,8 @@ impl Qp {
                 | (QpType::Ud, codec::Transport::Ud)
         );
         if !transport_ok {
-            ctx.counters.drop_packet(DropReason::WrongTransport);
+            ctx.counters
+                .drop_packet(DropReason::WrongTransport, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         if self.state == QpState::Rtr && !self.comm_est_raised {
@@ -163,7 +165,8 @@ impl Qp {
         let psn = pkt.hdr.bth.psn;
         let d = psn::diff(psn, self.epsn);
         if d > 0 {
-            ctx.counters.drop_packet(DropReason::OutOfSequence);
+            ctx.counters
+                .drop_packet(DropReason::OutOfSequence, self.qpn, pkt.hdr.bth.psn);
             if !self.nak_sent {
                 // One NAK per gap; and one per window for the same expected PSN even when
                 // a request at it (an RNR NAK) re-armed the gap.
@@ -173,6 +176,12 @@ impl Qp {
                 }
                 self.nak_sent = true;
                 self.last_nak = Some((self.epsn, now));
+                tracing::debug!(
+                    qpn = self.qpn,
+                    psn,
+                    expected_psn = self.epsn,
+                    "PSN sequence error (packets lost): NAK sent"
+                );
                 self.queue_ack(self.epsn, codec::NAK_PSN_SEQ);
             }
             return;
@@ -215,6 +224,12 @@ impl Qp {
         let needs_wqe =
             (info.kind == Kind::Send && info.first) || (info.kind == Kind::Write && info.imm);
         if needs_wqe && !self.has_recv(ctx) {
+            tracing::debug!(
+                qpn = self.qpn,
+                psn,
+                min_rnr_timer = self.attr.min_rnr_timer,
+                "no receive posted: RNR NAK sent"
+            );
             self.queue_ack(psn, SYNDROME_RNR | (self.attr.min_rnr_timer & 0x1F));
             return;
         }
@@ -486,6 +501,12 @@ impl Qp {
     fn rc_duplicate(&mut self, now: u64, pkt: &Packet<'_>, ctx: &mut Ctx<'_>) {
         ctx.counters.duplicates_received += 1;
         let psn = pkt.hdr.bth.psn;
+        tracing::trace!(
+            qpn = self.qpn,
+            psn,
+            expected_psn = self.epsn,
+            "duplicate request"
+        );
         let mtu = u64::from(self.mtu(ctx.config));
         match pkt.info.kind {
             Kind::Send | Kind::Write => {
@@ -513,7 +534,11 @@ impl Qp {
                     _ => None,
                 });
                 let Some((first_psn, va, rkey, len)) = found else {
-                    ctx.counters.drop_packet(DropReason::DuplicateNotFound);
+                    ctx.counters.drop_packet(
+                        DropReason::DuplicateNotFound,
+                        self.qpn,
+                        pkt.hdr.bth.psn,
+                    );
                     return;
                 };
                 let skip = psn::diff(psn, first_psn) as u64 * mtu;
@@ -522,7 +547,11 @@ impl Qp {
                     && reth.va == va + skip
                     && reth.va + u64::from(reth.dma_len) <= end;
                 if !sub_range {
-                    ctx.counters.drop_packet(DropReason::DuplicateNotFound);
+                    ctx.counters.drop_packet(
+                        DropReason::DuplicateNotFound,
+                        self.qpn,
+                        pkt.hdr.bth.psn,
+                    );
                     return;
                 }
                 if self.resp_out_full() || !self.replay_allowed(psn, now, ctx) {
@@ -560,7 +589,11 @@ impl Qp {
                     _ => None,
                 });
                 let Some(orig) = found else {
-                    ctx.counters.drop_packet(DropReason::DuplicateNotFound);
+                    ctx.counters.drop_packet(
+                        DropReason::DuplicateNotFound,
+                        self.qpn,
+                        pkt.hdr.bth.psn,
+                    );
                     return;
                 };
                 let queued = self
@@ -581,15 +614,17 @@ impl Qp {
         }
     }
 
-    /// UC: drop the rest of the current message (its receive WQE is reused).
-    fn uc_abort(&mut self, ctx: &mut Ctx<'_>) {
+    /// UC: drop the rest of the current message (its receive WQE is reused); `psn` is the
+    /// packet that broke it.
+    fn uc_abort(&mut self, psn: u32, ctx: &mut Ctx<'_>) {
         match std::mem::take(&mut self.cur) {
             CurMsg::Send { wqe, .. } => self.untake_recv(wqe, ctx),
             // Nothing in progress, or a message whose drop was counted already.
             CurMsg::Idle | CurMsg::Dropping => return,
             _ => {}
         }
-        ctx.counters.drop_packet(DropReason::UcMessageDropped);
+        ctx.counters
+            .drop_packet(DropReason::UcMessageDropped, self.qpn, psn);
     }
 
     fn uc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
@@ -604,11 +639,12 @@ impl Qp {
             // a MIDDLE or LAST is dropped with the rest of its message; a FIRST or ONLY
             // starts a new message whatever its PSN — so no packet, real or forged, can
             // leave the expected PSN where the peer's packets never match it again.
-            self.uc_abort(ctx);
+            self.uc_abort(psn, ctx);
             if !info.first {
                 self.epsn = psn::add(psn, 1);
                 self.cur = CurMsg::Dropping;
-                ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                ctx.counters
+                    .drop_packet(DropReason::UcMessageDropped, self.qpn, pkt.hdr.bth.psn);
                 return;
             }
         }
@@ -617,7 +653,8 @@ impl Qp {
             if info.first {
                 self.cur = CurMsg::Idle;
             } else {
-                ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                ctx.counters
+                    .drop_packet(DropReason::UcMessageDropped, self.qpn, pkt.hdr.bth.psn);
                 return;
             }
         }
@@ -627,10 +664,11 @@ impl Qp {
             _ => false,
         };
         if !seq_ok {
-            self.uc_abort(ctx);
+            self.uc_abort(psn, ctx);
             if !info.first {
                 self.cur = CurMsg::Dropping;
-                ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                ctx.counters
+                    .drop_packet(DropReason::UcMessageDropped, self.qpn, pkt.hdr.bth.psn);
                 return;
             }
         }
@@ -642,13 +680,14 @@ impl Qp {
             _ => len == mtu,
         };
         let drop_msg = |qp: &mut Qp, ctx: &mut Ctx<'_>| {
-            qp.uc_abort(ctx);
+            qp.uc_abort(psn, ctx);
             qp.cur = if info.last {
                 CurMsg::Idle
             } else {
                 CurMsg::Dropping
             };
-            ctx.counters.drop_packet(DropReason::UcMessageDropped);
+            ctx.counters
+                .drop_packet(DropReason::UcMessageDropped, qp.qpn, psn);
         };
         if !len_ok {
             drop_msg(self, ctx);
@@ -660,7 +699,11 @@ impl Qp {
                     match self.take_recv(ctx) {
                         Some(wqe) => self.cur = CurMsg::Send { wqe, offset: 0 },
                         None => {
-                            ctx.counters.drop_packet(DropReason::NoReceive);
+                            ctx.counters.drop_packet(
+                                DropReason::NoReceive,
+                                self.qpn,
+                                pkt.hdr.bth.psn,
+                            );
                             self.cur = if info.last {
                                 CurMsg::Idle
                             } else {
@@ -692,7 +735,11 @@ impl Qp {
                     if let Some(rkey) = pkt.hdr.ieth {
                         if mem.invalidate(pd, rkey).is_err() {
                             self.untake_recv(wqe, ctx);
-                            ctx.counters.drop_packet(DropReason::UcMessageDropped);
+                            ctx.counters.drop_packet(
+                                DropReason::UcMessageDropped,
+                                self.qpn,
+                                pkt.hdr.bth.psn,
+                            );
                             return;
                         }
                         wc = wc.with_invalidated_rkey(rkey);
@@ -759,7 +806,11 @@ impl Qp {
                     self.cur = CurMsg::Idle;
                     if let Some(imm) = pkt.hdr.imm {
                         let Some(wqe) = self.take_recv(ctx) else {
-                            ctx.counters.drop_packet(DropReason::NoReceive);
+                            ctx.counters.drop_packet(
+                                DropReason::NoReceive,
+                                self.qpn,
+                                pkt.hdr.bth.psn,
+                            );
                             return;
                         };
                         let wc =
@@ -787,19 +838,23 @@ impl Qp {
     ) {
         let pd = self.init.pd;
         let Some(deth) = pkt.hdr.deth else {
-            ctx.counters.drop_packet(DropReason::Malformed);
+            ctx.counters
+                .drop_packet(DropReason::Malformed, self.qpn, pkt.hdr.bth.psn);
             return;
         };
         if deth.qkey != self.attr.qkey {
-            ctx.counters.drop_packet(DropReason::QkeyMismatch);
+            ctx.counters
+                .drop_packet(DropReason::QkeyMismatch, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         if pkt.payload.len() as u64 > u64::from(ctx.config.port_mtu.bytes()) {
-            ctx.counters.drop_packet(DropReason::UdTooLong);
+            ctx.counters
+                .drop_packet(DropReason::UdTooLong, self.qpn, pkt.hdr.bth.psn);
             return;
         }
         let Some(wqe) = self.take_recv(ctx) else {
-            ctx.counters.drop_packet(DropReason::NoReceive);
+            ctx.counters
+                .drop_packet(DropReason::NoReceive, self.qpn, pkt.hdr.bth.psn);
             return;
         };
         let len = pkt.payload.len() as u64;

@@ -10,7 +10,7 @@
 //! released.
 
 use super::notify::ARM_NONE;
-use super::{CqShared, OverrunPolicy, STATE_ERROR, STATE_OK};
+use super::{CqShared, CqStats, OverrunPolicy, STATE_ERROR, STATE_OK};
 use crate::clock::DeviceClock;
 use crate::error::PushError;
 use crate::ring::WcExtra;
@@ -92,6 +92,13 @@ impl CqProducer {
     /// Whether the CQ is in the error state (overrun).
     pub fn is_in_error(&self) -> bool {
         self.shared.state.load(Ordering::Relaxed) == STATE_ERROR
+    }
+
+    /// The CQ's counters and levels, as its consumer's `stats` gives them: what the
+    /// device's statistics report (high-water mark, overruns) for the CQs it completes
+    /// into. Reads a few atomics; not for the push path.
+    pub fn stats(&self) -> CqStats {
+        self.shared.stats()
     }
 }
 

@@ -28,6 +28,12 @@
 //! | `runtime.rs` | progress: the progress thread, runs of the engine, sending, receiving, timers |
 //! | `completions.rs` | where a QP's completions go, and back-pressure on a full CQ |
 //! | `grh.rs` | the GRH area a UD receive gets, rebuilt from the IP addresses |
+//! | `stats.rs` | [`DeviceStats`]: every counter of the device in one structure, and the `SOFTVERBS_STATS` line ([`STATS_ENV`]) |
+//!
+//! Logging (`tracing`): each device has a span (`device{name, address}`, INFO) entered
+//! around every run of its engine, so the engine's events (QP state changes,
+//! retransmissions, drops) say which device of the process they come from; when no
+//! subscriber listens, the span is empty and entering it is a test of an `Option`.
 
 mod attr;
 mod completions;
@@ -39,6 +45,7 @@ mod netdev;
 mod objects;
 mod registry;
 mod runtime;
+mod stats;
 
 pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
 pub use config::{
@@ -47,6 +54,7 @@ pub use config::{
 };
 pub use error::DeviceError;
 pub use objects::AddressHandle;
+pub use stats::{CaptureCounts, CqSummary, DeviceStats, STATS_ENV};
 
 use attr::gid_table;
 use completions::Route;
@@ -64,6 +72,7 @@ use softverbs_proto::{
     AccessFlags, AddressVector, AttrMask, Completion, Engine, Mtu, Object, QpAttr, QpInit, QpState,
     RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
+use stats::CqSummary as RetiredCqs;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::IpAddr;
@@ -84,6 +93,11 @@ struct State {
     held: VecDeque<Completion>,
     objects: objects::Objects,
     scratch: Vec<u8>,
+    /// Every CQ a QP of the device completes into, by id, until the CQ is destroyed
+    /// ([`Device::cq_destroyed`]): for the statistics' high-water marks and overruns.
+    cqs: HashMap<u64, CqProducer>,
+    /// The figures of the CQs destroyed so far.
+    retired_cqs: RetiredCqs,
 }
 
 /// What an open device shares with its progress thread and with the devices of this
@@ -125,6 +139,11 @@ pub(crate) struct DeviceInner {
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
     port_mtu: Mtu,
+    /// Whether a statistics report was made (the drop reports only if not).
+    stats_reported: AtomicBool,
+    /// `device{name, address}`, entered around each run of the engine (empty when no
+    /// subscriber listened as the device opened).
+    span: tracing::Span,
 }
 
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
@@ -191,6 +210,15 @@ impl Device {
         // The engine checks every source GID index against this table.
         let gids = gid_table(address);
         engine_config.gid_table_len = gids.len() as u32;
+        let span = tracing::info_span!("device", name = %config.name, %address);
+        tracing::info!(
+            parent: &span,
+            network = if transport.is_some() { "udp" } else { "in-process" },
+            port_mtu = engine_config.port_mtu.bytes(),
+            faults = config.faults.is_some(),
+            capture = config.capture.is_some(),
+            "device opened"
+        );
         let inner = Arc::new(DeviceInner {
             name: config.name,
             address,
@@ -203,6 +231,8 @@ impl Device {
                 held: VecDeque::new(),
                 objects: objects::Objects::new(),
                 scratch: vec![0u8; 16 * 1024],
+                cqs: HashMap::new(),
+                retired_cqs: RetiredCqs::default(),
             }),
             transport,
             tx: Mutex::new(()),
@@ -217,9 +247,13 @@ impl Device {
             last_app_progress: AtomicU64::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
+            stats_reported: AtomicBool::new(false),
+            span,
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));
-        inner.events.push(AsyncEvent::PortActive { port: 1 });
+        inner
+            .span
+            .in_scope(|| inner.events.push(AsyncEvent::PortActive { port: 1 }));
         let progress = if config.progress_thread {
             let weak = Arc::downgrade(&inner);
             Some(
@@ -351,6 +385,10 @@ impl Device {
     /// call this when they destroy a CQ.
     pub fn cq_destroyed(&self, cq_id: u64) {
         self.inner.events.forget(Object::Cq, cq_id);
+        let mut st = lock(&self.inner.state);
+        if let Some(producer) = st.cqs.remove(&cq_id) {
+            st.retired_cqs.add(&producer.stats());
+        }
     }
 
     /// Allocates a protection domain (`ibv_alloc_pd(3)`); returns its handle.
@@ -442,6 +480,9 @@ impl Device {
         if recv_cq.cq_id() != send_cq.cq_id() {
             recv_cq.attach_qp();
         }
+        for cq in [&send_cq, &recv_cq] {
+            st.cqs.entry(cq.cq_id()).or_insert_with(|| cq.clone());
+        }
         st.routes.insert(
             qpn,
             Route {
@@ -454,6 +495,7 @@ impl Device {
 
     /// Destroys a QP; its CQs may then be destroyed.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        let _span = self.inner.span.enter();
         let mut st = lock(&self.inner.state);
         let (_, init) = st.engine.query_qp(qpn)?;
         st.engine.destroy_qp(qpn)?;
@@ -634,6 +676,8 @@ impl Drop for Device {
         if let Some(handle) = self.progress.take() {
             let _ = handle.join();
         }
+        // The safe API's (and so the command's) moment to report: SOFTVERBS_STATS.
+        self.report_stats_once();
         let mut reg = lock(registry());
         if reg
             .get(&self.inner.address)

@@ -66,6 +66,9 @@ impl DeviceInner {
         let now = DeviceClock::now();
         let mut outgoing = Vec::new();
         let (result, sending) = {
+            // The device's span (module doc of `device`): not over the delivery below,
+            // which runs other devices' engines.
+            let _span = self.span.enter();
             let mut st = lock(&self.state);
             let result = f(&mut st);
             self.drain(&mut st, now, &mut outgoing);
@@ -119,6 +122,10 @@ impl DeviceInner {
         // A CQ that overran is in error: every QP completing into it goes to error too
         // (reference §3.7: "never drop a CQE silently").
         for qpn in failed_cqs {
+            tracing::warn!(
+                qpn,
+                "a CQ of this QP overran (it is in error): the QP goes to the error state"
+            );
             let attr = QpAttr {
                 qp_state: QpState::Err,
                 ..QpAttr::default()

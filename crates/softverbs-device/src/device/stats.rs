@@ -1,0 +1,251 @@
+//! What a device did, in one structure ([`DeviceStats`]: the engine's counters, the
+//! transport's, the faults injected by kind, the CQs' high-water marks and overruns, the
+//! asynchronous events, memory faults, the capture), and the `SOFTVERBS_STATS` report
+//! ([`STATS_ENV`]) that prints it as one line.
+//!
+//! Both front doors print the same line through [`Device::report_stats`]: the drop-in when
+//! a program closes its context (or, if it never does, at exit); the safe API, and so the
+//! `softverbs` command, when the device is dropped. A device reports at drop only if no
+//! report was written for it before ([`Device::report_stats_once`]).
+//!
+//! Reading the statistics takes the device's locks (state, events, fault layer) once each;
+//! nothing here is on the post, poll or per-packet path.
+
+use super::{lock, Device};
+use crate::events::EventCounts;
+use crate::fault::FaultCounters;
+use crate::transport::TransportCounters;
+use softverbs_cq::CqStats;
+use softverbs_proto::Counters;
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::Ordering;
+
+/// The environment variable naming where a device's statistics line goes when the
+/// device is closed: `stderr` (or `-`), or a file the line is appended to. Unset: nothing
+/// is written.
+pub const STATS_ENV: &str = "SOFTVERBS_STATS";
+
+/// The completion queues a device's QPs complete into, summed: which one filled most, and
+/// what was lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CqSummary {
+    /// CQs the device completed into (live and destroyed).
+    pub cqs: u64,
+    /// The most completions ever waiting at once in one CQ.
+    pub high_water: u64,
+    /// The size (`cqe`) of the CQ that reached [`CqSummary::high_water`]: a mark equal to
+    /// it means that CQ was full.
+    pub high_water_capacity: u32,
+    /// Completions lost to overrun, over all CQs (`IBV_EVENT_CQ_ERR`).
+    pub overruns: u64,
+    /// Completions held back by a full back-pressure CQ, over all CQs.
+    pub refused: u64,
+    /// CQs in the error state (after an overrun) when they were last seen.
+    pub in_error: u64,
+}
+
+impl CqSummary {
+    /// Adds one CQ's figures.
+    pub fn add(&mut self, cq: &CqStats) {
+        self.cqs += 1;
+        if cq.high_water > self.high_water || self.cqs == 1 {
+            self.high_water = cq.high_water;
+            self.high_water_capacity = cq.capacity;
+        }
+        self.overruns += cq.overruns;
+        self.refused += cq.refused;
+        self.in_error += u64::from(cq.in_error);
+    }
+}
+
+/// `cqs=N high_water=H/CAPACITY overruns=N refused=N in_error=N`.
+impl fmt::Display for CqSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cqs={} high_water={}/{} overruns={} refused={} in_error={}",
+            self.cqs,
+            self.high_water,
+            self.high_water_capacity,
+            self.overruns,
+            self.refused,
+            self.in_error
+        )
+    }
+}
+
+/// What a pcap capture wrote (see [`Capture`](crate::pcap::Capture)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaptureCounts {
+    /// Packets written.
+    pub packets: u64,
+    /// Bytes of the file, headers included.
+    pub bytes: u64,
+    /// Packets left out because the file reached `SOFTVERBS_PCAP_LIMIT`.
+    pub over_limit: u64,
+    /// Records that could not be written.
+    pub write_errors: u64,
+}
+
+/// `packets=N bytes=N over_limit=N write_errors=N`.
+impl fmt::Display for CaptureCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "packets={} bytes={} over_limit={} write_errors={}",
+            self.packets, self.bytes, self.over_limit, self.write_errors
+        )
+    }
+}
+
+/// Everything a device counts, at one moment: what a user needs to explain a run
+/// (retransmissions and their causes, drops by reason at the engine and at the transport,
+/// the faults injected by kind, how full the CQs got, the events raised).
+///
+/// Each part is read under its own lock, so the parts are consistent each with itself, not
+/// with each other while traffic flows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// The queue-pair engine: packets, retransmissions, timeouts, ACKs, NAKs, RNR NAKs,
+    /// duplicates, drops by reason.
+    pub engine: Counters,
+    /// The transport (`None` in-process): datagrams sent and received, and dropped by
+    /// reason (bad ICRC, malformed, truncated, undeliverable).
+    pub transport: Option<TransportCounters>,
+    /// Fault injection (`None` without `SOFTVERBS_FAULTS`): the packets it saw and what it
+    /// did to them, by kind.
+    pub faults: Option<FaultCounters>,
+    /// The CQs the device's QPs complete into.
+    pub cq: CqSummary,
+    /// Asynchronous events raised, by kind.
+    pub events: EventCounts,
+    /// Accesses to registered memory that faulted (unmapped under a registration).
+    pub faulted_accesses: u64,
+    /// The pcap capture (`None` without one).
+    pub capture: Option<CaptureCounts>,
+}
+
+/// One line of `section: name=value …` parts separated by `; `: `engine`, `transport`,
+/// `faults`, `cq`, `events`, `memory`, `capture` (the optional ones only when present).
+impl fmt::Display for DeviceStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "engine: {}", self.engine)?;
+        if let Some(t) = &self.transport {
+            write!(
+                f,
+                "; transport: sent_packets={} sent_bytes={} send_errors={} \
+                 received_packets={} received_bytes={} dropped_bad_icrc={} \
+                 dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
+                 icrc_unchecked={}",
+                t.sent_packets,
+                t.sent_bytes,
+                t.send_errors,
+                t.received_packets,
+                t.received_bytes,
+                t.dropped_bad_icrc,
+                t.dropped_malformed,
+                t.dropped_truncated,
+                t.dropped_undeliverable,
+                t.icrc_unchecked
+            )?;
+        }
+        if let Some(faults) = &self.faults {
+            write!(f, "; faults: {faults}")?;
+        }
+        write!(
+            f,
+            "; cq: {}; events: {}; memory: faulted_accesses={}",
+            self.cq, self.events, self.faulted_accesses
+        )?;
+        if let Some(capture) = &self.capture {
+            write!(f, "; capture: {capture}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Device {
+    /// Everything the device counts, now.
+    pub fn stats(&self) -> DeviceStats {
+        let inner = &self.inner;
+        let (engine, faulted_accesses, cq) = {
+            let st = lock(&inner.state);
+            let mut cq = st.retired_cqs;
+            for producer in st.cqs.values() {
+                cq.add(&producer.stats());
+            }
+            (
+                st.engine.counters().clone(),
+                st.memory.faulted_accesses(),
+                cq,
+            )
+        };
+        DeviceStats {
+            engine,
+            transport: inner.transport.as_ref().map(|t| t.counters()),
+            faults: inner.fault_layer.as_ref().map(|f| f.fault_counters()),
+            cq,
+            events: inner.events.counts(),
+            faulted_accesses,
+            capture: inner.capture.as_ref().map(|c| CaptureCounts {
+                packets: c.packets(),
+                bytes: c.bytes(),
+                over_limit: c.over_limit(),
+                write_errors: c.write_errors(),
+            }),
+        }
+    }
+
+    /// The statistics line: `softverbs stats: device NAME address ADDR pid PID: STATS`.
+    pub fn stats_line(&self) -> String {
+        format!(
+            "softverbs stats: device {} address {} pid {}: {}",
+            self.name(),
+            self.address(),
+            std::process::id(),
+            self.stats()
+        )
+    }
+
+    /// Reports the device's statistics: the line of [`Device::stats_line`] where
+    /// [`STATS_ENV`] says (nothing when it is unset), and an INFO event with the same
+    /// figures. A line that cannot be written is said on stderr, once per report.
+    pub fn report_stats(&self) {
+        self.inner.stats_reported.store(true, Ordering::Relaxed);
+        tracing::info!(
+            device = self.name(),
+            address = %self.address(),
+            stats = %self.stats(),
+            "device statistics"
+        );
+        let Some(target) = std::env::var_os(STATS_ENV) else {
+            return;
+        };
+        let mut line = self.stats_line();
+        line.push('\n');
+        let written = if target == "stderr" || target == "-" {
+            std::io::stderr().write_all(line.as_bytes())
+        } else {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&target)
+                .and_then(|mut file| file.write_all(line.as_bytes()))
+        };
+        if let Err(e) = written {
+            eprintln!(
+                "softverbs: cannot write the {STATS_ENV} report to {}: {e}",
+                target.to_string_lossy()
+            );
+        }
+    }
+
+    /// [`Device::report_stats`], unless a report was already made for this device: what a
+    /// device does when it is dropped, and the drop-in at exit.
+    pub fn report_stats_once(&self) {
+        if !self.inner.stats_reported.load(Ordering::Relaxed) {
+            self.report_stats();
+        }
+    }
+}
