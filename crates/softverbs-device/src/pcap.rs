@@ -245,9 +245,26 @@ impl fmt::Debug for Capture {
 
 impl Capture {
     /// Creates (truncates) the pcap file at `path` and writes its header. Recording is on.
+    /// An error names the file and, when its folder does not exist, the folder (the
+    /// error's kind is the operating system's).
     pub fn create(path: impl AsRef<Path>) -> io::Result<Arc<Capture>> {
-        let file = File::create(path)?;
-        Capture::to_writer(BufWriter::new(file))
+        let path = path.as_ref();
+        let named = |error: io::Error| {
+            let folder = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty() && !p.is_dir());
+            let message = match folder {
+                Some(folder) => format!(
+                    "cannot create the capture file {}: the folder {} does not exist ({error})",
+                    path.display(),
+                    folder.display()
+                ),
+                None => format!("cannot create the capture file {}: {error}", path.display()),
+            };
+            io::Error::new(error.kind(), message)
+        };
+        let file = File::create(path).map_err(named)?;
+        Capture::to_writer(BufWriter::new(file)).map_err(named)
     }
 
     /// A capture into any writer (the pcap header is written now). Recording is on.
