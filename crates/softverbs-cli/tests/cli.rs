@@ -178,7 +178,8 @@ fn perf_write_bw_json_reports_bandwidth_and_message_rate() {
 }
 
 #[test]
-fn perf_text_output_has_a_header_and_a_row_per_size() {
+fn perf_text_output_has_a_header_and_a_row_per_size_of_minus_a() {
+    // perftest's -a: "Run sizes from 2 till 2^23" (perftest_parameters.c, usage).
     let out = run_ok(&[
         "perf",
         "send",
@@ -195,8 +196,9 @@ fn perf_text_output_has_a_header_and_a_row_per_size() {
         .lines()
         .filter(|l| l.split_whitespace().nth(1) == Some("20"))
         .collect();
-    assert_eq!(rows.len(), 20, "{out}");
-    assert!(rows[19].trim_start().starts_with("1048576 "), "{out}");
+    assert_eq!(rows.len(), 23, "{out}");
+    assert!(rows[0].trim_start().starts_with("2 "), "{out}");
+    assert!(rows[22].trim_start().starts_with("8388608 "), "{out}");
 }
 
 #[test]
