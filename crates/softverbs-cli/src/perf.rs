@@ -523,6 +523,13 @@ impl Progress {
     }
 }
 
+/// A run that fails leaves no half-drawn bar above its error.
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 const SEND_WRID: u64 = u64::MAX;
 const RECV_WRID: u64 = u64::MAX - 1;
 
@@ -543,6 +550,14 @@ impl<'a> Stop<'a> {
     fn new(p: &Params, control: &'a mut Control) -> Stop<'a> {
         Stop {
             control: p.duration_secs.is_some().then_some(control),
+            last: Instant::now(),
+        }
+    }
+
+    /// A stop never requested (the client's own waits).
+    fn never() -> Stop<'a> {
+        Stop {
+            control: None,
             last: Instant::now(),
         }
     }
@@ -713,11 +728,7 @@ fn client_size(
                             size,
                             Some(peer),
                         )?)?;
-                        let mut never = Stop {
-                            control: None,
-                            last: t0,
-                        };
-                        wait_byte(side, size - 1, mark, &mut never)?;
+                        wait_byte(side, size - 1, mark, &mut Stop::never())?;
                         t0.elapsed() / 2
                     }
                     Op::Read => {
@@ -1245,33 +1256,41 @@ fn check_device(ctx: &Context, p: &Params) -> Result<(), Error> {
 
 /// Runs `softverbs perf`.
 pub fn run(args: &PerfArgs) -> Result<(), Error> {
-    // The client's parameters are checked before any device is opened.
-    let params = match args.net.mode() {
-        Mode::Server => None,
-        _ => Some(Params::from_args(args)?),
-    };
-    let (ctx, server_ctx) = args.net.open()?;
-    let quiet = args.json || args.output.is_some();
-    match (args.net.mode(), params) {
-        (Mode::Server, _) => {
-            let (listener, port) = args.net.listen(false)?;
-            outln!("waiting for a client on TCP port {port}")?;
-            output::flush()?;
-            let (stream, peer) = listener.accept()?;
-            let mut control = Control::new(stream)?;
-            let p = server(&ctx, &mut control)?;
-            outln!(
-                "served {} for {peer}: {} size(s), {}",
-                p.title(),
-                p.sizes.len(),
-                match p.duration_secs {
-                    Some(secs) => format!("{secs} s each"),
-                    None => format!("{} iterations each", p.iters),
-                }
-            )?;
+    match args.net.mode() {
+        Mode::Server => serve(args),
+        // The client's parameters are checked before any device is opened.
+        mode => drive(args, mode, &Params::from_args(args)?),
+    }
+}
+
+/// `--server`: one client, whose parameters it takes.
+fn serve(args: &PerfArgs) -> Result<(), Error> {
+    let (ctx, _) = args.net.open()?;
+    let (listener, port) = args.net.listen(false)?;
+    outln!("waiting for a client on TCP port {port}")?;
+    output::flush()?;
+    let (stream, peer) = listener.accept()?;
+    let mut control = Control::new(stream)?;
+    let p = server(&ctx, &mut control)?;
+    outln!(
+        "served {} for {peer}: {} size(s), {}",
+        p.title(),
+        p.sizes.len(),
+        match p.duration_secs {
+            Some(secs) => format!("{secs} s each"),
+            None => format!("{} iterations each", p.iters),
         }
-        (Mode::Client(host), Some(p)) => {
-            check_device(&ctx, &p)?;
+    )?;
+    Ok(())
+}
+
+/// The client side, with the server in another process (`--client`) or on a thread here.
+fn drive(args: &PerfArgs, mode: Mode, p: &Params) -> Result<(), Error> {
+    let (ctx, server_ctx) = args.net.open()?;
+    check_device(&ctx, p)?;
+    let quiet = args.json || args.output.is_some();
+    let (network, stream, served) = match (mode, server_ctx) {
+        (Mode::Client(host), _) => {
             let network = format!("UDP, {} -> server {host}", ctx.device().address());
             let stream = conn::connect_tcp(
                 &host,
@@ -1279,16 +1298,10 @@ pub fn run(args: &PerfArgs) -> Result<(), Error> {
                 args.net.timeout,
                 "softverbs perf OP KIND --server",
             )?;
-            let mut control = Control::new(stream)?;
-            if !quiet {
-                print_header(args, &p, &network)?;
-            }
-            run_client(args, &p, &network, &ctx, None, &mut control)?;
+            (network, stream, None)
         }
-        (Mode::Loopback | Mode::InProcess, Some(p)) => {
-            check_device(&ctx, &p)?;
-            let server_ctx = server_ctx.ok_or("no server device")?;
-            let network = match args.net.mode() {
+        (mode, Some(server_ctx)) => {
+            let network = match mode {
                 Mode::InProcess => "in-process (one process, no socket)".to_owned(),
                 _ => format!(
                     "UDP loopback, {} <-> {} (one process)",
@@ -1296,32 +1309,32 @@ pub fn run(args: &PerfArgs) -> Result<(), Error> {
                     server_ctx.device().address()
                 ),
             };
-            if !quiet {
-                print_header(args, &p, &network)?;
-            }
             let (listener, port) = args.net.listen(true)?;
             // The server side runs on a thread of its own that is not waited for when the
             // client side fails (a closed stdout, say): the error ends the process at once.
-            let served = {
-                let server_ctx = server_ctx.clone();
-                std::thread::spawn(move || -> Result<(), String> {
-                    let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
-                    let mut control = Control::new(stream).map_err(|e| e.to_string())?;
-                    server(&server_ctx, &mut control)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                })
-            };
+            let thread_ctx = server_ctx.clone();
+            let thread = std::thread::spawn(move || -> Result<(), String> {
+                let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
+                let mut control = Control::new(stream).map_err(|e| e.to_string())?;
+                server(&thread_ctx, &mut control)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            });
             let stream = conn::connect_tcp("127.0.0.1", port, PATIENCE, "")?;
-            let mut control = Control::new(stream)?;
-            run_client(args, &p, &network, &ctx, Some(&server_ctx), &mut control)?;
-            drop(control);
-            let served = served.join().map_err(|_| "the server side panicked")?;
-            served.map_err(|e| format!("server side: {e}"))?;
+            (network, stream, Some((server_ctx, thread)))
         }
-        (Mode::Client(_) | Mode::Loopback | Mode::InProcess, None) => {
-            return Err("no parameters for the client".into())
-        }
+        (_, None) => return Err("no device for the server side".into()),
+    };
+    if !quiet {
+        print_header(args, p, &network)?;
+    }
+    let mut control = Control::new(stream)?;
+    let server_ctx = served.as_ref().map(|(ctx, _)| ctx);
+    run_client(args, p, &network, &ctx, server_ctx, &mut control)?;
+    drop(control);
+    if let Some((_, thread)) = served {
+        let served = thread.join().map_err(|_| "the server side panicked")?;
+        served.map_err(|e| format!("server side: {e}"))?;
     }
     Ok(())
 }

@@ -161,7 +161,9 @@ fn duration_runs_that_long_and_measures_the_middle_half() {
         // The margins are a quarter of the duration at each end (perftest: margin =
         // duration / 4): one second measured.
         let measured = r["elapsed_sec"].as_f64().unwrap();
-        assert!((0.9..=1.1).contains(&measured), "{op} {kind}: {doc}");
+        // (0.8 to 1.3 s: the edges of the window fall between iterations, on a busy
+        // machine too; the whole run would be 2 s.)
+        assert!((0.8..=1.3).contains(&measured), "{op} {kind}: {doc}");
         if kind == "bw" {
             // perftest: "BW peak won't be measured in this run".
             assert!(r.get("bw_peak_gbit_per_sec").is_none(), "{doc}");
