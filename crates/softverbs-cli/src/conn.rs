@@ -4,11 +4,10 @@
 
 use crate::Error;
 use softverbs::*;
-use softverbs_device::Capture;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use softverbs_device::{Capture, RegisterError, FAULTS_ENV, PCAP_ENV};
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The TCP port `ibv_rc_pingpong` and this command exchange QP information on.
@@ -18,6 +17,10 @@ pub const DEFAULT_TCP_PORT: u16 = 18515;
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Where the two sides run, from the command line.
+///
+/// The device knobs of the environment (`SOFTVERBS_PCAP`, `SOFTVERBS_PCAP_LIMIT`,
+/// `SOFTVERBS_FAULTS`; `SOFTVERBS_ADDR` for a one-side run) are read by the device
+/// (`DeviceConfig::with_env`) in every mode that has a transport; see [`NetArgs::open`].
 #[derive(clap::Args, Clone, Debug)]
 pub struct NetArgs {
     /// Run only the server side: open a UDP device (SOFTVERBS_ADDR, else the first free
@@ -25,13 +28,16 @@ pub struct NetArgs {
     #[arg(long, conflicts_with_all = ["client", "in_process"])]
     pub server: bool,
 
-    /// Run only the client side, connecting to the server at HOST over TCP.
+    /// Run only the client side, connecting to the server at HOST (a name, an IPv4 or an
+    /// IPv6 address such as ::1) over TCP.
     #[arg(long, value_name = "HOST", conflicts_with = "in_process")]
     pub client: Option<String>,
 
     /// Both sides in this process with in-process devices (no socket at all), instead
     /// of the default: both sides in this process over UDP loopback with the in-process
-    /// shortcut off, so every packet crosses the kernel as RoCEv2.
+    /// shortcut off, so every packet crosses the kernel as RoCEv2. In-process devices have
+    /// no transport, so capture and fault injection (--pcap, SOFTVERBS_PCAP,
+    /// SOFTVERBS_FAULTS) are refused here: use the default mode for them.
     #[arg(long)]
     pub in_process: bool,
 
@@ -40,14 +46,35 @@ pub struct NetArgs {
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_TCP_PORT)]
     pub tcp_port: u16,
 
-    /// Address the server listens on for the exchange.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0")]
-    pub listen: String,
+    /// Address the server listens on for the exchange [default: every address of the
+    /// host, IPv6 and IPv4 (:: dual-stack; 0.0.0.0 where IPv6 is off)].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
 
-    /// Capture this side's RoCEv2 traffic into a pcap file (UDP devices only; in the
-    /// one-process run, the client's device, which sees every packet once).
+    /// With --client: how long to wait for the server to answer on its TCP port, in
+    /// seconds (the client says what it waits for meanwhile).
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = seconds)]
+    pub timeout: Duration,
+
+    /// Capture RoCEv2 traffic into this pcap file, as SOFTVERBS_PCAP=FILE does (give one
+    /// or the other). With both sides in this process, the client's device writes the
+    /// file: it sends and receives every packet of the run once. SOFTVERBS_FAULTS applies
+    /// to both devices there (each loses its own outgoing packets; the server's device
+    /// draws from seed+1).
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
+}
+
+/// Parses a number of seconds (`--timeout`): positive, at most a day, fractions allowed.
+fn seconds(text: &str) -> Result<Duration, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(value > 0.0 && value <= 86_400.0) {
+        return Err(format!("{text}: give 0 < SECONDS <= 86400"));
+    }
+    Ok(Duration::from_secs_f64(value))
 }
 
 /// Where the sides run.
@@ -76,42 +103,79 @@ impl NetArgs {
         }
     }
 
-    fn capture(&self) -> Result<Option<Arc<Capture>>, Error> {
-        match &self.pcap {
-            Some(path) => Ok(Some(Capture::create(path).map_err(|e| {
-                format!("cannot create the capture {}: {e}", path.display())
-            })?)),
-            None => Ok(None),
+    /// Applies `--pcap` to a configuration the environment has filled (SOFTVERBS_PCAP is
+    /// unset then: [`NetArgs::check_pcap`]).
+    fn apply_pcap(&self, config: &mut DeviceConfig) -> Result<(), Error> {
+        if let Some(path) = &self.pcap {
+            config.capture = Some(Capture::create(path)?);
         }
+        Ok(())
+    }
+
+    /// `--pcap` and SOFTVERBS_PCAP both name a capture file: refused, so that neither
+    /// file is created (or truncated) for nothing.
+    fn check_pcap(&self) -> Result<(), Error> {
+        if let (Some(path), Some(env)) = (&self.pcap, std::env::var_os(PCAP_ENV)) {
+            return Err(format!(
+                "--pcap {} and {PCAP_ENV}={} both name a capture file: give one",
+                path.display(),
+                env.to_string_lossy()
+            )
+            .into());
+        }
+        Ok(())
     }
 
     /// Opens the device(s) the mode needs: `(client or only side, server side if here)`.
+    ///
+    /// Every UDP device takes the environment's capture and faults through
+    /// `DeviceConfig::with_env`. With both sides here, the client's device captures (it
+    /// sees every packet once) and both inject faults, the server's from seed + 1 so that
+    /// the two directions do not lose packets in lockstep. In-process devices have no
+    /// transport to capture or to lose packets on: asking for either there is refused,
+    /// naming the variable, rather than ignored.
     pub fn open(&self) -> Result<(Context, Option<Context>), Error> {
-        let capture = self.capture()?;
+        self.check_pcap()?;
         match self.mode() {
             Mode::Server | Mode::Client(_) => {
                 let mut config = DeviceConfig::udp_from_env()?;
-                if capture.is_some() {
-                    config.capture = capture;
-                }
+                self.apply_pcap(&mut config)?;
                 Ok((Context::open_with(config)?, None))
             }
             Mode::Loopback => {
                 // Two devices, each on the first free 127.0.0.x, packets through the kernel.
-                let mut client = DeviceConfig::udp(UdpConfig::default());
-                client.capture = capture;
+                let mut client = DeviceConfig::udp(UdpConfig::default()).with_env()?;
+                self.apply_pcap(&mut client)?;
+                let mut server = client.clone();
+                server.capture = None;
+                if let Some(faults) = &mut server.faults {
+                    faults.seed = faults.seed.wrapping_add(1);
+                }
                 let client = Context::open_with(client)?;
-                let server = Context::open_with(DeviceConfig::udp(UdpConfig::default()))?;
+                let server = Context::open_with(server)?;
                 for ctx in [&client, &server] {
                     ctx.device().set_in_process_shortcut(false);
                 }
                 Ok((client, Some(server)))
             }
             Mode::InProcess => {
-                if capture.is_some() {
-                    return Err("--pcap needs UDP devices: in-process devices have no \
-                                transport to capture"
-                        .into());
+                let refused = if self.pcap.is_some() {
+                    Some("--pcap")
+                } else if std::env::var_os(PCAP_ENV).is_some() {
+                    Some(PCAP_ENV)
+                } else if std::env::var_os(FAULTS_ENV).is_some() {
+                    Some(FAULTS_ENV)
+                } else {
+                    None
+                };
+                if let Some(knob) = refused {
+                    return Err(format!(
+                        "{knob} needs UDP devices: --in-process devices hand packets to each \
+                         other directly, with no transport to capture or to lose packets on; \
+                         leave out --in-process (both sides then run in this process over UDP \
+                         loopback), or leave out {knob}"
+                    )
+                    .into());
                 }
                 Ok((
                     Context::open_with(DeviceConfig::in_process())?,
@@ -121,36 +185,140 @@ impl NetArgs {
         }
     }
 
-    /// Listens for the exchange; returns the listener and the port it got.
+    /// Listens for the exchange; returns the listener and the port it got. One process:
+    /// 127.0.0.1, any port. Server: `--listen`, else every address, IPv6 and IPv4.
     pub fn listen(&self, one_process: bool) -> Result<(TcpListener, u16), Error> {
-        let (host, port) = if one_process {
-            ("127.0.0.1", 0)
+        let (listener, shown) = if one_process {
+            let listener = TcpListener::bind(("127.0.0.1", 0))
+                .map_err(|e| format!("cannot listen on TCP 127.0.0.1 (any port): {e}"))?;
+            (listener, "127.0.0.1".to_owned())
         } else {
-            (self.listen.as_str(), self.tcp_port)
+            let port = self.tcp_port;
+            match &self.listen {
+                Some(host) => {
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    let shown = tcp_address(host, port);
+                    let listener = TcpListener::bind((host, port))
+                        .map_err(|e| listen_error(&shown, port, &e))?;
+                    (listener, shown)
+                }
+                None => match dual_stack_listener(port) {
+                    Ok(listener) => (listener, tcp_address("::", port)),
+                    // No IPv6 on this host: IPv4 alone.
+                    Err(e) if e.kind() != io::ErrorKind::AddrInUse => {
+                        let shown = tcp_address("0.0.0.0", port);
+                        let listener = TcpListener::bind(("0.0.0.0", port))
+                            .map_err(|e| listen_error(&shown, port, &e))?;
+                        (listener, shown)
+                    }
+                    Err(e) => return Err(listen_error(&tcp_address("::", port), port, &e)),
+                },
+            }
         };
-        let listener = TcpListener::bind((host, port))
-            .map_err(|e| format!("cannot listen on TCP {host}:{port}: {e}"))?;
-        let port = listener.local_addr()?.port();
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("TCP {shown}: {e}"))?
+            .port();
         Ok((listener, port))
     }
 }
 
-/// Connects to the server's exchange port, retrying for a while (the server may still be
-/// starting).
-pub fn connect_tcp(host: &str, port: u16) -> Result<TcpStream, Error> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// `HOST:PORT`, with brackets around an IPv6 address.
+fn tcp_address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The error of listening on `shown`, with the fix for a port in use.
+fn listen_error(shown: &str, port: u16, error: &io::Error) -> Error {
+    if error.kind() == io::ErrorKind::AddrInUse {
+        format!(
+            "cannot listen on TCP {shown}: port {port} is already in use ({error}), perhaps by \
+             another server: give another with -p/--port (the client the same), or -p 0 for \
+             any free port, which the server prints"
+        )
+        .into()
+    } else {
+        format!("cannot listen on TCP {shown}: {error}").into()
+    }
+}
+
+/// A TCP listener on `[::]:port` that takes IPv4 clients too (`IPV6_V6ONLY` off, whatever
+/// `net.ipv6.bindv6only` says), as `SO_REUSEADDR` as the standard library's.
+fn dual_stack_listener(port: u16) -> io::Result<TcpListener> {
+    use rustix::net::{ipproto, sockopt, AddressFamily, SocketFlags, SocketType};
+    let socket = rustix::net::socket_with(
+        AddressFamily::INET6,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        Some(ipproto::TCP),
+    )?;
+    sockopt::set_ipv6_v6only(&socket, false)?;
+    sockopt::set_socket_reuseaddr(&socket, true)?;
+    let any = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port);
+    rustix::net::bind(&socket, &any)?;
+    rustix::net::listen(&socket, 128)?;
+    Ok(TcpListener::from(socket))
+}
+
+/// Connects to the server's exchange port at `host` (a name, an IPv4 address, or an IPv6
+/// one with or without brackets), retrying until `timeout` has passed: the server may
+/// still be starting. Once the first attempt has failed, says on stderr what it waits for
+/// (the client's stdout may be JSON); `server_command` names the command to start there.
+pub fn connect_tcp(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    server_command: &str,
+) -> Result<TcpStream, Error> {
+    let deadline = Instant::now() + timeout;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let shown = tcp_address(bare, port);
+    let addresses: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot find the server {host} (--client): {e}"))?
+        .collect();
+    if addresses.is_empty() {
+        return Err(format!("cannot find the server {host} (--client): no address").into());
+    }
+    let mut announced = false;
     loop {
-        match TcpStream::connect((host, port)) {
-            Ok(stream) => {
-                stream.set_nodelay(true)?;
-                return Ok(stream);
+        let mut last_error = None;
+        for address in &addresses {
+            // Each attempt waits at most a second, so a silent host is announced soon.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = left.clamp(Duration::from_millis(10), Duration::from_secs(1));
+            match TcpStream::connect_timeout(address, attempt) {
+                Ok(stream) => {
+                    stream.set_nodelay(true)?;
+                    return Ok(stream);
+                }
+                Err(e) => last_error = Some(e),
             }
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => return Err(format!("cannot connect to {host}:{port}: {e}").into()),
         }
+        let why = last_error.map_or_else(String::new, |e| e.to_string());
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "no server answered on TCP {shown} within {} s ({why}): start `{server_command}` \
+                 there, check the host and -p/--port, or wait longer with --timeout",
+                timeout.as_secs_f64()
+            )
+            .into());
+        }
+        if !announced {
+            announced = true;
+            let _ = writeln!(
+                std::io::stderr(),
+                "softverbs: waiting for the server on TCP {shown} ({why}); giving up after {} s \
+                 (--timeout)",
+                timeout.as_secs_f64()
+            );
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(left.min(Duration::from_millis(100)));
     }
 }
 
@@ -161,12 +329,34 @@ pub struct Control {
 }
 
 impl Control {
-    /// Wraps a connected stream.
+    /// Wraps a connected stream; a message is awaited at most 120 s
+    /// ([`Control::set_patience`] changes that).
     pub fn new(stream: TcpStream) -> Result<Control, Error> {
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         let reader = BufReader::new(stream.try_clone()?);
         Ok(Control { stream, reader })
+    }
+
+    /// How long [`Control::recv`] waits for a message (`None`: as long as it takes).
+    pub fn set_patience(&mut self, patience: Option<Duration>) -> Result<(), Error> {
+        self.stream.set_read_timeout(patience)?;
+        Ok(())
+    }
+
+    /// Whether a message (or the end of the stream) is waiting, without blocking.
+    pub fn has_message(&mut self) -> Result<bool, Error> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        self.stream.set_nonblocking(true)?;
+        let peeked = self.stream.peek(&mut [0u8; 1]);
+        self.stream.set_nonblocking(false)?;
+        match peeked {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Sends one message.
@@ -217,12 +407,14 @@ pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
 
 impl Side {
     /// A side with a buffer of `len` bytes, `send_depth` send and `recv_depth` receive
-    /// WRs; every send signaled; the QP moved to INIT.
+    /// WRs, room for `inline` bytes of inline data; every send signaled; the QP moved to
+    /// INIT.
     pub fn new(
         ctx: &Context,
         len: usize,
         send_depth: u32,
         recv_depth: u32,
+        inline: u32,
         events: bool,
     ) -> Result<Side, Error> {
         let pd = ctx.alloc_pd();
@@ -240,9 +432,22 @@ impl Side {
             .qp_builder(QpType::Rc, &cq, &cq)
             .max_send_wr(send_depth)
             .max_recv_wr(recv_depth.max(1))
+            .max_inline_data(inline)
             .sq_sig_all(true)
             .build()?;
-        let mr = pd.reg_mr(len.max(PAGE_SIZE), ALL_ACCESS)?;
+        let len = len.max(PAGE_SIZE);
+        let mr = pd.reg_mr(len, ALL_ACCESS).map_err(|e| {
+            let hint = match e {
+                softverbs::Error::Register(
+                    RegisterError::OverMemlock { .. } | RegisterError::MemlockNotPermitted,
+                ) => {
+                    " (a limit of locked memory: raise it with `ulimit -l`, or use smaller \
+                     messages, -s)"
+                }
+                _ => "",
+            };
+            format!("cannot register a buffer of {len} bytes: {e}{hint}")
+        })?;
         qp.to_init(
             AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
         )?;
@@ -274,30 +479,37 @@ impl Side {
         Ok(())
     }
 
-    /// Polls completions into `wcs`, waiting up to [`PATIENCE`] for at least one: by busy
-    /// polling, or with a channel by sleeping on it (arm, check, then wait, as
-    /// `ibv_get_cq_event(3)` describes). A failed completion is an error.
+    /// Polls completions into `wcs`, waiting up to [`PATIENCE`] for at least one (see
+    /// [`Side::wait_until`]); none by then is an error.
     pub fn wait(&self, wcs: &mut [WorkCompletion]) -> Result<usize, Error> {
-        let deadline = Instant::now() + PATIENCE;
+        match self.wait_until(wcs, Instant::now() + PATIENCE)? {
+            0 => Err(format!(
+                "timed out waiting for a completion ({} s)",
+                PATIENCE.as_secs()
+            )
+            .into()),
+            n => Ok(n),
+        }
+    }
+
+    /// Polls completions into `wcs`, waiting until `deadline` for at least one: by busy
+    /// polling, or with a channel by sleeping on it (arm, check, then wait, as
+    /// `ibv_get_cq_event(3)` describes). 0 when the deadline passed with none; a failed
+    /// completion is an error.
+    pub fn wait_until(
+        &self,
+        wcs: &mut [WorkCompletion],
+        deadline: Instant,
+    ) -> Result<usize, Error> {
         let mut empty_polls = 0u32;
         loop {
-            let n = self.cq.poll(wcs)?;
+            let n = self.try_poll(wcs)?;
             if n > 0 {
-                for wc in &wcs[..n] {
-                    if let Err(failed) = wc.result() {
-                        return Err(format!(
-                            "work request {} failed: {}",
-                            failed.wr_id(),
-                            failed.status()
-                        )
-                        .into());
-                    }
-                }
                 return Ok(n);
             }
             let now = Instant::now();
-            if now > deadline {
-                return Err("timed out waiting for a completion".into());
+            if now >= deadline {
+                return Ok(0);
             }
             if let Some(channel) = &self.channel {
                 if self.cq.req_notify_and_check(false) {
@@ -368,4 +580,101 @@ pub fn mtu_from_bytes(bytes: u32) -> Result<Mtu, Error> {
             return Err(format!("MTU {other} is not one of 256, 512, 1024, 2048, 4096").into())
         }
     })
+}
+
+/// A device's counters that explain a result: what it sent and received, what it sent
+/// again and why, what it dropped, and the faults it injected (SOFTVERBS_FAULTS).
+#[derive(serde::Serialize, Debug, Default, Clone, Copy)]
+pub struct DeviceCounters {
+    /// Packets the engine sent.
+    pub packets_sent: u64,
+    /// Packets the engine received.
+    pub packets_received: u64,
+    /// Request packets sent again (go-back-N).
+    pub retransmitted_packets: u64,
+    /// Go-back-N restarts (timeout, NAK, implied NAK).
+    pub go_back_n_restarts: u64,
+    /// Local ACK timeouts with work outstanding.
+    pub ack_timeouts: u64,
+    /// NAKs received.
+    pub naks_received: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Duplicate requests received.
+    pub duplicates_received: u64,
+    /// Packets the engine dropped, every reason.
+    pub packets_dropped: u64,
+    /// What the fault injector did, when SOFTVERBS_FAULTS is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<InjectedFaults>,
+}
+
+/// What a device's fault injector did to its outgoing packets.
+#[derive(serde::Serialize, Debug, Default, Clone, Copy)]
+pub struct InjectedFaults {
+    /// Packets dropped.
+    pub dropped: u64,
+    /// Extra copies sent.
+    pub duplicated: u64,
+    /// Packets with a flipped bit (lost at the receiver's ICRC check).
+    pub corrupted: u64,
+    /// Packets held back for the delay.
+    pub delayed: u64,
+    /// Packets swapped with the next one.
+    pub reordered: u64,
+}
+
+impl DeviceCounters {
+    /// The counters of `ctx`'s device now.
+    pub fn of(ctx: &Context) -> DeviceCounters {
+        let device = ctx.device();
+        let c = device.counters();
+        DeviceCounters {
+            packets_sent: c.packets_sent,
+            packets_received: c.packets_received,
+            retransmitted_packets: c.retransmitted_packets,
+            go_back_n_restarts: c.retries,
+            ack_timeouts: c.timeouts,
+            naks_received: c.naks_received,
+            rnr_naks_received: c.rnr_naks_received,
+            duplicates_received: c.duplicates_received,
+            packets_dropped: c.total_drops(),
+            faults: device.fault_counters().map(|f| InjectedFaults {
+                dropped: f.dropped,
+                duplicated: f.duplicated,
+                corrupted: f.corrupted,
+                delayed: f.delayed,
+                reordered: f.reordered,
+            }),
+        }
+    }
+}
+
+/// One line, `LABEL device: N packets sent, ...`, and the faults injected if any.
+impl std::fmt::Display for DeviceCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} packets sent, {} received, {} retransmitted ({} go-back-N restarts, {} ACK \
+             timeouts), {} NAKs and {} RNR NAKs received, {} duplicates, {} dropped",
+            self.packets_sent,
+            self.packets_received,
+            self.retransmitted_packets,
+            self.go_back_n_restarts,
+            self.ack_timeouts,
+            self.naks_received,
+            self.rnr_naks_received,
+            self.duplicates_received,
+            self.packets_dropped
+        )?;
+        if let Some(x) = &self.faults {
+            write!(
+                f,
+                "; faults injected (SOFTVERBS_FAULTS): {} dropped, {} duplicated, {} corrupted, \
+                 {} delayed, {} reordered",
+                x.dropped, x.duplicated, x.corrupted, x.delayed, x.reordered
+            )?;
+        }
+        Ok(())
+    }
 }

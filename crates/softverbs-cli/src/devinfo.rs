@@ -1,5 +1,6 @@
 //! `softverbs devinfo`: the device as `ibv_devinfo(1)` shows it.
 
+use crate::output::outln;
 use crate::Error;
 use softverbs::*;
 use std::net::{IpAddr, Ipv6Addr};
@@ -39,96 +40,96 @@ pub fn run(args: &DevinfoArgs) -> Result<(), Error> {
         NetworkKind::Udp => "RoCEv2 over UDP",
         NetworkKind::InProcess => "in-process",
     };
-    println!("hca_id:\t{}", ctx.name());
-    println!("\ttransport:\t\t\tInfiniBand (0)");
-    println!("\tfw_ver:\t\t\t\tn/a");
-    println!("\tnode_guid:\t\t\t{}", guid(attr.node_guid));
-    println!("\tsys_image_guid:\t\t\t{}", guid(attr.node_guid));
-    println!("\tvendor_id:\t\t\t0x{:04x}", attr.vendor_id);
-    println!("\tvendor_part_id:\t\t\t{}", attr.vendor_part_id);
-    println!("\thw_ver:\t\t\t\tn/a");
-    println!("\tphys_port_cnt:\t\t\t{}", attr.phys_port_cnt);
+    outln!("hca_id:\t{}", ctx.name())?;
+    outln!("\ttransport:\t\t\tInfiniBand (0)")?;
+    outln!("\tfw_ver:\t\t\t\tn/a")?;
+    outln!("\tnode_guid:\t\t\t{}", guid(attr.node_guid))?;
+    outln!("\tsys_image_guid:\t\t\t{}", guid(attr.node_guid))?;
+    outln!("\tvendor_id:\t\t\t0x{:04x}", attr.vendor_id)?;
+    outln!("\tvendor_part_id:\t\t\t{}", attr.vendor_part_id)?;
+    outln!("\thw_ver:\t\t\t\tn/a")?;
+    outln!("\tphys_port_cnt:\t\t\t{}", attr.phys_port_cnt)?;
     if args.verbose {
-        println!("\tmax_mr_size:\t\t\t0x{:x}", attr.max_mr_size);
-        println!("\tpage_size_cap:\t\t\t0x{:x}", attr.page_size_cap);
-        println!("\tmax_qp:\t\t\t\t{}", attr.max_qp);
-        println!("\tmax_qp_wr:\t\t\t{}", attr.max_qp_wr);
-        println!("\tmax_sge:\t\t\t{}", attr.max_sge);
-        println!("\tmax_cq:\t\t\t\t{}", attr.max_cq);
-        println!("\tmax_cqe:\t\t\t{}", attr.max_cqe);
-        println!("\tmax_mr:\t\t\t\t{}", attr.max_mr);
-        println!("\tmax_pd:\t\t\t\t{}", attr.max_pd);
-        println!("\tmax_qp_rd_atom:\t\t\t{}", attr.max_qp_rd_atom);
-        println!("\tmax_res_rd_atom:\t\t0");
-        println!("\tmax_qp_init_rd_atom:\t\t{}", attr.max_qp_init_rd_atom);
-        println!(
+        outln!("\tmax_mr_size:\t\t\t0x{:x}", attr.max_mr_size)?;
+        outln!("\tpage_size_cap:\t\t\t0x{:x}", attr.page_size_cap)?;
+        outln!("\tmax_qp:\t\t\t\t{}", attr.max_qp)?;
+        outln!("\tmax_qp_wr:\t\t\t{}", attr.max_qp_wr)?;
+        outln!("\tmax_sge:\t\t\t{}", attr.max_sge)?;
+        outln!("\tmax_cq:\t\t\t\t{}", attr.max_cq)?;
+        outln!("\tmax_cqe:\t\t\t{}", attr.max_cqe)?;
+        outln!("\tmax_mr:\t\t\t\t{}", attr.max_mr)?;
+        outln!("\tmax_pd:\t\t\t\t{}", attr.max_pd)?;
+        outln!("\tmax_qp_rd_atom:\t\t\t{}", attr.max_qp_rd_atom)?;
+        outln!("\tmax_res_rd_atom:\t\t0")?;
+        outln!("\tmax_qp_init_rd_atom:\t\t{}", attr.max_qp_init_rd_atom)?;
+        outln!(
             "\tatomic_cap:\t\t\t{}",
             if attr.atomic_cap_hca {
                 "ATOMIC_HCA (1)"
             } else {
                 "ATOMIC_NONE (0)"
             }
-        );
-        println!("\tmax_srq:\t\t\t{}", attr.max_srq);
-        println!("\tmax_srq_wr:\t\t\t{}", attr.max_srq_wr);
-        println!("\tmax_srq_sge:\t\t\t{}", attr.max_srq_sge);
-        println!("\tmax_inline_data:\t\t{}", attr.max_inline_data);
-        println!("\tmax_pkeys:\t\t\t1");
-        println!("\tlocal_ca_ack_delay:\t\t15");
-        println!(
+        )?;
+        outln!("\tmax_srq:\t\t\t{}", attr.max_srq)?;
+        outln!("\tmax_srq_wr:\t\t\t{}", attr.max_srq_wr)?;
+        outln!("\tmax_srq_sge:\t\t\t{}", attr.max_srq_sge)?;
+        outln!("\tmax_inline_data:\t\t{}", attr.max_inline_data)?;
+        outln!("\tmax_pkeys:\t\t\t1")?;
+        outln!("\tlocal_ca_ack_delay:\t\t15")?;
+        outln!(
             "\tcompletion timestamp_mask:\t\t\t0x{:016x}",
             attr.completion_timestamp_mask
-        );
-        println!("\thca_core_clock:\t\t\t{}kHZ", attr.hca_core_clock_khz);
+        )?;
+        outln!("\thca_core_clock:\t\t\t{}kHZ", attr.hca_core_clock_khz)?;
     }
-    println!("\t\tport:\t1");
-    println!(
+    outln!("\t\tport:\t1")?;
+    outln!(
         "\t\t\tstate:\t\t\t{}",
         if port.active {
             "PORT_ACTIVE (4)"
         } else {
             "PORT_DOWN (1)"
         }
-    );
-    println!(
+    )?;
+    outln!(
         "\t\t\tmax_mtu:\t\t{} ({})",
         port.max_mtu.bytes(),
         mtu_code(port.max_mtu)
-    );
-    println!(
+    )?;
+    outln!(
         "\t\t\tactive_mtu:\t\t{} ({})",
         port.active_mtu.bytes(),
         mtu_code(port.active_mtu)
-    );
-    println!("\t\t\tsm_lid:\t\t\t0");
-    println!("\t\t\tport_lid:\t\t0");
-    println!("\t\t\tport_lmc:\t\t0x00");
-    println!(
+    )?;
+    outln!("\t\t\tsm_lid:\t\t\t0")?;
+    outln!("\t\t\tport_lid:\t\t0")?;
+    outln!("\t\t\tport_lmc:\t\t0x00")?;
+    outln!(
         "\t\t\tlink_layer:\t\t{}",
         if port.link_layer_ethernet {
             "Ethernet"
         } else {
             "InfiniBand"
         }
-    );
+    )?;
     if args.verbose {
-        println!("\t\t\tgid_tbl_len:\t\t{}", port.gid_tbl_len);
-        println!("\t\t\tpkey_tbl_len:\t\t1");
-        println!("\t\t\tphys_state:\t\tLINK_UP (5)");
+        outln!("\t\t\tgid_tbl_len:\t\t{}", port.gid_tbl_len)?;
+        outln!("\t\t\tpkey_tbl_len:\t\t1")?;
+        outln!("\t\t\tphys_state:\t\tLINK_UP (5)")?;
         for index in 0..port.gid_tbl_len {
             if let Some(gid) = ctx.gid(index) {
                 let v6 = Ipv6Addr::from(gid.0);
-                println!("\t\t\tGID[{index:>3}]:\t\t{v6}, RoCE v2");
+                outln!("\t\t\tGID[{index:>3}]:\t\t{v6}, RoCE v2")?;
             }
         }
     } else if let Some(gid) = ctx.gid(0) {
-        println!("\t\t\tGID[  0]:\t\t{}, RoCE v2", Ipv6Addr::from(gid.0));
+        outln!("\t\t\tGID[  0]:\t\t{}, RoCE v2", Ipv6Addr::from(gid.0))?;
     }
     let address = ctx.device().address();
     let mapped = match address {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(address),
         v4 => v4,
     };
-    println!("\t\t\taddress:\t\t{mapped} ({transport}, UDP port 4791)");
+    outln!("\t\t\taddress:\t\t{mapped} ({transport}, UDP port 4791)")?;
     Ok(())
 }

@@ -16,6 +16,7 @@
 //! program that has the library loaded keeps its old copy, and an interrupted install
 //! leaves the old installation whole.
 
+use crate::output::outln;
 use crate::run::{find_library, installed_lib_dir, LIB_FILE, SONAME};
 use crate::Error;
 use std::ffi::OsString;
@@ -60,20 +61,20 @@ pub fn run(args: &InstallArgs) -> Result<(), Error> {
     let link = lib_dir.join(SONAME);
     replace_with_symlink(Path::new(LIB_FILE), &link)?;
 
-    println!("installed {}", installed_exe.display());
-    println!(
+    outln!("installed {}", installed_exe.display())?;
+    outln!(
         "installed {} (from {}: {})",
         installed_lib.display(),
         lib.origin,
         lib.path.display()
-    );
-    println!("installed {} -> {LIB_FILE}", link.display());
+    )?;
+    outln!("installed {} -> {LIB_FILE}", link.display())?;
     if !on_path(&bin_dir, std::env::var_os("PATH")) {
-        println!(
+        outln!(
             "{} is not on PATH: add it, e.g. export PATH=\"{}:$PATH\"",
             bin_dir.display(),
             bin_dir.display()
-        );
+        )?;
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ mod conn;
 mod devinfo;
 mod install;
 mod logging;
+mod output;
 mod perf;
 mod pingpong;
 mod plot;
@@ -52,15 +53,26 @@ enum Command {
     /// printed. --server / --client HOST run one side each in two processes, exchanging
     /// QP information over TCP (port 18515) in ibv_rc_pingpong's message format and
     /// order; as with ibv_rc_pingpong, give both sides the same -s and -n.
+    ///
+    /// SOFTVERBS_PCAP=FILE captures the traffic in every mode with UDP devices: with both
+    /// sides in this process the client's device writes FILE (it sends and receives every
+    /// packet once); with --server / --client each process writes its own. SOFTVERBS_FAULTS
+    /// injects faults on what each device sends. --in-process refuses both: in-process
+    /// devices have no transport.
     Pingpong(pingpong::PingpongArgs),
 
     /// perftest-like benchmarks: `perf OP lat|bw` with OP one of send, write, read, atomic.
     ///
-    /// Latency runs print min / median / p99 / p99.9 / max (HdrHistogram); bandwidth runs
-    /// keep -t work requests outstanding and print Gbit/s and the message rate. By default
-    /// both sides run in this process over UDP loopback; --in-process uses the direct
-    /// in-process path; --server / --client HOST run two processes (the server takes its
-    /// parameters from the client).
+    /// perftest's common flags mean what they mean to perftest (-s -n -a -D -F -t -I -e,
+    /// --report_gbits, --output; -q above 1 and -R are refused), and the results come as
+    /// perftest's table: latency runs print t_min, t_max, t_typical, t_avg, t_stdev, 99%
+    /// and 99.9% (HdrHistogram; --histogram prints the distribution); bandwidth runs keep
+    /// -t work requests outstanding and print the peak and average bandwidth (MiB/sec, or
+    /// Gb/sec with --report_gbits) and the message rate; --json prints everything as one
+    /// document. A progress bar shows on a terminal. By default both sides run in this
+    /// process over UDP loopback; --in-process uses the direct in-process path; --server /
+    /// --client HOST run two processes (the server takes its parameters from the client).
+    /// SOFTVERBS_PCAP and SOFTVERBS_FAULTS work as for pingpong.
     Perf(perf::PerfArgs),
 
     /// Decode a pcap or pcapng capture of RoCEv2 traffic: one line per packet, then a
@@ -100,9 +112,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("softverbs: {error}");
-            ExitCode::FAILURE
-        }
+        // One line on stderr; a closed stdout (`| head`) ends quietly with status 0.
+        Err(error) => output::report(error.as_ref()),
     }
 }

@@ -1,9 +1,13 @@
 //! `softverbs perf OP KIND`: perftest-like latency (`ib_*_lat`) and bandwidth (`ib_*_bw`)
-//! runs of send, RDMA write, RDMA read and atomics over one RC connection.
+//! runs of send, RDMA write, RDMA read and atomics over one RC connection, with
+//! perftest's common flags in their perftest meaning (`-s -n -a -D -F -t -q -I -R -e`,
+//! `--report_gbits`, `--output`) and its result table.
 //!
 //! The client drives; the server adopts the client's parameters (sent as the first
 //! control message), so `--server` needs no other option. Per message size, the two
 //! sides meet on the control connection (`Go` / `Ready`), run, and meet again (`Done`).
+//! In a duration run (`-D`) the server does not know the count: it serves until the
+//! client's `Done` arrives.
 //!
 //! What each test measures, as perftest does:
 //! - `send lat`: ping-pong of sends; one-way latency = round trip / 2.
@@ -11,16 +15,22 @@
 //!   for the peer's write; one-way latency = round trip / 2.
 //! - `read lat`, `atomic lat`: one RDMA read (fetch-and-add) at a time; the full round
 //!   trip from post to completion.
-//! - `* bw`: up to `tx-depth` work requests outstanding; bandwidth and message rate over
-//!   the whole run, and the post-to-completion time of every request.
+//! - `* bw`: up to `tx-depth` work requests outstanding; average bandwidth and message
+//!   rate over the run (first post to last completion), the peak as perftest computes it
+//!   (the best rate over any run of consecutive work requests, from the post of the first
+//!   to the completion of the last; only up to 20000 iterations and not with `-D`, as
+//!   perftest), and the post-to-completion time of every request.
+//! - `-D SECONDS`: as perftest, only the middle of the run counts: a margin of a quarter
+//!   of the duration at each end is run but not measured.
 
-use crate::conn::{self, Control, Hello, Mode, NetArgs, Side, PATIENCE};
+use crate::conn::{self, Control, DeviceCounters, Hello, Mode, NetArgs, Side, PATIENCE};
+use crate::output::{self, outln};
 use crate::stats::Latencies;
 use crate::Error;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use softverbs::*;
 use std::collections::VecDeque;
-use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 /// The operation measured.
@@ -47,6 +57,20 @@ pub enum Kind {
     Bw,
 }
 
+/// perftest's `--output`: print only one number per message size.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputLevel {
+    /// The average bandwidth (bw tests), in the unit of --report_gbits.
+    #[value(name = "bandwidth")]
+    Bandwidth,
+    /// The message rate in Mpps (bw tests).
+    #[value(name = "message_rate")]
+    MessageRate,
+    /// The average latency in usec (lat tests).
+    #[value(name = "latency")]
+    Latency,
+}
+
 /// Options of `softverbs perf`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PerfArgs {
@@ -62,17 +86,75 @@ pub struct PerfArgs {
     #[arg(short = 's', long = "size", conflicts_with = "all")]
     pub size: Option<usize>,
 
-    /// Every power of two from 2 bytes to 1 MiB (bw) or 8 KiB (lat).
+    /// Run every size from 2 bytes to 2^23 (8 MiB), the powers of two, as perftest.
     #[arg(short = 'a', long = "all")]
     pub all: bool,
 
-    /// Iterations per size [default: 1000 for lat, 5000 for bw].
+    /// Iterations per size [default: 1000; 5000 for write bw, as perftest].
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<u64>,
+
+    /// Run for this many seconds instead of a number of iterations, measuring only the
+    /// middle half (a margin of a quarter at each end), as perftest. Not with -a, -n or
+    /// -e (perftest's rules); no peak bandwidth.
+    #[arg(
+        short = 'D',
+        long = "duration",
+        value_name = "SECONDS",
+        conflicts_with_all = ["all", "iters", "events"],
+        value_parser = clap::value_parser!(u32).range(1..=86_400)
+    )]
+    pub duration: Option<u32>,
+
+    /// Accepted for perftest's habits: softverbs times with the system's monotonic clock,
+    /// not CPU cycles, so there is no CPU frequency to check.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
 
     /// Work requests kept outstanding in bw tests.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+
+    /// Number of QPs (perftest's -q). Only 1 for now: several QPs in one run are refused.
+    #[arg(short = 'q', long = "qp", value_name = "QPS", default_value_t = 1)]
+    pub qps: u32,
+
+    /// Send messages of at most this many bytes inline (IBV_SEND_INLINE; send and write
+    /// only, as perftest) [default: 0, what perftest uses on a device it does not know].
+    #[arg(
+        short = 'I',
+        long = "inline_size",
+        value_name = "SIZE",
+        default_value_t = 0
+    )]
+    pub inline_size: u32,
+
+    /// perftest's rdma_cm connection (-R): not yet supported, refused.
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
+
+    /// Report bandwidth in Gb/sec (10^9 bits) instead of MiB/sec (2^20 bytes), as perftest.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+
+    /// Print only one number per size, as perftest: bandwidth or message_rate (bw tests),
+    /// latency (lat tests: the average, usec).
+    #[arg(
+        long = "output",
+        value_enum,
+        value_name = "UNITS",
+        conflicts_with = "json"
+    )]
+    pub output: Option<OutputLevel>,
+
+    /// Sleep on CQ events (a completion channel) instead of busy polling; both sides.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+
+    /// Also print the distribution of latencies (lat) or post-to-completion times (bw)
+    /// of each size, from its HdrHistogram: value, percentile, count.
+    #[arg(long)]
+    pub histogram: bool,
 
     /// Print the results as one JSON document on stdout, nothing else.
     #[arg(long)]
@@ -88,26 +170,75 @@ pub struct PerfArgs {
     pub net: NetArgs,
 }
 
+/// The largest size of `-a` (perftest's MAX_SIZE, 2^23).
+const ALL_SIZES_TOP: u32 = 23;
+
+/// Above this many iterations the peak bandwidth is not computed (perftest's limit: the
+/// search is quadratic).
+const PEAK_MAX_ITERS: u64 = 20_000;
+
 /// What the client tells the server before anything else.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 struct Params {
     op: Op,
     kind: Kind,
     sizes: Vec<usize>,
+    /// Iterations per size; 0 in a duration run.
     iters: u64,
+    /// Seconds per size in a duration run.
+    duration_secs: Option<u32>,
     tx_depth: u32,
+    inline_size: u32,
+    events: bool,
 }
 
 impl Params {
     fn from_args(args: &PerfArgs) -> Result<Params, Error> {
+        if args.rdma_cm {
+            return Err(
+                "-R (rdma_cm): not yet supported: softverbs perf connects its QP \
+                        through its own TCP exchange, as perftest does without -R"
+                    .into(),
+            );
+        }
+        if args.qps == 0 {
+            return Err("-q must be at least 1".into());
+        }
+        if args.qps > 1 {
+            return Err(if args.kind == Kind::Lat {
+                "-q: multiple QPs are only for bw tests (perftest's rule)".into()
+            } else {
+                format!(
+                    "-q {}: several QPs in one run are not yet supported: softverbs perf runs \
+                     one RC QP (-q 1)",
+                    args.qps
+                )
+                .into()
+            });
+        }
+        if args.inline_size > 0 && matches!(args.op, Op::Read | Op::Atomic) {
+            return Err(
+                "-I: inline data is not available for read and atomic (perftest's \
+                        rule): only sends and writes carry it"
+                    .into(),
+            );
+        }
+        match (args.output, args.kind) {
+            (Some(OutputLevel::Latency), Kind::Bw) => {
+                return Err("--output for a bw test can be: bandwidth, message_rate".into())
+            }
+            (Some(OutputLevel::Bandwidth | OutputLevel::MessageRate), Kind::Lat) => {
+                return Err("--output for a lat test can be: latency".into())
+            }
+            _ => {}
+        }
         let sizes = if args.op == Op::Atomic {
             if args.size.is_some_and(|s| s != 8) {
                 return Err("atomics work on 8 bytes: -s must be 8 or absent".into());
             }
             vec![8]
         } else if args.all {
-            let top = if args.kind == Kind::Bw { 20 } else { 13 };
-            (1..=top).map(|p| 1usize << p).collect()
+            (1..=ALL_SIZES_TOP).map(|p| 1usize << p).collect()
         } else {
             vec![args
                 .size
@@ -119,10 +250,14 @@ impl Params {
         if args.tx_depth == 0 || args.tx_depth > 8192 {
             return Err("-t must be 1..=8192".into());
         }
-        let iters = args
-            .iters
-            .unwrap_or(if args.kind == Kind::Lat { 1000 } else { 5000 });
-        if iters == 0 {
+        let iters = match args.duration {
+            Some(_) => 0,
+            None => args.iters.unwrap_or(match (args.op, args.kind) {
+                (Op::Write, Kind::Bw) => 5000,
+                _ => 1000,
+            }),
+        };
+        if args.duration.is_none() && iters == 0 {
             return Err("-n must be at least 1".into());
         }
         Ok(Params {
@@ -130,7 +265,10 @@ impl Params {
             kind: args.kind,
             sizes,
             iters,
+            duration_secs: args.duration,
             tx_depth: args.tx_depth,
+            inline_size: args.inline_size,
+            events: args.events,
         })
     }
 
@@ -138,12 +276,33 @@ impl Params {
         self.sizes.iter().copied().max().unwrap_or(8)
     }
 
+    /// Receives kept posted for sends: enough for the window, at most 1024.
     fn recv_depth(&self) -> u32 {
         if self.op == Op::Send {
-            self.iters.min(1024).max(u64::from(self.tx_depth)) as u32
+            let want = if self.duration_secs.is_some() {
+                1024
+            } else {
+                self.iters.min(1024)
+            };
+            want.max(u64::from(self.tx_depth)) as u32
         } else {
             1
         }
+    }
+
+    /// Receives to post before a size: the depth, or fewer if fewer messages come.
+    fn recv_prepost(&self) -> u64 {
+        let depth = u64::from(self.recv_depth());
+        if self.duration_secs.is_some() {
+            depth
+        } else {
+            depth.min(self.iters)
+        }
+    }
+
+    /// Whether the receive taken by message `received` (counted from 1) is replaced.
+    fn repost_after(&self, received: u64) -> bool {
+        self.duration_secs.is_some() || received + u64::from(self.recv_depth()) <= self.iters
     }
 
     fn send_depth(&self) -> u32 {
@@ -151,6 +310,11 @@ impl Params {
             Kind::Bw => self.tx_depth,
             Kind::Lat => 16,
         }
+    }
+
+    /// Whether a message of `size` bytes goes inline.
+    fn inline(&self, size: usize) -> bool {
+        matches!(self.op, Op::Send | Op::Write) && size <= self.inline_size as usize
     }
 
     fn title(&self) -> String {
@@ -172,6 +336,75 @@ impl Params {
     fn halves_round_trip(&self) -> bool {
         self.kind == Kind::Lat && matches!(self.op, Op::Send | Op::Write)
     }
+
+    /// Whether the peak bandwidth is computed (perftest: bw, iterations, at most 20000).
+    fn peak(&self) -> bool {
+        self.kind == Kind::Bw && self.duration_secs.is_none() && self.iters <= PEAK_MAX_ITERS
+    }
+}
+
+/// When a size's run stops and which of its iterations are measured.
+#[derive(Clone, Copy)]
+struct Plan {
+    start: Instant,
+    /// Iteration count, or the end of a duration run with its measured window.
+    limit: Limit,
+}
+
+#[derive(Clone, Copy)]
+enum Limit {
+    Iterations(u64),
+    Duration {
+        measure_from: Instant,
+        measure_until: Instant,
+        end: Instant,
+    },
+}
+
+impl Plan {
+    fn new(p: &Params, start: Instant) -> Plan {
+        let limit = match p.duration_secs {
+            Some(secs) => {
+                let total = Duration::from_secs(u64::from(secs));
+                let margin = total / 4;
+                Limit::Duration {
+                    measure_from: start + margin,
+                    measure_until: start + total - margin,
+                    end: start + total,
+                }
+            }
+            None => Limit::Iterations(p.iters),
+        };
+        Plan { start, limit }
+    }
+
+    /// Whether to start one more iteration after `done`.
+    fn more(&self, done: u64, now: Instant) -> bool {
+        match self.limit {
+            Limit::Iterations(n) => done < n,
+            Limit::Duration { end, .. } => now < end,
+        }
+    }
+
+    /// Whether an iteration that started at `t` counts.
+    fn measures(&self, t: Instant) -> bool {
+        match self.limit {
+            Limit::Iterations(_) => true,
+            Limit::Duration {
+                measure_from,
+                measure_until,
+                ..
+            } => t >= measure_from && t < measure_until,
+        }
+    }
+
+    /// Progress units: iterations, or milliseconds of a duration run.
+    fn progress(&self, done: u64, now: Instant) -> u64 {
+        match self.limit {
+            Limit::Iterations(_) => done,
+            Limit::Duration { .. } => (now - self.start).as_millis() as u64,
+        }
+    }
 }
 
 /// Control messages after the parameters and the hellos.
@@ -183,62 +416,47 @@ enum Msg {
     Finish,
 }
 
+/// One line of a size's distribution (`--histogram`).
+#[derive(Serialize, Debug)]
+struct HistogramLine {
+    usec: f64,
+    percentile: f64,
+    count: u64,
+}
+
 /// The results of one size.
 #[derive(Serialize, Debug)]
 struct SizeResult {
     bytes: usize,
+    /// Iterations measured (in a duration run, those of the measured window).
     iterations: u64,
     /// Latency (lat) or post-to-completion time (bw) percentiles, microseconds.
     t_min_usec: f64,
     t_median_usec: f64,
+    /// perftest's t_typical: the median.
+    t_typical_usec: f64,
     t_p99_usec: f64,
     t_p99_9_usec: f64,
     t_max_usec: f64,
     t_avg_usec: f64,
     t_stdev_usec: f64,
-    /// Seconds the whole run of this size took.
+    /// Seconds the measured run of this size took.
     elapsed_sec: f64,
-    /// Bandwidth (bw only), 10^9 bits per second.
+    /// Average bandwidth (bw only), 10^9 bits per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     bw_gbit_per_sec: Option<f64>,
+    /// Peak bandwidth (bw only, when computed), 10^9 bits per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bw_peak_gbit_per_sec: Option<f64>,
     /// Message rate (bw only), millions per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     msg_rate_mpps: Option<f64>,
+    /// The distribution (`--histogram`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    histogram: Option<Vec<HistogramLine>>,
     /// The distribution of the t_* times, for `--plot` (`plot::percentile_curve`).
     #[serde(skip)]
     curve: Vec<(f64, f64)>,
-}
-
-/// The client device's protocol counters over the whole run: retransmissions and NAKs
-/// explain a slow run.
-#[derive(Serialize, Debug, Default)]
-struct RunCounters {
-    packets_sent: u64,
-    packets_received: u64,
-    retransmitted_packets: u64,
-    go_back_n_restarts: u64,
-    ack_timeouts: u64,
-    naks_received: u64,
-    rnr_naks_received: u64,
-    duplicates_received: u64,
-    packets_dropped: u64,
-}
-
-impl RunCounters {
-    fn of(ctx: &Context) -> RunCounters {
-        let c = ctx.device().counters();
-        RunCounters {
-            packets_sent: c.packets_sent,
-            packets_received: c.packets_received,
-            retransmitted_packets: c.retransmitted_packets,
-            go_back_n_restarts: c.retries,
-            ack_timeouts: c.timeouts,
-            naks_received: c.naks_received,
-            rnr_naks_received: c.rnr_naks_received,
-            duplicates_received: c.duplicates_received,
-            packets_dropped: c.total_drops(),
-        }
-    }
 }
 
 /// The whole JSON document.
@@ -250,45 +468,73 @@ struct Report<'a> {
     network: &'a str,
     mtu: u32,
     tx_depth: u32,
+    inline_size: u32,
+    events: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_sec: Option<u32>,
     latency: &'static str,
     results: &'a [SizeResult],
-    client_counters: RunCounters,
+    client_counters: DeviceCounters,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_counters: Option<DeviceCounters>,
 }
 
-/// A progress line on stderr, only when stderr is a terminal.
+/// The progress bar on stderr: drawn only when stderr is a terminal (hidden, and free,
+/// when it is piped or redirected).
 struct Progress {
-    on: bool,
-    last: Instant,
-    shown: bool,
+    bar: ProgressBar,
 }
 
 impl Progress {
-    fn new() -> Progress {
-        Progress {
-            on: std::io::stderr().is_terminal(),
-            last: Instant::now(),
-            shown: false,
-        }
-    }
-
-    fn tick(&mut self, size: usize, done: u64, total: u64) {
-        if !self.on || done & 0xff != 0 || self.last.elapsed() < Duration::from_millis(200) {
-            return;
-        }
-        self.last = Instant::now();
-        self.shown = true;
-        let _ = write!(
-            std::io::stderr(),
-            "\r  {size} bytes: {done}/{total} ({:.0}%)\x1b[K",
-            done as f64 * 100.0 / total as f64
+    fn new(p: &Params) -> Progress {
+        let per_size = match p.duration_secs {
+            Some(secs) => u64::from(secs) * 1000,
+            None => p.iters,
+        };
+        let bar = ProgressBar::with_draw_target(
+            Some(per_size.saturating_mul(p.sizes.len() as u64)),
+            ProgressDrawTarget::stderr(),
         );
+        if let Ok(style) =
+            ProgressStyle::with_template("  {msg:>14} [{bar:30}] {percent:>3}% {elapsed}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Progress { bar }
     }
 
-    fn clear(&mut self) {
-        if self.shown {
-            let _ = write!(std::io::stderr(), "\r\x1b[K");
-            self.shown = false;
+    fn on(&self) -> bool {
+        !self.bar.is_hidden()
+    }
+
+    fn size(&self, size: usize) {
+        if self.on() {
+            self.bar.set_message(format!("{size} bytes"));
         }
+    }
+
+    /// `done` units of the `index`th size (units per size: `per_size`).
+    fn tick(&self, index: usize, per_size: u64, done: u64) {
+        if self.on() {
+            self.bar
+                .set_position((index as u64).saturating_mul(per_size).saturating_add(done));
+        }
+    }
+
+    /// Runs `f` with the bar out of the way (a result line on a terminal).
+    fn suspend<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.bar.suspend(f)
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// A run that fails leaves no half-drawn bar above its error.
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -301,9 +547,49 @@ fn write_mark(i: u64) -> u8 {
     (i % 255) as u8 + 1
 }
 
+/// Asks, at most once a millisecond, whether the client has said `Done` (duration runs:
+/// the server does not know the count). Never true in an iteration run.
+struct Stop<'a> {
+    control: Option<&'a mut Control>,
+    last: Instant,
+}
+
+impl<'a> Stop<'a> {
+    fn new(p: &Params, control: &'a mut Control) -> Stop<'a> {
+        Stop {
+            control: p.duration_secs.is_some().then_some(control),
+            last: Instant::now(),
+        }
+    }
+
+    /// A stop never requested (the client's own waits).
+    fn never() -> Stop<'a> {
+        Stop {
+            control: None,
+            last: Instant::now(),
+        }
+    }
+
+    fn requested(&mut self) -> Result<bool, Error> {
+        let Some(control) = self.control.as_deref_mut() else {
+            return Ok(false);
+        };
+        if self.last.elapsed() < Duration::from_millis(1) {
+            return Ok(false);
+        }
+        self.last = Instant::now();
+        control.has_message()
+    }
+
+    fn asked(&self) -> bool {
+        self.control.is_some()
+    }
+}
+
 /// Waits until the byte at `offset` of the side's buffer is `value`, draining (and
-/// checking) completions meanwhile; the poll drives the device's progress.
-fn wait_byte(side: &Side, offset: usize, value: u8) -> Result<(), Error> {
+/// checking) completions meanwhile; the poll drives the device's progress. `false` if
+/// `stop` said so first.
+fn wait_byte(side: &Side, offset: usize, value: u8, stop: &mut Stop<'_>) -> Result<bool, Error> {
     let deadline = Instant::now() + PATIENCE;
     let mut wcs = [WorkCompletion::default(); 16];
     let mut byte = [0u8];
@@ -311,10 +597,13 @@ fn wait_byte(side: &Side, offset: usize, value: u8) -> Result<(), Error> {
     loop {
         side.mr.read_at(offset, &mut byte)?;
         if byte[0] == value {
-            return Ok(());
+            return Ok(true);
         }
         if side.try_poll(&mut wcs)? == 0 {
             conn::spin_pause(&mut empty_polls);
+        }
+        if stop.requested()? {
+            return Ok(false);
         }
         if Instant::now() > deadline {
             return Err("timed out waiting for the peer's RDMA write".into());
@@ -322,7 +611,7 @@ fn wait_byte(side: &Side, offset: usize, value: u8) -> Result<(), Error> {
     }
 }
 
-/// Waits for the next completion of `wr_id`, counting (and discarding) others.
+/// Waits for the next completion of `wr_id`, keeping receive completions for later.
 fn wait_for(side: &Side, wr_id: u64, pending: &mut VecDeque<WorkCompletion>) -> Result<(), Error> {
     if let Some(at) = pending.iter().position(|wc| wc.wr_id() == wr_id) {
         pending.remove(at);
@@ -351,44 +640,104 @@ fn post_recv(side: &Side, size: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// The client's part of one size; returns the per-operation times and the elapsed time.
+/// A send or write of `len` bytes at `offset` of the buffer: inline (a copy taken now) when
+/// `p` says so for this size.
+fn payload_request(
+    side: &Side,
+    p: &Params,
+    wr_id: u64,
+    offset: usize,
+    len: usize,
+    peer: Option<RemoteAddr>,
+) -> Result<SendRequest, Error> {
+    let local = [side.mr.slice(offset..offset + len)?];
+    let wr = match peer {
+        Some(peer) => SendRequest::write(wr_id, &local, peer),
+        None => SendRequest::send(wr_id, &local),
+    };
+    if p.inline(len) {
+        let mut data = vec![0u8; len];
+        side.mr.read_at(offset, &mut data)?;
+        Ok(wr.inline(&data))
+    } else {
+        Ok(wr)
+    }
+}
+
+/// What the client measured for one size.
+struct Measured {
+    lat: Latencies,
+    iterations: u64,
+    elapsed: Duration,
+    /// The best message rate over any run of consecutive requests (bw, when computed).
+    peak_msgs_per_sec: Option<f64>,
+}
+
+/// perftest's peak: over every run of consecutive work requests `i..=j`, the time from
+/// the post of `i` to the completion of `j` divided by their number; the smallest such
+/// time per message gives the peak rate. `posted` and `completed` are in nanoseconds
+/// from the start, one per request, both in order.
+fn peak_rate(posted: &[u64], completed: &[u64]) -> Option<f64> {
+    let mut best = f64::INFINITY;
+    for (i, &post) in posted.iter().enumerate() {
+        for (count, &done) in (1u32..).zip(completed.iter().skip(i)) {
+            let t = done.saturating_sub(post) as f64 / f64::from(count);
+            if t < best {
+                best = t;
+            }
+        }
+    }
+    (best.is_finite() && best > 0.0).then(|| 1e9 / best)
+}
+
+/// The client's part of one size.
 fn client_size(
     side: &Side,
     peer: RemoteAddr,
     p: &Params,
     size: usize,
-    progress: &mut Progress,
-) -> Result<(Latencies, Duration), Error> {
+    progress: &Progress,
+    index: usize,
+) -> Result<Measured, Error> {
     let mut lat = Latencies::new();
     let mut pending = VecDeque::new();
-    let iters = p.iters;
-    let start;
+    let per_size = match p.duration_secs {
+        Some(secs) => u64::from(secs) * 1000,
+        None => p.iters,
+    };
+    let start = Instant::now();
+    let plan = Plan::new(p, start);
+    let (mut measured, mut first, mut last) = (0u64, None::<Instant>, start);
+    let mut peak_msgs_per_sec = None;
     match p.kind {
         Kind::Lat => {
-            start = Instant::now();
-            for i in 0..iters {
+            let mut i = 0u64;
+            while plan.more(i, Instant::now()) {
                 let t0 = Instant::now();
-                match p.op {
+                let sample = match p.op {
                     Op::Send => {
                         side.qp
-                            .post_send(SendRequest::send(SEND_WRID, &[side.mr.slice(0..size)?]))?;
+                            .post_send(payload_request(side, p, SEND_WRID, 0, size, None)?)?;
                         wait_for(side, RECV_WRID, &mut pending)?;
                         let rtt = t0.elapsed();
-                        if i + u64::from(p.recv_depth()) < iters {
+                        if p.repost_after(i + 1) {
                             post_recv(side, size)?;
                         }
-                        lat.record(rtt / 2);
+                        rtt / 2
                     }
                     Op::Write => {
                         let mark = write_mark(i);
                         side.mr.write_at(2 * size - 1, &[mark])?;
-                        side.qp.post_send(SendRequest::write(
+                        side.qp.post_send(payload_request(
+                            side,
+                            p,
                             SEND_WRID,
-                            &[side.mr.slice(size..2 * size)?],
-                            peer,
-                        ))?;
-                        wait_byte(side, size - 1, mark)?;
-                        lat.record(t0.elapsed() / 2);
+                            size,
+                            size,
+                            Some(peer),
+                        )?)?;
+                        wait_byte(side, size - 1, mark, &mut Stop::never())?;
+                        t0.elapsed() / 2
                     }
                     Op::Read => {
                         side.qp.post_send(SendRequest::read(
@@ -397,7 +746,7 @@ fn client_size(
                             peer,
                         ))?;
                         wait_for(side, SEND_WRID, &mut pending)?;
-                        lat.record(t0.elapsed());
+                        t0.elapsed()
                     }
                     Op::Atomic => {
                         side.qp.post_send(SendRequest::fetch_add(
@@ -407,10 +756,19 @@ fn client_size(
                             1,
                         ))?;
                         wait_for(side, SEND_WRID, &mut pending)?;
-                        lat.record(t0.elapsed());
+                        t0.elapsed()
                     }
+                };
+                if plan.measures(t0) {
+                    lat.record(sample);
+                    measured += 1;
+                    first.get_or_insert(t0);
+                    last = Instant::now();
                 }
-                progress.tick(size, i + 1, iters);
+                i += 1;
+                if i.is_multiple_of(64) {
+                    progress.tick(index, per_size, plan.progress(i, Instant::now()));
+                }
             }
             // Send completions of the ping-pongs may still be queued: take them.
             let mut wcs = [WorkCompletion::default(); 64];
@@ -419,80 +777,123 @@ fn client_size(
         Kind::Bw => {
             let window = u64::from(p.tx_depth);
             let mut posted_at: VecDeque<Instant> = VecDeque::with_capacity(p.tx_depth as usize);
+            let keep_times = p.peak();
+            let capacity = if keep_times { p.iters as usize } else { 0 };
+            let (mut post_ns, mut done_ns) = (Vec::with_capacity(capacity), Vec::new());
+            done_ns.reserve(capacity);
             let mut wcs = [WorkCompletion::default(); 64];
             let (mut posted, mut completed) = (0u64, 0u64);
-            start = Instant::now();
-            while completed < iters {
-                while posted < iters && posted - completed < window {
+            let mut posting = true;
+            while posting || completed < posted {
+                while posting && posted - completed < window {
+                    let now = Instant::now();
+                    if !plan.more(posted, now) {
+                        posting = false;
+                        break;
+                    }
                     let wr = match p.op {
-                        Op::Send => SendRequest::send(posted, &[side.mr.slice(0..size)?]),
-                        Op::Write => SendRequest::write(posted, &[side.mr.slice(0..size)?], peer),
+                        Op::Send => payload_request(side, p, posted, 0, size, None)?,
+                        Op::Write => payload_request(side, p, posted, 0, size, Some(peer))?,
                         Op::Read => SendRequest::read(posted, &[side.mr.slice(0..size)?], peer),
                         Op::Atomic => SendRequest::fetch_add(posted, side.mr.slice(0..8)?, peer, 1),
                     };
                     side.qp.post_send(wr)?;
-                    posted_at.push_back(Instant::now());
+                    let at = Instant::now();
+                    posted_at.push_back(at);
+                    if keep_times {
+                        post_ns.push((at - start).as_nanos() as u64);
+                    }
                     posted += 1;
+                }
+                if completed == posted {
+                    continue;
                 }
                 let n = side.wait(&mut wcs)?;
                 let now = Instant::now();
                 for _ in &wcs[..n] {
                     // RC completes in order: the oldest outstanding request.
                     if let Some(at) = posted_at.pop_front() {
-                        lat.record(now - at);
+                        if plan.measures(at) {
+                            lat.record(now - at);
+                            measured += 1;
+                            first.get_or_insert(at);
+                            last = now;
+                        }
+                    }
+                    if keep_times {
+                        done_ns.push((now - start).as_nanos() as u64);
                     }
                     completed += 1;
                 }
-                progress.tick(size, completed, iters);
+                progress.tick(index, per_size, plan.progress(completed, now));
+            }
+            if keep_times {
+                peak_msgs_per_sec = peak_rate(&post_ns, &done_ns);
             }
         }
     }
-    let elapsed = start.elapsed();
-    progress.clear();
-    Ok((lat, elapsed))
+    let elapsed = match first {
+        Some(first) => last.saturating_duration_since(first),
+        None => start.elapsed(),
+    };
+    Ok(Measured {
+        lat,
+        iterations: measured,
+        elapsed,
+        peak_msgs_per_sec,
+    })
 }
 
 /// The server's part of one size (after `Ready`): answers send and write ping-pongs,
 /// receives the sends of a bandwidth run; reads, writes and atomics need nothing from it.
+/// In a duration run it serves until the client's `Done` is waiting on `stop`.
 fn server_size(
     side: &Side,
     peer: RemoteAddr,
     p: &Params,
     size: usize,
-    preposted: u64,
+    stop: &mut Stop<'_>,
 ) -> Result<(), Error> {
     let mut wcs = [WorkCompletion::default(); 64];
     match (p.op, p.kind) {
         (Op::Send, kind) => {
-            let (mut received, mut posted) = (0u64, preposted);
-            while received < p.iters {
-                let n = side.wait(&mut wcs)?;
+            let mut received = 0u64;
+            while stop.asked() || received < p.iters {
+                let n = if stop.asked() {
+                    let n = side.wait_until(&mut wcs, Instant::now() + Duration::from_millis(1))?;
+                    if n == 0 && stop.requested()? {
+                        break;
+                    }
+                    n
+                } else {
+                    side.wait(&mut wcs)?
+                };
                 for wc in &wcs[..n] {
                     if wc.wr_id() != RECV_WRID {
                         continue;
                     }
                     received += 1;
-                    if posted < p.iters {
+                    if p.repost_after(received) {
                         post_recv(side, size)?;
-                        posted += 1;
                     }
                     if kind == Kind::Lat {
                         side.qp
-                            .post_send(SendRequest::send(SEND_WRID, &[side.mr.slice(0..size)?]))?;
+                            .post_send(payload_request(side, p, SEND_WRID, 0, size, None)?)?;
                     }
                 }
             }
         }
         (Op::Write, Kind::Lat) => {
-            for i in 0..p.iters {
+            let mut i = 0u64;
+            while stop.asked() || i < p.iters {
                 let mark = write_mark(i);
-                wait_byte(side, size - 1, mark)?;
+                if !wait_byte(side, size - 1, mark, stop)? {
+                    break;
+                }
                 side.mr.write_at(2 * size - 1, &[mark])?;
-                side.qp.post_send(SendRequest::write(
-                    SEND_WRID,
-                    &[side.mr.slice(size..2 * size)?],
-                    peer,
-                ))?;
+                side.qp
+                    .post_send(payload_request(side, p, SEND_WRID, size, size, Some(peer))?)?;
+                i += 1;
             }
         }
         _ => {}
@@ -521,22 +922,40 @@ fn connect(
     Ok((info, addr))
 }
 
-/// The client: sends the parameters, connects, runs every size; returns the results.
-fn client(ctx: &Context, control: &mut Control, p: &Params) -> Result<Vec<SizeResult>, Error> {
+fn side_for(ctx: &Context, p: &Params) -> Result<Side, Error> {
+    Side::new(
+        ctx,
+        2 * p.max_size(),
+        p.send_depth(),
+        p.recv_depth(),
+        p.inline_size,
+        p.events,
+    )
+}
+
+/// The client: sends the parameters, connects, runs every size, handing each result to
+/// `each` as soon as it is known (a closed stdout stops the run there).
+fn client(
+    ctx: &Context,
+    control: &mut Control,
+    p: &Params,
+    args: &PerfArgs,
+    mut each: impl FnMut(&Progress, SizeResult) -> Result<(), Error>,
+) -> Result<(), Error> {
     control.send(p)?;
-    let side = Side::new(ctx, 2 * p.max_size(), p.send_depth(), p.recv_depth(), false)?;
+    let side = side_for(ctx, p)?;
     let (_, peer) = connect(
         &side,
         control,
         side.hello(conn::random_psn(), Mtu::Mtu4096),
         true,
     )?;
-    let mut progress = Progress::new();
-    let mut results = Vec::new();
-    for &size in &p.sizes {
+    let progress = Progress::new(p);
+    for (index, &size) in p.sizes.iter().enumerate() {
+        progress.size(size);
         // Receives for the pongs, and a clean landing area for the peer's writes.
         if p.op == Op::Send && p.kind == Kind::Lat {
-            for _ in 0..u64::from(p.recv_depth()).min(p.iters) {
+            for _ in 0..p.recv_prepost() {
                 post_recv(&side, size)?;
             }
         }
@@ -546,38 +965,61 @@ fn client(ctx: &Context, control: &mut Control, p: &Params) -> Result<Vec<SizeRe
             Msg::Ready => {}
             other => return Err(format!("unexpected {other:?} from the server").into()),
         }
-        let (lat, elapsed) = client_size(&side, peer, p, size, &mut progress)?;
+        let m = client_size(&side, peer, p, size, &progress, index)?;
         control.send(&Msg::Done)?;
         match control.recv()? {
             Msg::Done => {}
             other => return Err(format!("unexpected {other:?} from the server").into()),
         }
-        let secs = elapsed.as_secs_f64();
+        let secs = m.elapsed.as_secs_f64();
         let bw = p.kind == Kind::Bw;
-        results.push(SizeResult {
-            bytes: size,
-            iterations: p.iters,
-            t_min_usec: lat.quantile_us(0.0),
-            t_median_usec: lat.quantile_us(0.5),
-            t_p99_usec: lat.quantile_us(0.99),
-            t_p99_9_usec: lat.quantile_us(0.999),
-            t_max_usec: lat.quantile_us(1.0),
-            t_avg_usec: lat.mean_us(),
-            t_stdev_usec: lat.stdev_us(),
-            elapsed_sec: secs,
-            bw_gbit_per_sec: bw.then(|| (p.iters as f64 * size as f64 * 8.0) / secs / 1e9),
-            msg_rate_mpps: bw.then(|| p.iters as f64 / secs / 1e6),
-            curve: crate::plot::percentile_curve(&lat),
+        let rate = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
+        let histogram = args.histogram.then(|| {
+            m.lat
+                .histogram()
+                .iter_quantiles(2)
+                .map(|v| HistogramLine {
+                    usec: v.value_iterated_to() as f64 / 1e3,
+                    percentile: v.quantile_iterated_to() * 100.0,
+                    count: v.count_since_last_iteration(),
+                })
+                .collect()
         });
+        let result = SizeResult {
+            bytes: size,
+            iterations: m.iterations,
+            t_min_usec: m.lat.quantile_us(0.0),
+            t_median_usec: m.lat.quantile_us(0.5),
+            t_typical_usec: m.lat.quantile_us(0.5),
+            t_p99_usec: m.lat.quantile_us(0.99),
+            t_p99_9_usec: m.lat.quantile_us(0.999),
+            t_max_usec: m.lat.quantile_us(1.0),
+            t_avg_usec: m.lat.mean_us(),
+            t_stdev_usec: m.lat.stdev_us(),
+            elapsed_sec: secs,
+            bw_gbit_per_sec: bw.then(|| rate(m.iterations as f64 * size as f64 * 8.0) / 1e9),
+            bw_peak_gbit_per_sec: m
+                .peak_msgs_per_sec
+                .filter(|_| bw)
+                .map(|r| r * size as f64 * 8.0 / 1e9),
+            msg_rate_mpps: bw.then(|| rate(m.iterations as f64) / 1e6),
+            histogram,
+            curve: crate::plot::percentile_curve(&m.lat),
+        };
+        each(&progress, result)?;
     }
+    progress.finish();
     control.send(&Msg::Finish)?;
-    Ok(results)
+    Ok(())
 }
 
 /// The server: takes the parameters, connects, serves every size the client asks for.
 fn server(ctx: &Context, control: &mut Control) -> Result<Params, Error> {
     let p: Params = control.recv()?;
-    let side = Side::new(ctx, 2 * p.max_size(), p.send_depth(), p.recv_depth(), false)?;
+    // The client's Done may come after a long run: wait for it as long as it takes (a
+    // client that dies closes the connection).
+    control.set_patience(None)?;
+    let side = side_for(ctx, &p)?;
     let (_, peer) = connect(
         &side,
         control,
@@ -587,16 +1029,14 @@ fn server(ctx: &Context, control: &mut Control) -> Result<Params, Error> {
     loop {
         match control.recv()? {
             Msg::Go(size) if size >= 1 && size <= p.max_size() => {
-                let mut preposted = 0;
                 if p.op == Op::Send {
-                    preposted = u64::from(p.recv_depth()).min(p.iters);
-                    for _ in 0..preposted {
+                    for _ in 0..p.recv_prepost() {
                         post_recv(&side, size)?;
                     }
                 }
                 side.mr.fill(0..size, 0)?;
                 control.send(&Msg::Ready)?;
-                server_size(&side, peer, &p, size, preposted)?;
+                server_size(&side, peer, &p, size, &mut Stop::new(&p, control))?;
                 match control.recv()? {
                     Msg::Done => control.send(&Msg::Done)?,
                     other => return Err(format!("unexpected {other:?} from the client").into()),
@@ -610,131 +1050,182 @@ fn server(ctx: &Context, control: &mut Control) -> Result<Params, Error> {
     }
 }
 
-fn print_header(p: &Params, network: &str) {
-    let rule = "-".repeat(95);
-    println!("{rule}");
-    println!("{:>50}", p.title());
-    println!(" Connection type : RC          Network : {network}");
-    println!(" Iterations      : {}", p.iters);
-    if p.kind == Kind::Bw {
-        println!(" TX depth        : {}", p.tx_depth);
+/// perftest's rule of dashes.
+const RULE_LEN: usize = 87;
+
+/// The bandwidth unit: perftest's MiB/sec (2^20 bytes), or Gb/sec (10^9 bits) with
+/// --report_gbits.
+fn bw_unit(args: &PerfArgs) -> &'static str {
+    if args.report_gbits {
+        "Gb/sec"
+    } else {
+        "MiB/sec"
     }
-    println!(" Mtu             : 4096[B]");
+}
+
+/// `gbit_per_sec` in the unit of [`bw_unit`].
+fn bw_value(args: &PerfArgs, gbit_per_sec: f64) -> f64 {
+    if args.report_gbits {
+        gbit_per_sec
+    } else {
+        gbit_per_sec * 1e9 / 8.0 / f64::from(1u32 << 20)
+    }
+}
+
+fn print_header(args: &PerfArgs, p: &Params, network: &str) -> Result<(), Error> {
+    let rule = "-".repeat(RULE_LEN);
+    outln!("{rule}")?;
+    outln!("{:>50}", p.title())?;
+    outln!(" Connection type : RC          Network : {network}")?;
+    outln!(" Number of qps   : 1")?;
+    match p.duration_secs {
+        Some(secs) => outln!(
+            " Duration        : {secs} s (measured: the middle {:.2} s)",
+            f64::from(secs) / 2.0
+        )?,
+        None => outln!(" Iterations      : {}", p.iters)?,
+    }
+    if p.kind == Kind::Bw {
+        outln!(" TX depth        : {}", p.tx_depth)?;
+    }
+    outln!(" Mtu             : 4096[B]")?;
+    outln!(" Max inline data : {}[B]", p.inline_size)?;
+    outln!(
+        " Completions     : {}",
+        if p.events {
+            "CQ events"
+        } else {
+            "busy polling"
+        }
+    )?;
     if p.kind == Kind::Lat {
-        println!(
+        outln!(
             " Latency         : {}",
             if p.halves_round_trip() {
                 "one-way (round trip / 2), as perftest"
             } else {
                 "round trip, post to completion"
             }
-        );
-    } else {
-        println!(" t_* columns     : post-to-completion time of each work request");
+        )?;
     }
-    println!("{rule}");
+    outln!("{rule}")?;
+    let unit = bw_unit(args);
     match p.kind {
-        Kind::Lat => println!(
-            " {:>8} {:>12} {:>12} {:>14} {:>12} {:>14} {:>12} {:>12} {:>14}",
-            "#bytes",
-            "#iterations",
-            "t_min[usec]",
-            "t_median[usec]",
-            "t_p99[usec]",
-            "t_p99.9[usec]",
-            "t_max[usec]",
-            "t_avg[usec]",
-            "t_stdev[usec]"
-        ),
-        Kind::Bw => println!(
-            " {:>8} {:>12} {:>18} {:>14} {:>14} {:>12} {:>14} {:>12}",
-            "#bytes",
-            "#iterations",
-            "BW average[Gb/s]",
-            "MsgRate[Mpps]",
-            "t_median[usec]",
-            "t_p99[usec]",
-            "t_p99.9[usec]",
-            "t_max[usec]"
-        ),
+        Kind::Lat => outln!(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    \
+             t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+        )?,
+        Kind::Bw => outln!(
+            " #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
+        )?,
     }
+    Ok(())
 }
 
-fn print_row(p: &Params, r: &SizeResult) {
-    match p.kind {
-        Kind::Lat => println!(
-            " {:>8} {:>12} {:>12.2} {:>14.2} {:>12.2} {:>14.2} {:>12.2} {:>12.2} {:>14.2}",
+/// One result as perftest prints it: its table row, or with --output only the number.
+fn print_row(args: &PerfArgs, p: &Params, r: &SizeResult) -> Result<(), Error> {
+    let bw = |value: Option<f64>| bw_value(args, value.unwrap_or(0.0));
+    match (args.output, p.kind) {
+        (Some(OutputLevel::Bandwidth), _) => outln!("{:.6}", bw(r.bw_gbit_per_sec))?,
+        (Some(OutputLevel::MessageRate), _) => outln!("{:.6}", r.msg_rate_mpps.unwrap_or(0.0))?,
+        (Some(OutputLevel::Latency), _) => outln!("{:.6}", r.t_avg_usec)?,
+        (None, Kind::Lat) => outln!(
+            " {:<7} {:<14} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
             r.bytes,
             r.iterations,
             r.t_min_usec,
-            r.t_median_usec,
-            r.t_p99_usec,
-            r.t_p99_9_usec,
             r.t_max_usec,
+            r.t_typical_usec,
             r.t_avg_usec,
-            r.t_stdev_usec
-        ),
-        Kind::Bw => println!(
-            " {:>8} {:>12} {:>18.3} {:>14.4} {:>14.2} {:>12.2} {:>14.2} {:>12.2}",
+            r.t_stdev_usec,
+            r.t_p99_usec,
+            r.t_p99_9_usec
+        )?,
+        (None, Kind::Bw) => outln!(
+            " {:<10} {:<14} {:<18.2} {:<21.2} {:.6}",
             r.bytes,
             r.iterations,
-            r.bw_gbit_per_sec.unwrap_or(0.0),
-            r.msg_rate_mpps.unwrap_or(0.0),
-            r.t_median_usec,
-            r.t_p99_usec,
-            r.t_p99_9_usec,
-            r.t_max_usec
-        ),
+            bw(r.bw_peak_gbit_per_sec),
+            bw(r.bw_gbit_per_sec),
+            r.msg_rate_mpps.unwrap_or(0.0)
+        )?,
+    }
+    if args.output.is_none() {
+        if let Some(lines) = &r.histogram {
+            outln!(
+                "   {} bytes, {} (usec):",
+                r.bytes,
+                match p.kind {
+                    Kind::Lat => "latency distribution",
+                    Kind::Bw => "post-to-completion distribution",
+                }
+            )?;
+            outln!(
+                "   {:>14} {:>12} {:>12}",
+                "value[usec]",
+                "percentile",
+                "count"
+            )?;
+            for line in lines {
+                outln!(
+                    "   {:>14.3} {:>12.6} {:>12}",
+                    line.usec,
+                    line.percentile,
+                    line.count
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The closing lines: the rule and the devices' counters (not with --output).
+fn print_footer(
+    args: &PerfArgs,
+    client: DeviceCounters,
+    server: Option<DeviceCounters>,
+) -> Result<(), Error> {
+    if args.output.is_some() {
+        return Ok(());
+    }
+    outln!("{}", "-".repeat(RULE_LEN))?;
+    outln!(" client device: {client}")?;
+    if let Some(server) = server {
+        outln!(" server device: {server}")?;
+    }
+    Ok(())
+}
+
+fn latency_meaning(p: &Params) -> &'static str {
+    if p.kind == Kind::Bw {
+        "post to completion"
+    } else if p.halves_round_trip() {
+        "one-way (round trip / 2)"
+    } else {
+        "round trip"
     }
 }
 
-fn print_results(
+/// Runs the client over `control` and prints as the arguments ask: rows as they come (or
+/// the JSON document at the end), then the counters of the devices in this process.
+fn run_client(
     args: &PerfArgs,
     p: &Params,
     network: &str,
-    results: &[SizeResult],
-    counters: RunCounters,
+    ctx: &Context,
+    server_ctx: Option<&Context>,
+    control: &mut Control,
 ) -> Result<(), Error> {
-    if args.json {
-        let report = Report {
-            test: p.title(),
-            op: p.op,
-            kind: p.kind,
-            network,
-            mtu: 4096,
-            tx_depth: p.tx_depth,
-            latency: if p.kind == Kind::Bw {
-                "post to completion"
-            } else if p.halves_round_trip() {
-                "one-way (round trip / 2)"
-            } else {
-                "round trip"
-            },
-            results,
-            client_counters: counters,
-        };
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        for r in results {
-            print_row(p, r);
+    let mut results = Vec::new();
+    client(ctx, control, p, args, |progress, result| {
+        if !args.json {
+            progress.suspend(|| print_row(args, p, &result))?;
         }
-        println!("{}", "-".repeat(95));
-        let c = counters;
-        println!(
-            " client device: {} packets sent, {} received, {} retransmitted ({} go-back-N \
-             restarts, {} ACK timeouts), {} NAKs and {} RNR NAKs received, {} duplicates, \
-             {} dropped",
-            c.packets_sent,
-            c.packets_received,
-            c.retransmitted_packets,
-            c.go_back_n_restarts,
-            c.ack_timeouts,
-            c.naks_received,
-            c.rnr_naks_received,
-            c.duplicates_received,
-            c.packets_dropped
-        );
-    }
+        if args.json || args.plot.is_some() {
+            results.push(result);
+        }
+        Ok(())
+    })?;
     if let Some(path) = &args.plot {
         let sizes = results.iter().map(|r| crate::plot::PerfSize {
             bytes: r.bytes,
@@ -743,41 +1234,92 @@ fn print_results(
         });
         crate::plot::perf(path, &p.title(), &sizes.collect::<Vec<_>>())?;
     }
+    let client_counters = DeviceCounters::of(ctx);
+    let server_counters = server_ctx.map(DeviceCounters::of);
+    if args.json {
+        let report = Report {
+            test: p.title(),
+            op: p.op,
+            kind: p.kind,
+            network,
+            mtu: 4096,
+            tx_depth: p.tx_depth,
+            inline_size: p.inline_size,
+            events: p.events,
+            duration_sec: p.duration_secs,
+            latency: latency_meaning(p),
+            results: &results,
+            client_counters,
+            server_counters,
+        };
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        Ok(())
+    } else {
+        print_footer(args, client_counters, server_counters)
+    }
+}
+
+/// Checks what only the device can say: the inline size it takes.
+fn check_device(ctx: &Context, p: &Params) -> Result<(), Error> {
+    let max = ctx.query_device().max_inline_data;
+    if p.inline_size > max {
+        return Err(format!(
+            "-I {}: above the device's max_inline_data ({max} bytes)",
+            p.inline_size
+        )
+        .into());
+    }
     Ok(())
 }
 
 /// Runs `softverbs perf`.
 pub fn run(args: &PerfArgs) -> Result<(), Error> {
-    let (ctx, server_ctx) = args.net.open()?;
     match args.net.mode() {
-        Mode::Server => {
-            let (listener, port) = args.net.listen(false)?;
-            println!("waiting for a client on TCP port {port}");
-            std::io::stdout().flush()?;
-            let (stream, peer) = listener.accept()?;
-            let mut control = Control::new(stream)?;
-            let p = server(&ctx, &mut control)?;
-            println!(
-                "served {} for {peer}: {} size(s), {} iterations each",
-                p.title(),
-                p.sizes.len(),
-                p.iters
-            );
+        Mode::Server => serve(args),
+        // The client's parameters are checked before any device is opened.
+        mode => drive(args, mode, &Params::from_args(args)?),
+    }
+}
+
+/// `--server`: one client, whose parameters it takes.
+fn serve(args: &PerfArgs) -> Result<(), Error> {
+    let (ctx, _) = args.net.open()?;
+    let (listener, port) = args.net.listen(false)?;
+    outln!("waiting for a client on TCP port {port}")?;
+    output::flush()?;
+    let (stream, peer) = listener.accept()?;
+    let mut control = Control::new(stream)?;
+    let p = server(&ctx, &mut control)?;
+    outln!(
+        "served {} for {peer}: {} size(s), {}",
+        p.title(),
+        p.sizes.len(),
+        match p.duration_secs {
+            Some(secs) => format!("{secs} s each"),
+            None => format!("{} iterations each", p.iters),
         }
-        Mode::Client(host) => {
-            let p = Params::from_args(args)?;
+    )?;
+    Ok(())
+}
+
+/// The client side, with the server in another process (`--client`) or on a thread here.
+fn drive(args: &PerfArgs, mode: Mode, p: &Params) -> Result<(), Error> {
+    let (ctx, server_ctx) = args.net.open()?;
+    check_device(&ctx, p)?;
+    let quiet = args.json || args.output.is_some();
+    let (network, stream, served) = match (mode, server_ctx) {
+        (Mode::Client(host), _) => {
             let network = format!("UDP, {} -> server {host}", ctx.device().address());
-            let mut control = Control::new(conn::connect_tcp(&host, args.net.tcp_port)?)?;
-            if !args.json {
-                print_header(&p, &network);
-            }
-            let results = client(&ctx, &mut control, &p)?;
-            print_results(args, &p, &network, &results, RunCounters::of(&ctx))?;
+            let stream = conn::connect_tcp(
+                &host,
+                args.net.tcp_port,
+                args.net.timeout,
+                "softverbs perf OP KIND --server",
+            )?;
+            (network, stream, None)
         }
-        Mode::Loopback | Mode::InProcess => {
-            let p = Params::from_args(args)?;
-            let server_ctx = server_ctx.ok_or("no server device")?;
-            let network = match args.net.mode() {
+        (mode, Some(server_ctx)) => {
+            let network = match mode {
                 Mode::InProcess => "in-process (one process, no socket)".to_owned(),
                 _ => format!(
                     "UDP loopback, {} <-> {} (one process)",
@@ -785,28 +1327,92 @@ pub fn run(args: &PerfArgs) -> Result<(), Error> {
                     server_ctx.device().address()
                 ),
             };
-            if !args.json {
-                print_header(&p, &network);
-            }
             let (listener, port) = args.net.listen(true)?;
-            let results = std::thread::scope(|s| -> Result<_, Error> {
-                let served = s.spawn(|| -> Result<(), String> {
-                    let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
-                    let mut control = Control::new(stream).map_err(|e| e.to_string())?;
-                    server(&server_ctx, &mut control)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                });
-                let mut control = Control::new(conn::connect_tcp("127.0.0.1", port)?)?;
-                let results = client(&ctx, &mut control, &p);
-                drop(control);
-                let served = served.join().map_err(|_| "the server side panicked")?;
-                let results = results?;
-                served.map_err(|e| format!("server side: {e}"))?;
-                Ok(results)
-            })?;
-            print_results(args, &p, &network, &results, RunCounters::of(&ctx))?;
+            // The server side runs on a thread of its own that is not waited for when the
+            // client side fails (a closed stdout, say): the error ends the process at once.
+            let thread_ctx = server_ctx.clone();
+            let thread = std::thread::spawn(move || -> Result<(), String> {
+                let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
+                let mut control = Control::new(stream).map_err(|e| e.to_string())?;
+                server(&thread_ctx, &mut control)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            });
+            let stream = conn::connect_tcp("127.0.0.1", port, PATIENCE, "")?;
+            (network, stream, Some((server_ctx, thread)))
         }
+        (_, None) => return Err("no device for the server side".into()),
+    };
+    if !quiet {
+        print_header(args, p, &network)?;
+    }
+    let mut control = Control::new(stream)?;
+    let server_ctx = served.as_ref().map(|(ctx, _)| ctx);
+    run_client(args, p, &network, &ctx, server_ctx, &mut control)?;
+    drop(control);
+    if let Some((_, thread)) = served {
+        let served = thread.join().map_err(|_| "the server side panicked")?;
+        served.map_err(|e| format!("server side: {e}"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peak_is_the_best_rate_over_any_run_of_consecutive_requests() {
+        // Four requests posted at once; completions at 10, 11, 12, 13 ns: the run 0..=3
+        // takes 13 ns for 4 messages (3.25 ns each), better than any shorter run.
+        let posted = [0, 0, 0, 0];
+        let completed = [10, 11, 12, 13];
+        let rate = peak_rate(&posted, &completed).unwrap();
+        assert!((rate - 1e9 / 3.25).abs() < 1.0, "{rate}");
+        assert_eq!(peak_rate(&[], &[]), None);
+    }
+
+    #[test]
+    fn mib_per_sec_is_perftests_unit() {
+        // perftest: Factor = 10^9 / (2^20 * 8) = 119.2 MiB/sec per Gb/sec.
+        let args = PerfArgs {
+            op: Op::Write,
+            kind: Kind::Bw,
+            size: None,
+            all: false,
+            iters: None,
+            duration: None,
+            cpu_freq: false,
+            tx_depth: 128,
+            qps: 1,
+            inline_size: 0,
+            rdma_cm: false,
+            report_gbits: false,
+            output: None,
+            events: false,
+            histogram: false,
+            json: false,
+            plot: None,
+            net: NetArgs {
+                server: false,
+                client: None,
+                in_process: true,
+                tcp_port: 0,
+                listen: None,
+                timeout: Duration::from_secs(1),
+                pcap: None,
+            },
+        };
+        assert!((bw_value(&args, 1.0) - 119.209).abs() < 0.001);
+        assert_eq!(
+            bw_value(
+                &PerfArgs {
+                    report_gbits: true,
+                    ..args
+                },
+                1.0
+            ),
+            1.0
+        );
+    }
 }

@@ -3,7 +3,8 @@
 //! let either side be the real `ibv_rc_pingpong` on the drop-in library), its options and
 //! its closing lines, plus the round-trip latency distribution.
 
-use crate::conn::{self, Mode, NetArgs, Side};
+use crate::conn::{self, DeviceCounters, Mode, NetArgs, Side};
+use crate::output::{self, outln};
 use crate::stats::Latencies;
 use crate::Error;
 use softverbs::*;
@@ -79,13 +80,14 @@ fn parse_wire_message(msg: &[u8], mtu: Mtu) -> Result<RemoteInfo, Error> {
     })
 }
 
-fn print_address(label: &str, info: &RemoteInfo) {
-    println!(
+fn print_address(label: &str, info: &RemoteInfo) -> Result<(), Error> {
+    outln!(
         "  {label} LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         info.qpn,
         info.psn,
         Ipv6Addr::from(info.gid.0)
-    );
+    )?;
+    Ok(())
 }
 
 /// The exchange of `ibv_rc_pingpong`'s `pp_server_exch_dest`: read the client's message,
@@ -174,30 +176,31 @@ fn run_loop(
     Ok((start.elapsed(), latencies))
 }
 
-fn report(elapsed: Duration, args: &PingpongArgs, latencies: &Latencies) {
+fn report(elapsed: Duration, args: &PingpongArgs, latencies: &Latencies) -> Result<(), Error> {
     let usec = elapsed.as_secs_f64() * 1e6;
     let bytes = args.size as u64 * args.iters * 2;
-    println!(
+    outln!(
         "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
         usec / 1e6,
         bytes as f64 * 8.0 / usec
-    );
-    println!(
+    )?;
+    outln!(
         "{} iters in {:.2} seconds = {:.2} usec/iter",
         args.iters,
         usec / 1e6,
         usec / args.iters as f64
-    );
+    )?;
     if !latencies.is_empty() {
-        println!(
+        outln!(
             "round trip: min {:.2} usec, median {:.2} usec, p99 {:.2} usec, max {:.2} usec ({} samples)",
             latencies.quantile_us(0.0),
             latencies.quantile_us(0.5),
             latencies.quantile_us(0.99),
             latencies.quantile_us(1.0),
             latencies.len()
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// One side from the device to the result: builds it, posts the receives, exchanges,
@@ -210,7 +213,9 @@ fn side_run(
     verbose: bool,
 ) -> Result<(Duration, Latencies), Error> {
     let mtu = conn::mtu_from_bytes(args.mtu)?;
-    let side = Side::new(ctx, args.size, 16, args.rx_depth, args.events)?;
+    // The exchange is a few bytes each way: a peer silent for this long is gone.
+    stream.set_read_timeout(Some(conn::PATIENCE))?;
+    let side = Side::new(ctx, args.size, 16, args.rx_depth, 0, args.events)?;
     let rx_posted = u64::from(args.rx_depth).min(args.iters.max(1));
     for _ in 0..rx_posted {
         side.qp
@@ -224,8 +229,8 @@ fn side_run(
         server_exchange(&mut stream, &side, mine)?
     };
     if verbose {
-        print_address("local address: ", &mine);
-        print_address("remote address:", &peer);
+        print_address("local address: ", &mine)?;
+        print_address("remote address:", &peer)?;
     }
     let result = run_loop(&side, client, args, rx_posted)?;
     close_exchange(&mut stream);
@@ -258,16 +263,23 @@ pub fn run(args: &PingpongArgs) -> Result<(), Error> {
     match args.net.mode() {
         Mode::Server => {
             let (listener, port) = args.net.listen(false)?;
-            println!("waiting for a client on TCP port {port}");
-            std::io::stdout().flush()?;
+            outln!("waiting for a client on TCP port {port}")?;
+            output::flush()?;
             let (stream, _) = listener.accept()?;
             let (elapsed, latencies) = side_run(&ctx, args, stream, false, true)?;
-            report(elapsed, args, &latencies);
+            report(elapsed, args, &latencies)?;
+            outln!("device: {}", DeviceCounters::of(&ctx))?;
         }
         Mode::Client(host) => {
-            let stream = conn::connect_tcp(&host, args.net.tcp_port)?;
+            let stream = conn::connect_tcp(
+                &host,
+                args.net.tcp_port,
+                args.net.timeout,
+                "softverbs pingpong --server",
+            )?;
             let (elapsed, latencies) = side_run(&ctx, args, stream, true, true)?;
-            report(elapsed, args, &latencies);
+            report(elapsed, args, &latencies)?;
+            outln!("device: {}", DeviceCounters::of(&ctx))?;
         }
         Mode::Loopback | Mode::InProcess => {
             let server_ctx = server_ctx.ok_or("no server device")?;
@@ -280,7 +292,7 @@ pub fn run(args: &PingpongArgs) -> Result<(), Error> {
                     server_ctx.device().address()
                 ),
             };
-            println!(
+            outln!(
                 "softverbs pingpong: both sides in this process ({network}), {} bytes x {} iters{}",
                 args.size,
                 args.iters,
@@ -289,22 +301,26 @@ pub fn run(args: &PingpongArgs) -> Result<(), Error> {
                 } else {
                     ""
                 }
-            );
-            let (elapsed, latencies) = std::thread::scope(|s| -> Result<_, Error> {
-                let server = s.spawn(|| -> Result<(), String> {
+            )?;
+            // The server side runs on a thread of its own that is not waited for when the
+            // client side fails (a closed stdout, say): the error ends the process at once
+            // instead of after the server's wait for a peer that is gone.
+            let server = {
+                let (server_ctx, args) = (server_ctx.clone(), args.clone());
+                std::thread::spawn(move || -> Result<(), String> {
                     let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
-                    side_run(&server_ctx, args, stream, false, false)
+                    side_run(&server_ctx, &args, stream, false, false)
                         .map(|_| ())
                         .map_err(|e| e.to_string())
-                });
-                let stream = conn::connect_tcp("127.0.0.1", port)?;
-                let result = side_run(&ctx, args, stream, true, true);
-                let served = server.join().map_err(|_| "the server side panicked")?;
-                let result = result?;
-                served.map_err(|e| format!("server side: {e}"))?;
-                Ok(result)
-            })?;
-            report(elapsed, args, &latencies);
+                })
+            };
+            let stream = conn::connect_tcp("127.0.0.1", port, conn::PATIENCE, "")?;
+            let (elapsed, latencies) = side_run(&ctx, args, stream, true, true)?;
+            let served = server.join().map_err(|_| "the server side panicked")?;
+            served.map_err(|e| format!("server side: {e}"))?;
+            report(elapsed, args, &latencies)?;
+            outln!("client device: {}", DeviceCounters::of(&ctx))?;
+            outln!("server device: {}", DeviceCounters::of(&server_ctx))?;
         }
     }
     Ok(())

@@ -51,6 +51,11 @@ impl Latencies {
         self.histogram.mean() / 1e3
     }
 
+    /// The distribution itself (nanoseconds).
+    pub fn histogram(&self) -> &Histogram<u64> {
+        &self.histogram
+    }
+
     /// The standard deviation in microseconds.
     pub fn stdev_us(&self) -> f64 {
         self.histogram.stdev() / 1e3

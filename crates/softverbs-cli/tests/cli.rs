@@ -2,62 +2,10 @@
 //! time, using only 127.0.0.0/8 (devices on automatically chosen 127.0.0.x addresses,
 //! the exchange on 127.0.0.1).
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// Longest any one invocation may take.
-const LIMIT: Duration = Duration::from_secs(60);
-
-fn softverbs() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_softverbs"));
-    command
-        .env_remove("SOFTVERBS_ADDR")
-        .env_remove("SOFTVERBS_NETWORK")
-        .env_remove("SOFTVERBS_PCAP")
-        .env_remove("SOFTVERBS_FAULTS");
-    command
-}
-
-/// Waits for `child` within [`LIMIT`], killing it (and failing) past that.
-fn finish(mut child: Child) -> Output {
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("softverbs did not finish within {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().expect("output")
-}
-
-/// Runs `softverbs ARGS`, bounded; returns (exit code, stdout, stderr).
-fn run(args: &[&str]) -> (i32, String, String) {
-    let child = softverbs()
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start softverbs");
-    let out = finish(child);
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let (code, out, err) = run(args);
-    assert_eq!(
-        code, 0,
-        "softverbs {args:?} failed\nstdout:\n{out}\nstderr:\n{err}"
-    );
-    out
-}
+use common::{finish, finish_server, run, run_ok, softverbs, start_server};
+use std::process::Stdio;
 
 /// Checks the closing lines of `ibv_rc_pingpong` and the latency line.
 fn assert_pingpong_report(out: &str, bytes: u64, iters: u64) {
@@ -92,7 +40,7 @@ fn devinfo_shows_an_active_ethernet_port_and_an_ipv4_mapped_gid() {
         "state:\t\t\tPORT_ACTIVE (4)",
         "max_mtu:\t\t4096 (5)",
         "link_layer:\t\tEthernet",
-        "GID[  0]:\t\t::ffff:127.0.0.",
+        "GID[  1]:\t\t::ffff:127.0.0.",
         ", RoCE v2",
         "address:\t\t127.0.0.",
     ] {
@@ -126,49 +74,6 @@ fn pingpong_in_process() {
     let out = run_ok(&["pingpong", "--in-process", "-n", "200"]);
     assert!(out.contains("in-process"), "{out}");
     assert_pingpong_report(&out, 4096 * 200 * 2, 200);
-}
-
-/// Starts `softverbs ARGS --server -p 0 --listen 127.0.0.1` and reads the TCP port it
-/// announces on its first line.
-fn start_server(args: &[&str]) -> (Child, BufReader<std::process::ChildStdout>, u16) {
-    let mut child = softverbs()
-        .args(args)
-        .args(["--server", "-p", "0", "--listen", "127.0.0.1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the server");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    // The first line is read on a thread of its own, so a server that never announces its
-    // port fails the test after LIMIT instead of blocking it in read_line forever.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let read = stdout.read_line(&mut line).map(|_| line);
-        let _ = tx.send((read, stdout));
-    });
-    let Ok((line, stdout)) = rx.recv_timeout(LIMIT) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("stuck: the server announced no TCP port within {LIMIT:?}");
-    };
-    let line = line.expect("the server's first line");
-    let port = line
-        .trim()
-        .strip_prefix("waiting for a client on TCP port ")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("the server said {line:?}"));
-    (child, stdout, port)
-}
-
-/// Waits for the server and returns its exit code and the rest of its output.
-fn finish_server(child: Child, mut stdout: BufReader<std::process::ChildStdout>) -> (i32, String) {
-    let out = finish(child);
-    let mut text = String::new();
-    stdout.read_to_string(&mut text).expect("server output");
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.code().unwrap_or(-1), text)
 }
 
 #[test]
@@ -273,7 +178,8 @@ fn perf_write_bw_json_reports_bandwidth_and_message_rate() {
 }
 
 #[test]
-fn perf_text_output_has_a_header_and_a_row_per_size() {
+fn perf_text_output_has_a_header_and_a_row_per_size_of_minus_a() {
+    // perftest's -a: "Run sizes from 2 till 2^23" (perftest_parameters.c, usage).
     let out = run_ok(&[
         "perf",
         "send",
@@ -290,8 +196,9 @@ fn perf_text_output_has_a_header_and_a_row_per_size() {
         .lines()
         .filter(|l| l.split_whitespace().nth(1) == Some("20"))
         .collect();
-    assert_eq!(rows.len(), 20, "{out}");
-    assert!(rows[19].trim_start().starts_with("1048576 "), "{out}");
+    assert_eq!(rows.len(), 23, "{out}");
+    assert!(rows[0].trim_start().starts_with("2 "), "{out}");
+    assert!(rows[22].trim_start().starts_with("8388608 "), "{out}");
 }
 
 #[test]

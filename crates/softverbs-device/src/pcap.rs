@@ -425,10 +425,27 @@ impl Capture {
         Capture::create_as(path, format)
     }
 
-    /// Creates (truncates) the capture file at `path` in `format`, whatever its name.
+    /// Creates (truncates) the capture file at `path` in `format`, whatever its name. An
+    /// error names the file and, when its folder does not exist, the folder (the error's
+    /// kind is the operating system's).
     pub fn create_as(path: impl AsRef<Path>, format: CaptureFormat) -> io::Result<Arc<Capture>> {
-        let file = File::create(path)?;
-        Capture::to_writer_as(BufWriter::new(file), format)
+        let path = path.as_ref();
+        let named = |error: io::Error| {
+            let folder = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty() && !p.is_dir());
+            let message = match folder {
+                Some(folder) => format!(
+                    "cannot create the capture file {}: the folder {} does not exist ({error})",
+                    path.display(),
+                    folder.display()
+                ),
+                None => format!("cannot create the capture file {}: {error}", path.display()),
+            };
+            io::Error::new(error.kind(), message)
+        };
+        let file = File::create(path).map_err(named)?;
+        Capture::to_writer_as(BufWriter::new(file), format).map_err(named)
     }
 
     /// A classic pcap capture into any writer (the header is written now). Recording is on.

@@ -322,6 +322,31 @@ fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Res
     Ok(socket)
 }
 
+/// The error of binding the device socket to `addr`, saying which address and port and,
+/// where there is one, the fix. The kind stays the operating system's (`AddrInUse`,
+/// `AddrNotAvailable`, …) so callers can still match on it; the message is one line.
+fn bind_error(addr: SocketAddr, error: io::Error) -> io::Error {
+    let message = match error.kind() {
+        io::ErrorKind::AddrInUse => format!(
+            "UDP {addr} is already in use ({error}), by another softverbs device or program: \
+             give this device another address with {ADDR_ENV} (`softverbs run --addr`), or \
+             leave {ADDR_ENV} unset to take the first free 127.0.0.x"
+        ),
+        io::ErrorKind::AddrNotAvailable => format!(
+            "{} is not an address of this host, so the device cannot bind UDP {addr} \
+             ({error}): set {ADDR_ENV} to one of the host's addresses (`ip address`), or \
+             leave it unset to take the first free 127.0.0.x",
+            addr.ip()
+        ),
+        io::ErrorKind::PermissionDenied => format!(
+            "binding UDP {addr} is not permitted ({error}): ports below 1024 need privileges; \
+             give another port in {ADDR_ENV} (IP:PORT)"
+        ),
+        _ => format!("cannot open the device's UDP socket on {addr}: {error}"),
+    };
+    io::Error::new(error.kind(), message)
+}
+
 /// Views an initialised byte buffer as `MaybeUninit` bytes for `recvmsg`.
 fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
     // SAFETY: `MaybeUninit<u8>` has the layout of `u8`; the slice starts initialised and
@@ -390,12 +415,16 @@ impl UdpTransport {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidInput,
                         format!(
-                            "device address {address} must be one unicast address (reference §5.2)"
+                            "device address {address} is not one unicast address: the ICRC \
+                             covers the source address, so the device binds exactly its own; \
+                             set {ADDR_ENV} to an address of this host (e.g. 127.0.0.1), or \
+                             leave it unset to take the first free 127.0.0.x"
                         ),
                     ));
                 }
                 let addr = SocketAddr::new(Endpoint::new(address, 0).addr(), config.port);
-                (rocev2_socket(addr, &config, true)?, addr)
+                let socket = rocev2_socket(addr, &config, true).map_err(|e| bind_error(addr, e))?;
+                (socket, addr)
             }
             None => Self::bind_automatic(&config)?,
         };
@@ -424,7 +453,7 @@ impl UdpTransport {
             match rocev2_socket(addr, config, true) {
                 Ok(socket) => return Ok((socket, addr)),
                 Err(error) if error.kind() == io::ErrorKind::AddrInUse => continue,
-                Err(error) => return Err(error),
+                Err(error) => return Err(bind_error(addr, error)),
             }
         }
         Err(io::Error::new(
@@ -750,5 +779,50 @@ mod tests {
         };
         let error = UdpTransport::bind(config).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+        assert!(error.to_string().contains(ADDR_ENV), "{error}");
+    }
+
+    #[test]
+    fn an_address_in_use_names_the_address_the_port_and_the_fix() {
+        let first = UdpTransport::bind(UdpConfig {
+            address: Some("127.0.0.77".parse().unwrap()),
+            port: 0,
+            ..UdpConfig::default()
+        })
+        .unwrap();
+        let port = first.local().port();
+        let error = UdpTransport::bind(UdpConfig {
+            address: Some("127.0.0.77".parse().unwrap()),
+            port,
+            ..UdpConfig::default()
+        })
+        .unwrap_err();
+        // The kind stays the operating system's: callers (and errno) still match on it.
+        assert_eq!(error.kind(), io::ErrorKind::AddrInUse);
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("UDP 127.0.0.77:{port} is already in use"))
+                && text.contains(ADDR_ENV)
+                && !text.contains('\n'),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_address_of_another_host_says_so_and_names_the_variable() {
+        // 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this host: bind(2) refuses it
+        // with EADDRNOTAVAIL at once, and no packet is sent.
+        let error = UdpTransport::bind(UdpConfig {
+            address: Some("192.0.2.1".parse().unwrap()),
+            port: 0,
+            ..UdpConfig::default()
+        })
+        .unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::AddrNotAvailable);
+        let text = error.to_string();
+        assert!(
+            text.contains("192.0.2.1 is not an address of this host") && text.contains(ADDR_ENV),
+            "{text}"
+        );
     }
 }

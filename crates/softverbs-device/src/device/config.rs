@@ -96,6 +96,10 @@ pub fn network_from_env() -> Result<NetworkKind, String> {
 /// `drop=0.05,duplicate=0.01,corrupt=0.001,delay=0.01:2ms,reorder=0.01:1ms,seed=7`.
 pub const FAULTS_ENV: &str = "SOFTVERBS_FAULTS";
 
+/// The [`FAULTS_ENV`] syntax, as its errors state it.
+const FAULTS_SYNTAX: &str = "comma-separated rules: drop=P, duplicate=P, corrupt=P, \
+                             delay=P:TIME, reorder=P:TIME, seed=N (P in 0..=1, TIME like 2ms)";
+
 /// Parses fault rules in the [`FAULTS_ENV`] syntax.
 pub fn parse_faults(spec: &str) -> Result<FaultSetup, String> {
     let config = FaultConfig::new();
@@ -177,12 +181,10 @@ impl DeviceConfig {
     /// ([`FAULTS_ENV`]).
     pub fn with_env(mut self) -> io::Result<Self> {
         if let Some(path) = std::env::var_os(PCAP_ENV) {
-            let capture = Capture::create(&path).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("{PCAP_ENV}={}: {e}", path.to_string_lossy()),
-                )
-            })?;
+            // The capture's error names the file (and a missing folder); this names the
+            // variable that asked for it.
+            let capture = Capture::create(&path)
+                .map_err(|e| io::Error::new(e.kind(), format!("{PCAP_ENV}: {e}")))?;
             if let Some(limit) = std::env::var_os(crate::pcap::PCAP_LIMIT_ENV) {
                 let limit = crate::pcap::parse_size(&limit.to_string_lossy()).map_err(|e| {
                     io::Error::new(
@@ -196,9 +198,12 @@ impl DeviceConfig {
         }
         if let Some(spec) = std::env::var_os(FAULTS_ENV) {
             let spec = spec.to_string_lossy();
-            self.faults = Some(
-                parse_faults(&spec).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
-            );
+            self.faults = Some(parse_faults(&spec).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{FAULTS_ENV}={spec:?}: {e}; expected {FAULTS_SYNTAX}"),
+                )
+            })?);
         }
         Ok(self)
     }

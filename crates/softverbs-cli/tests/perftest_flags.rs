@@ -1,0 +1,334 @@
+//! `softverbs perf` takes perftest's common flags with perftest's meaning (perftest's
+//! usage text, src/perftest_parameters.c: `-s` size, `-n` iterations, `-a` "sizes from 2
+//! till 2^23", `-D` duration in seconds measured within margins, `-F` no CPU-frequency
+//! warning, `-t` TX depth, `-q` QPs, `-I` inline size, `-R` rdma_cm, `--report_gbits`
+//! "Gbit/sec (instead of MiB/sec)", `--output=bandwidth|message_rate|latency` "print only
+//! the measured value", `-e` sleep on CQ events) and prints perftest's result table
+//! (RESULT_FMT, RESULT_FMT_G, RESULT_FMT_LAT of perftest_parameters.h); `--histogram`
+//! prints the distribution it measured. Runs in one process over UDP loopback or in
+//! process.
+
+mod common;
+
+use common::{run, run_ok};
+use std::time::{Duration, Instant};
+
+/// The whitespace-separated numbers of the one row whose first column is `bytes`.
+fn row(out: &str, bytes: &str) -> Vec<f64> {
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.first() == Some(&bytes) && w.len() > 2)
+        .collect();
+    assert_eq!(rows.len(), 1, "one row of {bytes} bytes in\n{out}");
+    rows[0]
+        .iter()
+        .map(|w| w.parse().unwrap_or_else(|_| panic!("{w:?} in\n{out}")))
+        .collect()
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["perf"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = run_ok(&all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}):\n{out}"))
+}
+
+#[test]
+fn bw_prints_perftests_table_in_mib_per_sec_or_with_report_gbits_in_gb_per_sec() {
+    let out = run_ok(&[
+        "perf", "write", "bw", "-s", "4096", "-n", "300", "-t", "16", "-F",
+    ]);
+    assert!(
+        out.contains(
+            " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]"
+        ),
+        "{out}"
+    );
+    let out = run_ok(&[
+        "perf",
+        "write",
+        "bw",
+        "-s",
+        "4096",
+        "-n",
+        "300",
+        "-t",
+        "16",
+        "--report_gbits",
+    ]);
+    assert!(
+        out.contains(
+            " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
+        ),
+        "{out}"
+    );
+    let r = row(&out, "4096");
+    let (iterations, peak, average, rate) = (r[1], r[2], r[3], r[4]);
+    assert_eq!(iterations, 300.0, "{out}");
+    // The whole run is one of the runs the peak is the best of.
+    assert!(average > 0.0 && peak >= average * 0.999, "{out}");
+    // Gb/sec = messages/sec * bytes * 8 / 10^9.
+    let from_rate = rate * 1e6 * 4096.0 * 8.0 / 1e9;
+    assert!(
+        (from_rate - average).abs() <= average * 0.01 + 0.01,
+        "{out}"
+    );
+}
+
+#[test]
+fn lat_prints_perftests_table() {
+    let out = run_ok(&["perf", "send", "lat", "-s", "64", "-n", "300"]);
+    assert!(
+        out.contains(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    \
+             t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+        ),
+        "{out}"
+    );
+    let r = row(&out, "64");
+    let (iterations, min, max, typical, avg, p99, p999) =
+        (r[1], r[2], r[3], r[4], r[5], r[7], r[8]);
+    assert_eq!(iterations, 300.0);
+    assert!(0.0 < min && min <= typical && typical <= max, "{out}");
+    assert!(min <= avg && avg <= max, "{out}");
+    assert!(typical <= p99 && p99 <= p999 && p999 <= max, "{out}");
+}
+
+#[test]
+fn output_prints_only_the_measured_value() {
+    for (args, lines) in [
+        (
+            &["perf", "write", "bw", "-n", "200", "--output=bandwidth"][..],
+            1,
+        ),
+        (
+            &["perf", "write", "bw", "-n", "200", "--output=message_rate"][..],
+            1,
+        ),
+        (
+            &["perf", "read", "lat", "-n", "200", "--output", "latency"][..],
+            1,
+        ),
+        (
+            &[
+                "perf",
+                "send",
+                "lat",
+                "-n",
+                "20",
+                "-a",
+                "--in-process",
+                "--output=latency",
+            ][..],
+            23,
+        ),
+    ] {
+        let out = run_ok(args);
+        let values: Vec<f64> = out
+            .lines()
+            .map(|l| {
+                l.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{l:?} in\n{out}"))
+            })
+            .collect();
+        assert_eq!(values.len(), lines, "{args:?}:\n{out}");
+        assert!(values.iter().all(|v| *v > 0.0), "{args:?}:\n{out}");
+    }
+    // perftest: "Output verbosity level for BW can be: bandwidth, message_rate".
+    let (code, _, err) = run(&["perf", "write", "bw", "--output=latency"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("bandwidth, message_rate"), "{err}");
+}
+
+#[test]
+fn duration_runs_that_long_and_measures_the_middle_half() {
+    for (op, kind) in [
+        ("send", "lat"),
+        ("write", "lat"),
+        ("send", "bw"),
+        ("read", "bw"),
+    ] {
+        let started = Instant::now();
+        let doc = json(&[op, kind, "-D", "2", "-s", "1024", "--in-process"]);
+        let took = started.elapsed();
+        assert!(took >= Duration::from_secs(2), "{op} {kind} took {took:?}");
+        assert_eq!(doc["duration_sec"], 2, "{doc}");
+        let r = &doc["results"][0];
+        assert!(r["iterations"].as_u64() > Some(0), "{doc}");
+        // The margins are a quarter of the duration at each end (perftest: margin =
+        // duration / 4): one second measured.
+        let measured = r["elapsed_sec"].as_f64().unwrap();
+        // (0.8 to 1.3 s: the edges of the window fall between iterations, on a busy
+        // machine too; the whole run would be 2 s.)
+        assert!((0.8..=1.3).contains(&measured), "{op} {kind}: {doc}");
+        if kind == "bw" {
+            // perftest: "BW peak won't be measured in this run".
+            assert!(r.get("bw_peak_gbit_per_sec").is_none(), "{doc}");
+        }
+    }
+    // perftest: "Duration mode currently doesn't support running on all sizes", and
+    // "Duration mode doesn't work with events".
+    for conflict in ["-a", "-e"] {
+        let (code, _, err) = run(&["perf", "send", "bw", "-D", "1", conflict]);
+        assert_eq!(code, 2, "{conflict}: {err}");
+    }
+}
+
+#[test]
+fn defaults_sizes_and_iterations_are_perftests() {
+    // perftest: DEF_ITERS 1000, DEF_ITERS_WB 5000 for write bw; DEF_SIZE_BW 65536,
+    // DEF_SIZE_LAT 2.
+    let doc = json(&["write", "bw", "--in-process"]);
+    assert_eq!(doc["results"][0]["iterations"], 5000, "{doc}");
+    assert_eq!(doc["results"][0]["bytes"], 65536, "{doc}");
+    let doc = json(&["send", "bw", "--in-process"]);
+    assert_eq!(doc["results"][0]["iterations"], 1000, "{doc}");
+    let doc = json(&["send", "lat", "--in-process"]);
+    assert_eq!(doc["results"][0]["iterations"], 1000, "{doc}");
+    assert_eq!(doc["results"][0]["bytes"], 2, "{doc}");
+}
+
+#[test]
+fn events_inline_and_tx_depth_are_taken() {
+    // (arguments, iterations, events, inline size, TX depth)
+    for (args, iterations, events, inline, tx_depth) in [
+        (&["send", "lat", "-n", "200", "-e"][..], 200, true, 0, 128),
+        (
+            &["read", "bw", "-n", "500", "-e", "-t", "4"][..],
+            500,
+            true,
+            0,
+            4,
+        ),
+        (
+            &["send", "bw", "-n", "500", "-I", "64", "-s", "64", "-t", "8"][..],
+            500,
+            false,
+            64,
+            8,
+        ),
+        (
+            &["write", "lat", "-n", "200", "-I", "128", "-s", "100"][..],
+            200,
+            false,
+            128,
+            128,
+        ),
+    ] {
+        let doc = json(args);
+        assert_eq!(
+            doc["results"][0]["iterations"], iterations,
+            "{args:?}: {doc}"
+        );
+        assert_eq!(doc["events"], events, "{args:?}: {doc}");
+        assert_eq!(doc["inline_size"], inline, "{args:?}: {doc}");
+        assert_eq!(doc["tx_depth"], tx_depth, "{args:?}: {doc}");
+    }
+}
+
+#[test]
+fn what_softverbs_does_not_do_is_refused_by_name() {
+    for (args, says) in [
+        (
+            &["perf", "write", "bw", "-R"][..],
+            "-R (rdma_cm): not yet supported",
+        ),
+        (&["perf", "write", "bw", "-q", "2"][..], "-q 2: several QPs"),
+        // perftest: "Multiple QPs only available on bw tests".
+        (
+            &["perf", "write", "lat", "-q", "2"][..],
+            "only for bw tests",
+        ),
+        // perftest: "Inline feature not available on READ/Atomic verbs".
+        (
+            &["perf", "read", "bw", "-I", "64"][..],
+            "not available for read and atomic",
+        ),
+        (
+            &["perf", "send", "lat", "-I", "100000"][..],
+            "max_inline_data",
+        ),
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 1, "{args:?}:\n{out}\n{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // -q 1 is what softverbs runs.
+    run_ok(&[
+        "perf",
+        "write",
+        "bw",
+        "-q",
+        "1",
+        "-n",
+        "100",
+        "--in-process",
+    ]);
+}
+
+#[test]
+fn histogram_prints_the_distribution_it_measured() {
+    let out = run_ok(&["perf", "send", "lat", "-n", "300", "--histogram"]);
+    let at = out
+        .lines()
+        .position(|l| l.trim() == "value[usec]   percentile        count")
+        .unwrap_or_else(|| panic!("no histogram in\n{out}"));
+    let lines: Vec<Vec<f64>> = out
+        .lines()
+        .skip(at + 1)
+        .map_while(|l| {
+            let words: Vec<f64> = l
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (words.len() == 3).then_some(words)
+        })
+        .collect();
+    assert!(lines.len() > 3, "{out}");
+    assert!(
+        lines
+            .windows(2)
+            .all(|w| w[0][0] <= w[1][0] && w[0][1] <= w[1][1]),
+        "{out}"
+    );
+    assert_eq!(lines.last().unwrap()[1], 100.0, "{out}");
+    let counted: f64 = lines.iter().map(|l| l[2]).sum();
+    assert_eq!(counted, 300.0, "{out}");
+
+    let doc = json(&["write", "bw", "-n", "400", "--histogram", "--in-process"]);
+    let histogram = doc["results"][0]["histogram"]
+        .as_array()
+        .expect("histogram");
+    let counted: u64 = histogram.iter().map(|l| l["count"].as_u64().unwrap()).sum();
+    assert_eq!(counted, 400, "{doc}");
+}
+
+#[test]
+fn a_long_run_shows_progress_on_a_terminal_and_nothing_when_piped() {
+    let binary = env!("CARGO_BIN_EXE_softverbs");
+    let run_args = "perf write bw -D 1 -s 4096 --in-process";
+    // On a terminal: util-linux's script(1) gives the command a pseudo-terminal for its
+    // stdout and stderr, and copies what it writes there to our pipe.
+    let output = std::process::Command::new("script")
+        .args(["-qfec", &format!("{binary} {run_args}"), "/dev/null"])
+        .env("TERM", "xterm")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("script(1) is required (Debian package bsdutils): {e}"));
+    let screen = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{screen}");
+    assert!(
+        screen.contains("4096 bytes [") && screen.contains("100%"),
+        "no progress bar on the terminal:\n{screen}"
+    );
+    // Piped: stderr stays empty.
+    let args: Vec<&str> = run_args.split(' ').collect();
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(err.is_empty(), "progress on a pipe: {err:?}");
+    assert!(!out.contains('\r'), "{out:?}");
+}
