@@ -55,8 +55,8 @@ fn picture(path: &Path) -> Picture {
     }
 }
 
-// `perf lat -a --plot`: a latency distribution curve per message size (13 sizes, 2 B to
-// 8 KiB), each a mark per point, percentiles rising left to right and latency never
+// `perf lat -a --plot`: a latency distribution curve per message size (23 sizes, 2 B to
+// 8 MiB, as perftest's -a), each a mark per point, percentiles rising left to right and latency never
 // falling (pixel y never rising); the JSON on stdout is untouched.
 #[test]
 fn perf_lat_plot_draws_a_latency_distribution_per_size() {
@@ -75,9 +75,9 @@ fn perf_lat_plot_draws_a_latency_distribution_per_size() {
         text(&svg),
     ]);
     let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON alone on stdout");
-    assert_eq!(doc["results"].as_array().unwrap().len(), 13);
+    assert_eq!(doc["results"].as_array().unwrap().len(), 23);
     let picture = picture(&svg);
-    assert_eq!(picture.curves.len(), 13);
+    assert_eq!(picture.curves.len(), 23);
     for curve in &picture.curves {
         for pair in curve.windows(2) {
             assert!(pair[0].0 < pair[1].0 && pair[0].1 >= pair[1].1, "{pair:?}");
@@ -97,7 +97,7 @@ fn perf_lat_plot_draws_a_latency_distribution_per_size() {
 }
 
 // `perf bw -a --plot`: one curve of bandwidth against the message size, a mark per size
-// (20 sizes, 2 B to 1 MiB), sizes rising left to right.
+// (23 sizes, 2 B to 8 MiB, as perftest's -a), sizes rising left to right.
 #[test]
 fn perf_bw_all_sizes_plot_draws_bandwidth_against_every_size() {
     let dir = scratch("perf-bw-plot");
@@ -117,8 +117,8 @@ fn perf_bw_all_sizes_plot_draws_bandwidth_against_every_size() {
     ]);
     let picture = picture(&svg);
     assert_eq!(picture.curves.len(), 1);
-    assert_eq!(picture.curves[0].len(), 20);
-    assert_eq!(picture.circles, 20);
+    assert_eq!(picture.curves[0].len(), 23);
+    assert_eq!(picture.circles, 23);
     for pair in picture.curves[0].windows(2) {
         assert!(pair[0].0 < pair[1].0, "{pair:?}");
     }
