@@ -56,8 +56,8 @@ fn picture(path: &Path) -> Picture {
 }
 
 // `perf lat -a --plot`: a latency distribution curve per message size (23 sizes, 2 B to
-// 8 MiB, as perftest's -a), each a mark per point, percentiles rising left to right and latency never
-// falling (pixel y never rising); the JSON on stdout is untouched.
+// 8 MiB, as perftest's -a), each a mark per point, percentiles rising left to right and
+// latency never falling (pixel y never rising); the JSON on stdout is untouched.
 #[test]
 fn perf_lat_plot_draws_a_latency_distribution_per_size() {
     let dir = scratch("perf-lat-plot");
