@@ -673,6 +673,48 @@ struct Measured {
     peak_msgs_per_sec: Option<f64>,
 }
 
+/// What a size's run has measured so far: the samples of the iterations that count, the
+/// start of the first of them and the end of the last.
+struct Tally {
+    lat: Latencies,
+    measured: u64,
+    first: Option<Instant>,
+    last: Instant,
+}
+
+impl Tally {
+    fn new(start: Instant) -> Tally {
+        Tally {
+            lat: Latencies::new(),
+            measured: 0,
+            first: None,
+            last: start,
+        }
+    }
+
+    /// One measured iteration: started at `started`, took `sample`, ended at `ended`.
+    fn record(&mut self, started: Instant, sample: Duration, ended: Instant) {
+        self.lat.record(sample);
+        self.measured += 1;
+        self.first.get_or_insert(started);
+        self.last = ended;
+    }
+
+    /// The result; the run's whole time if nothing was measured.
+    fn finish(self, start: Instant, peak_msgs_per_sec: Option<f64>) -> Measured {
+        let elapsed = match self.first {
+            Some(first) => self.last.saturating_duration_since(first),
+            None => start.elapsed(),
+        };
+        Measured {
+            lat: self.lat,
+            iterations: self.measured,
+            elapsed,
+            peak_msgs_per_sec,
+        }
+    }
+}
+
 /// perftest's peak: over every run of consecutive work requests `i..=j`, the time from
 /// the post of `i` to the completion of `j` divided by their number; the smallest such
 /// time per message gives the peak rate. `posted` and `completed` are in nanoseconds
@@ -699,149 +741,152 @@ fn client_size(
     progress: &Progress,
     index: usize,
 ) -> Result<Measured, Error> {
-    let mut lat = Latencies::new();
-    let mut pending = VecDeque::new();
     let per_size = match p.duration_secs {
         Some(secs) => u64::from(secs) * 1000,
         None => p.iters,
     };
     let start = Instant::now();
     let plan = Plan::new(p, start);
-    let (mut measured, mut first, mut last) = (0u64, None::<Instant>, start);
-    let mut peak_msgs_per_sec = None;
+    let tick = |done: u64, now: Instant| progress.tick(index, per_size, plan.progress(done, now));
     match p.kind {
-        Kind::Lat => {
-            let mut i = 0u64;
-            while plan.more(i, Instant::now()) {
-                let t0 = Instant::now();
-                let sample = match p.op {
-                    Op::Send => {
-                        side.qp
-                            .post_send(payload_request(side, p, SEND_WRID, 0, size, None)?)?;
-                        wait_for(side, RECV_WRID, &mut pending)?;
-                        let rtt = t0.elapsed();
-                        if p.repost_after(i + 1) {
-                            post_recv(side, size)?;
-                        }
-                        rtt / 2
-                    }
-                    Op::Write => {
-                        let mark = write_mark(i);
-                        side.mr.write_at(2 * size - 1, &[mark])?;
-                        side.qp.post_send(payload_request(
-                            side,
-                            p,
-                            SEND_WRID,
-                            size,
-                            size,
-                            Some(peer),
-                        )?)?;
-                        wait_byte(side, size - 1, mark, &mut Stop::never())?;
-                        t0.elapsed() / 2
-                    }
-                    Op::Read => {
-                        side.qp.post_send(SendRequest::read(
-                            SEND_WRID,
-                            &[side.mr.slice(0..size)?],
-                            peer,
-                        ))?;
-                        wait_for(side, SEND_WRID, &mut pending)?;
-                        t0.elapsed()
-                    }
-                    Op::Atomic => {
-                        side.qp.post_send(SendRequest::fetch_add(
-                            SEND_WRID,
-                            side.mr.slice(0..8)?,
-                            peer,
-                            1,
-                        ))?;
-                        wait_for(side, SEND_WRID, &mut pending)?;
-                        t0.elapsed()
-                    }
-                };
-                if plan.measures(t0) {
-                    lat.record(sample);
-                    measured += 1;
-                    first.get_or_insert(t0);
-                    last = Instant::now();
+        Kind::Lat => client_lat(side, peer, p, size, &plan, tick),
+        Kind::Bw => client_bw(side, peer, p, size, &plan, tick),
+    }
+}
+
+/// A lat test's size: one operation at a time.
+fn client_lat(
+    side: &Side,
+    peer: RemoteAddr,
+    p: &Params,
+    size: usize,
+    plan: &Plan,
+    tick: impl Fn(u64, Instant),
+) -> Result<Measured, Error> {
+    let mut tally = Tally::new(plan.start);
+    let mut pending = VecDeque::new();
+    let mut i = 0u64;
+    while plan.more(i, Instant::now()) {
+        let t0 = Instant::now();
+        let sample = match p.op {
+            Op::Send => {
+                side.qp
+                    .post_send(payload_request(side, p, SEND_WRID, 0, size, None)?)?;
+                wait_for(side, RECV_WRID, &mut pending)?;
+                let rtt = t0.elapsed();
+                if p.repost_after(i + 1) {
+                    post_recv(side, size)?;
                 }
-                i += 1;
-                if i.is_multiple_of(64) {
-                    progress.tick(index, per_size, plan.progress(i, Instant::now()));
-                }
+                rtt / 2
             }
-            // Send completions of the ping-pongs may still be queued: take them.
-            let mut wcs = [WorkCompletion::default(); 64];
-            while side.try_poll(&mut wcs)? > 0 {}
+            Op::Write => {
+                let mark = write_mark(i);
+                side.mr.write_at(2 * size - 1, &[mark])?;
+                side.qp
+                    .post_send(payload_request(side, p, SEND_WRID, size, size, Some(peer))?)?;
+                wait_byte(side, size - 1, mark, &mut Stop::never())?;
+                t0.elapsed() / 2
+            }
+            Op::Read => {
+                side.qp.post_send(SendRequest::read(
+                    SEND_WRID,
+                    &[side.mr.slice(0..size)?],
+                    peer,
+                ))?;
+                wait_for(side, SEND_WRID, &mut pending)?;
+                t0.elapsed()
+            }
+            Op::Atomic => {
+                side.qp.post_send(SendRequest::fetch_add(
+                    SEND_WRID,
+                    side.mr.slice(0..8)?,
+                    peer,
+                    1,
+                ))?;
+                wait_for(side, SEND_WRID, &mut pending)?;
+                t0.elapsed()
+            }
+        };
+        if plan.measures(t0) {
+            tally.record(t0, sample, Instant::now());
         }
-        Kind::Bw => {
-            let window = u64::from(p.tx_depth);
-            let mut posted_at: VecDeque<Instant> = VecDeque::with_capacity(p.tx_depth as usize);
-            let keep_times = p.peak();
-            let capacity = if keep_times { p.iters as usize } else { 0 };
-            let (mut post_ns, mut done_ns) = (Vec::with_capacity(capacity), Vec::new());
-            done_ns.reserve(capacity);
-            let mut wcs = [WorkCompletion::default(); 64];
-            let (mut posted, mut completed) = (0u64, 0u64);
-            let mut posting = true;
-            while posting || completed < posted {
-                while posting && posted - completed < window {
-                    let now = Instant::now();
-                    if !plan.more(posted, now) {
-                        posting = false;
-                        break;
-                    }
-                    let wr = match p.op {
-                        Op::Send => payload_request(side, p, posted, 0, size, None)?,
-                        Op::Write => payload_request(side, p, posted, 0, size, Some(peer))?,
-                        Op::Read => SendRequest::read(posted, &[side.mr.slice(0..size)?], peer),
-                        Op::Atomic => SendRequest::fetch_add(posted, side.mr.slice(0..8)?, peer, 1),
-                    };
-                    side.qp.post_send(wr)?;
-                    let at = Instant::now();
-                    posted_at.push_back(at);
-                    if keep_times {
-                        post_ns.push((at - start).as_nanos() as u64);
-                    }
-                    posted += 1;
-                }
-                if completed == posted {
-                    continue;
-                }
-                let n = side.wait(&mut wcs)?;
-                let now = Instant::now();
-                for _ in &wcs[..n] {
-                    // RC completes in order: the oldest outstanding request.
-                    if let Some(at) = posted_at.pop_front() {
-                        if plan.measures(at) {
-                            lat.record(now - at);
-                            measured += 1;
-                            first.get_or_insert(at);
-                            last = now;
-                        }
-                    }
-                    if keep_times {
-                        done_ns.push((now - start).as_nanos() as u64);
-                    }
-                    completed += 1;
-                }
-                progress.tick(index, per_size, plan.progress(completed, now));
-            }
-            if keep_times {
-                peak_msgs_per_sec = peak_rate(&post_ns, &done_ns);
-            }
+        i += 1;
+        if i.is_multiple_of(64) {
+            tick(i, Instant::now());
         }
     }
-    let elapsed = match first {
-        Some(first) => last.saturating_duration_since(first),
-        None => start.elapsed(),
+    // Send completions of the ping-pongs may still be queued: take them.
+    let mut wcs = [WorkCompletion::default(); 64];
+    while side.try_poll(&mut wcs)? > 0 {}
+    Ok(tally.finish(plan.start, None))
+}
+
+/// A bw test's size: up to `tx-depth` requests outstanding.
+fn client_bw(
+    side: &Side,
+    peer: RemoteAddr,
+    p: &Params,
+    size: usize,
+    plan: &Plan,
+    tick: impl Fn(u64, Instant),
+) -> Result<Measured, Error> {
+    let start = plan.start;
+    let mut tally = Tally::new(start);
+    let window = u64::from(p.tx_depth);
+    let mut posted_at: VecDeque<Instant> = VecDeque::with_capacity(p.tx_depth as usize);
+    let keep_times = p.peak();
+    let capacity = if keep_times { p.iters as usize } else { 0 };
+    let (mut post_ns, mut done_ns) = (Vec::with_capacity(capacity), Vec::new());
+    done_ns.reserve(capacity);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut posting = true;
+    while posting || completed < posted {
+        while posting && posted - completed < window {
+            let now = Instant::now();
+            if !plan.more(posted, now) {
+                posting = false;
+                break;
+            }
+            let wr = match p.op {
+                Op::Send => payload_request(side, p, posted, 0, size, None)?,
+                Op::Write => payload_request(side, p, posted, 0, size, Some(peer))?,
+                Op::Read => SendRequest::read(posted, &[side.mr.slice(0..size)?], peer),
+                Op::Atomic => SendRequest::fetch_add(posted, side.mr.slice(0..8)?, peer, 1),
+            };
+            side.qp.post_send(wr)?;
+            let at = Instant::now();
+            posted_at.push_back(at);
+            if keep_times {
+                post_ns.push((at - start).as_nanos() as u64);
+            }
+            posted += 1;
+        }
+        if completed == posted {
+            continue;
+        }
+        let n = side.wait(&mut wcs)?;
+        let now = Instant::now();
+        for _ in &wcs[..n] {
+            // RC completes in order: the oldest outstanding request.
+            if let Some(at) = posted_at.pop_front() {
+                if plan.measures(at) {
+                    tally.record(at, now - at, now);
+                }
+            }
+            if keep_times {
+                done_ns.push((now - start).as_nanos() as u64);
+            }
+            completed += 1;
+        }
+        tick(completed, now);
+    }
+    let peak = if keep_times {
+        peak_rate(&post_ns, &done_ns)
+    } else {
+        None
     };
-    Ok(Measured {
-        lat,
-        iterations: measured,
-        elapsed,
-        peak_msgs_per_sec,
-    })
+    Ok(tally.finish(start, peak))
 }
 
 /// The server's part of one size (after `Ready`): answers send and write ping-pongs,
