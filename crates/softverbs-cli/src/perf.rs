@@ -946,13 +946,16 @@ fn server_size(
     Ok(())
 }
 
+/// Exchanges the hellos (the server's first) and connects every QP of `side` to the
+/// peer's QP of the same rank; returns the peer's buffer of each QP, parts of
+/// [`Params::max_size`] bytes.
 fn connect(
     side: &Side,
+    p: &Params,
     control: &mut Control,
-    mine: Hello,
     client: bool,
-) -> Result<(RemoteInfo, RemoteAddr), Error> {
-    let psn: RemoteInfo = mine.qp.parse()?;
+) -> Result<Vec<RemoteAddr>, Error> {
+    let mine = side.hello(Mtu::Mtu4096, p.max_size());
     let peer: Hello = if client {
         let peer = control.recv()?;
         control.send(&mine)?;
@@ -961,10 +964,7 @@ fn connect(
         control.send(&mine)?;
         control.recv()?
     };
-    let info: RemoteInfo = peer.qp.parse()?;
-    let addr: RemoteAddr = peer.mr.parse()?;
-    side.connect(info, psn.psn)?;
-    Ok((info, addr))
+    side.connect_all(&mine, &peer)
 }
 
 fn side_for(ctx: &Context, p: &Params) -> Result<Side, Error> {
@@ -989,12 +989,8 @@ fn client(
 ) -> Result<(), Error> {
     control.send(p)?;
     let side = side_for(ctx, p)?;
-    let (_, peer) = connect(
-        &side,
-        control,
-        side.hello(conn::random_psn(), Mtu::Mtu4096),
-        true,
-    )?;
+    let peers = connect(&side, p, control, true)?;
+    let peer = *peers.first().ok_or("the server announced no QP")?;
     let progress = Progress::new(p);
     for (index, &size) in p.sizes.iter().enumerate() {
         progress.size(size);
@@ -1065,12 +1061,8 @@ fn server(ctx: &Context, control: &mut Control) -> Result<Params, Error> {
     // client that dies closes the connection).
     control.set_patience(None)?;
     let side = side_for(ctx, &p)?;
-    let (_, peer) = connect(
-        &side,
-        control,
-        side.hello(conn::random_psn(), Mtu::Mtu4096),
-        false,
-    )?;
+    let peers = connect(&side, &p, control, false)?;
+    let peer = *peers.first().ok_or("the client announced no QP")?;
     loop {
         match control.recv()? {
             Msg::Go(size) if size >= 1 && size <= p.max_size() => {
