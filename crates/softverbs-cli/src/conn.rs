@@ -378,23 +378,50 @@ impl Control {
 }
 
 /// What each side tells the other: its QP ([`RemoteInfo`] text) and its buffer
-/// ([`RemoteAddr`] text).
+/// ([`RemoteAddr`] text); with several QPs (perftest's `-q`), the same for each further QP
+/// and its part of the buffer, as perftest exchanges one such record per QP.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct Hello {
+    /// `QPN:PSN:MTU:GID` of the first (or only) QP.
+    pub qp: String,
+    /// `ADDR:RKEY` of the first QP's buffer.
+    pub mr: String,
+    /// The further QPs, in order; absent with one QP, so that a one-QP hello reads as it
+    /// always has.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_qps: Vec<QpHello>,
+}
+
+/// One further QP of a [`Hello`].
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct QpHello {
     /// `QPN:PSN:MTU:GID`.
     pub qp: String,
-    /// `ADDR:RKEY`.
+    /// `ADDR:RKEY` of this QP's part of the buffer.
     pub mr: String,
 }
 
-/// One side's verbs objects: a CQ (on a channel with events), an RC QP and a buffer.
+impl Hello {
+    /// Every QP announced, first to last: its information and its buffer.
+    pub fn parse(&self) -> Result<Vec<(RemoteInfo, RemoteAddr)>, Error> {
+        std::iter::once((&self.qp, &self.mr))
+            .chain(self.more_qps.iter().map(|q| (&q.qp, &q.mr)))
+            .map(|(qp, mr)| Ok((qp.parse()?, mr.parse()?)))
+            .collect()
+    }
+}
+
+/// One side's verbs objects: a CQ (on a channel with events), one or more RC QPs that all
+/// complete into it (perftest's `-q` shares one CQ between its QPs too) and a buffer.
 pub struct Side {
     /// The completion channel, when completions are waited for by events.
     pub channel: Option<CompChannel>,
-    /// Send and receive completions.
+    /// Send and receive completions of every QP.
     pub cq: Cq,
-    /// The RC QP.
+    /// The RC QP (the first of several).
     pub qp: Qp,
+    /// The further RC QPs ([`Side::with_qps`]); empty for one.
+    pub more_qps: Vec<Qp>,
     /// The buffer (every access right).
     pub mr: Mr,
 }
@@ -417,24 +444,50 @@ impl Side {
         inline: u32,
         events: bool,
     ) -> Result<Side, Error> {
+        Side::with_qps(ctx, 1, len, send_depth, recv_depth, inline, events)
+    }
+
+    /// As [`Side::new`], with `qps` RC QPs (at least one), each with its own `send_depth`
+    /// and `recv_depth`, all completing into one CQ large enough for all of them.
+    pub fn with_qps(
+        ctx: &Context,
+        qps: u32,
+        len: usize,
+        send_depth: u32,
+        recv_depth: u32,
+        inline: u32,
+        events: bool,
+    ) -> Result<Side, Error> {
         let pd = ctx.alloc_pd();
         let channel = if events {
             Some(ctx.create_comp_channel()?)
         } else {
             None
         };
-        let mut builder = ctx.cq_builder(send_depth + recv_depth + 16);
+        let entries = send_depth
+            .saturating_add(recv_depth)
+            .saturating_mul(qps.max(1))
+            .saturating_add(16);
+        let mut builder = ctx.cq_builder(entries);
         if let Some(channel) = &channel {
             builder = builder.channel(channel);
         }
         let cq = builder.build()?;
-        let qp = pd
-            .qp_builder(QpType::Rc, &cq, &cq)
-            .max_send_wr(send_depth)
-            .max_recv_wr(recv_depth.max(1))
-            .max_inline_data(inline)
-            .sq_sig_all(true)
-            .build()?;
+        let new_qp = || -> Result<Qp, Error> {
+            let qp = pd
+                .qp_builder(QpType::Rc, &cq, &cq)
+                .max_send_wr(send_depth)
+                .max_recv_wr(recv_depth.max(1))
+                .max_inline_data(inline)
+                .sq_sig_all(true)
+                .build()?;
+            qp.to_init(
+                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+            )?;
+            Ok(qp)
+        };
+        let qp = new_qp()?;
+        let more_qps = (1..qps).map(|_| new_qp()).collect::<Result<Vec<_>, _>>()?;
         let len = len.max(PAGE_SIZE);
         let mr = pd.reg_mr(len, ALL_ACCESS).map_err(|e| {
             let hint = match e {
@@ -448,9 +501,6 @@ impl Side {
             };
             format!("cannot register a buffer of {len} bytes: {e}{hint}")
         })?;
-        qp.to_init(
-            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
-        )?;
         if channel.is_some() {
             cq.req_notify(false);
         }
@@ -458,25 +508,65 @@ impl Side {
             channel,
             cq,
             qp,
+            more_qps,
             mr,
         })
     }
 
-    /// This side's hello, announcing `psn`.
-    pub fn hello(&self, psn: u32, mtu: Mtu) -> Hello {
-        let mut info = self.qp.local_info(psn);
-        info.mtu = info.mtu.min(mtu);
+    /// Every QP, the first first.
+    pub fn qps(&self) -> impl Iterator<Item = &Qp> {
+        std::iter::once(&self.qp).chain(&self.more_qps)
+    }
+
+    /// This side's hello: each QP announcing a PSN of its own (`ibv_rc_pingpong` and
+    /// perftest draw one per QP), QP `i` the buffer from `i * part` bytes on.
+    pub fn hello(&self, mtu: Mtu, part: usize) -> Hello {
+        let mut announced = self.qps().enumerate().map(|(i, qp)| {
+            let mut info = qp.local_info(random_psn());
+            info.mtu = info.mtu.min(mtu);
+            let offset = (i as u64).saturating_mul(part as u64);
+            (
+                info.to_string(),
+                self.mr.remote().offset(offset).to_string(),
+            )
+        });
+        let (qp, mr) = announced.next().unwrap_or_default();
         Hello {
-            qp: info.to_string(),
-            mr: self.mr.remote().to_string(),
+            qp,
+            mr,
+            more_qps: announced.map(|(qp, mr)| QpHello { qp, mr }).collect(),
         }
     }
 
     /// Moves the QP to RTR towards `peer` and to RTS sending from `my_psn`.
     pub fn connect(&self, peer: RemoteInfo, my_psn: u32) -> Result<(), Error> {
-        self.qp.to_rtr(RtrAttr::from(peer).max_dest_rd_atomic(16))?;
-        self.qp.to_rts(RtsAttr::new(my_psn).max_rd_atomic(16))?;
-        Ok(())
+        connect_qp(&self.qp, peer, my_psn)
+    }
+
+    /// Connects QP `i` to the peer's QP `i`, sending from the PSN `mine` announced for it;
+    /// returns the peer's buffer of each QP. The two hellos must announce as many QPs as
+    /// this side has.
+    pub fn connect_all(&self, mine: &Hello, peer: &Hello) -> Result<Vec<RemoteAddr>, Error> {
+        let (mine, peer) = (mine.parse()?, peer.parse()?);
+        let count = self.qps().count();
+        if mine.len() != count {
+            return Err(format!("this side has {count} QP(s), its hello {}", mine.len()).into());
+        }
+        if peer.len() != count {
+            return Err(format!(
+                "the peer announced {} QP(s) where this side has {count} (-q {count}): is the \
+                 peer a softverbs older than -q?",
+                peer.len()
+            )
+            .into());
+        }
+        self.qps()
+            .zip(mine.iter().zip(&peer))
+            .map(|(qp, ((me, _), (info, addr)))| {
+                connect_qp(qp, *info, me.psn)?;
+                Ok(*addr)
+            })
+            .collect()
     }
 
     /// Polls completions into `wcs`, waiting up to [`PATIENCE`] for at least one (see
@@ -541,6 +631,13 @@ impl Side {
         }
         Ok(n)
     }
+}
+
+/// Moves `qp` to RTR towards `peer` and to RTS sending from `my_psn`.
+fn connect_qp(qp: &Qp, peer: RemoteInfo, my_psn: u32) -> Result<(), Error> {
+    qp.to_rtr(RtrAttr::from(peer).max_dest_rd_atomic(16))?;
+    qp.to_rts(RtsAttr::new(my_psn).max_rd_atomic(16))?;
+    Ok(())
 }
 
 /// Empty polls between two `yield_now` of a busy-polling wait.

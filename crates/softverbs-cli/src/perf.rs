@@ -1,7 +1,7 @@
 //! `softverbs perf OP KIND`: perftest-like latency (`ib_*_lat`) and bandwidth (`ib_*_bw`)
-//! runs of send, RDMA write, RDMA read and atomics over one RC connection, with
-//! perftest's common flags in their perftest meaning (`-s -n -a -D -F -t -q -I -R -e`,
-//! `--report_gbits`, `--output`) and its result table.
+//! runs of send, RDMA write, RDMA read and atomics over RC connections (one, or `-q N` in
+//! bw tests), with perftest's common flags in their perftest meaning (`-s -n -a -D -F -t
+//! -q -I -R -e`, `--report_gbits`, `--output`) and its result table.
 //!
 //! The client drives; the server adopts the client's parameters (sent as the first
 //! control message), so `--server` needs no other option. Per message size, the two
@@ -15,11 +15,16 @@
 //!   for the peer's write; one-way latency = round trip / 2.
 //! - `read lat`, `atomic lat`: one RDMA read (fetch-and-add) at a time; the full round
 //!   trip from post to completion.
-//! - `* bw`: up to `tx-depth` work requests outstanding; average bandwidth and message
-//!   rate over the run (first post to last completion), the peak as perftest computes it
-//!   (the best rate over any run of consecutive work requests, from the post of the first
-//!   to the completion of the last; only up to 20000 iterations and not with `-D`, as
-//!   perftest), and the post-to-completion time of every request.
+//! - `* bw`: up to `tx-depth` work requests outstanding on each QP; average bandwidth and
+//!   message rate over the run (first post to last completion), the peak as perftest
+//!   computes it (the best rate over any run of consecutive work requests, from the post
+//!   of the first to the completion of the last; only up to 20000 requests and not with
+//!   `-D`), and the post-to-completion time of every request.
+//! - `-q N` (bw only, as perftest): N RC QPs between the two sides, one CQ for all of them
+//!   on each side, each QP with its own part of the buffer and its own `-t` requests
+//!   outstanding. As perftest's `run_iter_bw`, every QP runs the `-n` iterations (the
+//!   requests are posted round-robin over the QPs) and the result counts them all:
+//!   `#iterations` is `-n` × N, the bandwidth and message rate are the total.
 //! - `-D SECONDS`: as perftest, only the middle of the run counts: a margin of a quarter
 //!   of the duration at each end is run but not measured.
 
@@ -30,7 +35,7 @@ use crate::Error;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use softverbs::*;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The operation measured.
@@ -115,7 +120,8 @@ pub struct PerfArgs {
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
 
-    /// Number of QPs (perftest's -q). Only 1 for now: several QPs in one run are refused.
+    /// Number of QPs, bw tests only (perftest's -q, 1 to 16384): each runs the
+    /// iterations with its own TX depth; the result is their total.
     #[arg(short = 'q', long = "qp", value_name = "QPS", default_value_t = 1)]
     pub qps: u32,
 
@@ -173,9 +179,14 @@ pub struct PerfArgs {
 /// The largest size of `-a` (perftest's MAX_SIZE, 2^23).
 const ALL_SIZES_TOP: u32 = 23;
 
-/// Above this many iterations the peak bandwidth is not computed (perftest's limit: the
-/// search is quadratic).
+/// Above this many requests in all the peak bandwidth is not computed (perftest's limit
+/// of 20000 iterations: the search is quadratic). perftest counts its 20000 per QP, but
+/// searches only every 100th completion (its CQ moderation); this search takes every one,
+/// so the limit holds for the requests of all QPs together.
 const PEAK_MAX_ITERS: u64 = 20_000;
+
+/// perftest's range of `-q` (MIN_QP_NUM, MAX_QP_NUM).
+const MAX_QPS: u32 = 16_384;
 
 /// What the client tells the server before anything else.
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -183,13 +194,35 @@ struct Params {
     op: Op,
     kind: Kind,
     sizes: Vec<usize>,
-    /// Iterations per size; 0 in a duration run.
+    /// Iterations per size and QP; 0 in a duration run.
     iters: u64,
+    /// RC QPs (perftest's -q); a client that does not send it runs one.
+    #[serde(default = "one_qp")]
+    qps: u32,
     /// Seconds per size in a duration run.
     duration_secs: Option<u32>,
     tx_depth: u32,
     inline_size: u32,
     events: bool,
+}
+
+fn one_qp() -> u32 {
+    1
+}
+
+/// perftest's rules of `-q`: 1 to 16384 QPs, several only in bw tests.
+fn check_qps(qps: u32, kind: Kind) -> Result<(), Error> {
+    if qps == 0 || qps > MAX_QPS {
+        return Err(format!("-q {qps}: give 1 to {MAX_QPS} QPs (perftest's range)").into());
+    }
+    if qps > 1 && kind == Kind::Lat {
+        return Err(format!(
+            "-q {qps}: multiple QPs are only for bw tests (perftest's rule); lat tests run \
+             one QP"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 impl Params {
@@ -201,21 +234,7 @@ impl Params {
                     .into(),
             );
         }
-        if args.qps == 0 {
-            return Err("-q must be at least 1".into());
-        }
-        if args.qps > 1 {
-            return Err(if args.kind == Kind::Lat {
-                "-q: multiple QPs are only for bw tests (perftest's rule)".into()
-            } else {
-                format!(
-                    "-q {}: several QPs in one run are not yet supported: softverbs perf runs \
-                     one RC QP (-q 1)",
-                    args.qps
-                )
-                .into()
-            });
-        }
+        check_qps(args.qps, args.kind)?;
         if args.inline_size > 0 && matches!(args.op, Op::Read | Op::Atomic) {
             return Err(
                 "-I: inline data is not available for read and atomic (perftest's \
@@ -265,6 +284,7 @@ impl Params {
             kind: args.kind,
             sizes,
             iters,
+            qps: args.qps,
             duration_secs: args.duration,
             tx_depth: args.tx_depth,
             inline_size: args.inline_size,
@@ -274,6 +294,26 @@ impl Params {
 
     fn max_size(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(8)
+    }
+
+    /// The buffer of each side: a part of [`Params::max_size`] bytes per QP, and at least
+    /// two (the write latency test's two halves).
+    fn buffer_len(&self) -> usize {
+        self.max_size().saturating_mul(self.qps.max(2) as usize)
+    }
+
+    /// Requests of one size in an iteration run, every QP's together.
+    fn total_iters(&self) -> u64 {
+        self.iters.saturating_mul(u64::from(self.qps))
+    }
+
+    /// Progress units of one size: every QP's iterations, or the milliseconds of a
+    /// duration run.
+    fn progress_per_size(&self) -> u64 {
+        match self.duration_secs {
+            Some(secs) => u64::from(secs) * 1000,
+            None => self.total_iters(),
+        }
     }
 
     /// Receives kept posted for sends: enough for the window, at most 1024.
@@ -337,9 +377,12 @@ impl Params {
         self.kind == Kind::Lat && matches!(self.op, Op::Send | Op::Write)
     }
 
-    /// Whether the peak bandwidth is computed (perftest: bw, iterations, at most 20000).
+    /// Whether the peak bandwidth is computed (perftest: bw, iterations, at most 20000;
+    /// see [`PEAK_MAX_ITERS`]).
     fn peak(&self) -> bool {
-        self.kind == Kind::Bw && self.duration_secs.is_none() && self.iters <= PEAK_MAX_ITERS
+        self.kind == Kind::Bw
+            && self.duration_secs.is_none()
+            && self.total_iters() <= PEAK_MAX_ITERS
     }
 }
 
@@ -451,6 +494,10 @@ struct SizeResult {
     /// Message rate (bw only), millions per second.
     #[serde(skip_serializing_if = "Option::is_none")]
     msg_rate_mpps: Option<f64>,
+    /// Completions of each QP, in the order of the QPs, over the whole run (measured or
+    /// not; bw only): what the device reported for each QP (the completion's qp_num).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completions_per_qp: Option<Vec<u64>>,
     /// The distribution (`--histogram`).
     #[serde(skip_serializing_if = "Option::is_none")]
     histogram: Option<Vec<HistogramLine>>,
@@ -467,6 +514,8 @@ struct Report<'a> {
     kind: Kind,
     network: &'a str,
     mtu: u32,
+    /// RC QPs (perftest's -q, its "Number of qps").
+    qps: u32,
     tx_depth: u32,
     inline_size: u32,
     events: bool,
@@ -487,10 +536,7 @@ struct Progress {
 
 impl Progress {
     fn new(p: &Params) -> Progress {
-        let per_size = match p.duration_secs {
-            Some(secs) => u64::from(secs) * 1000,
-            None => p.iters,
-        };
+        let per_size = p.progress_per_size();
         let bar = ProgressBar::with_draw_target(
             Some(per_size.saturating_mul(p.sizes.len() as u64)),
             ProgressDrawTarget::stderr(),
@@ -634,9 +680,12 @@ fn wait_for(side: &Side, wr_id: u64, pending: &mut VecDeque<WorkCompletion>) -> 
     }
 }
 
-fn post_recv(side: &Side, size: usize) -> Result<(), Error> {
-    side.qp
-        .post_recv(RecvRequest::new(RECV_WRID, &[side.mr.slice(0..size)?]))?;
+/// Posts a receive of `size` bytes on `qp` into the buffer at `offset`.
+fn post_recv(side: &Side, qp: &Qp, offset: usize, size: usize) -> Result<(), Error> {
+    qp.post_recv(RecvRequest::new(
+        RECV_WRID,
+        &[side.mr.slice(offset..offset + size)?],
+    ))?;
     Ok(())
 }
 
@@ -671,6 +720,51 @@ struct Measured {
     elapsed: Duration,
     /// The best message rate over any run of consecutive requests (bw, when computed).
     peak_msgs_per_sec: Option<f64>,
+    /// Completions of each QP over the whole run (bw).
+    completions_per_qp: Option<Vec<u64>>,
+}
+
+/// What a size's run has measured so far: the samples of the iterations that count, the
+/// start of the first of them and the end of the last.
+struct Tally {
+    lat: Latencies,
+    measured: u64,
+    first: Option<Instant>,
+    last: Instant,
+}
+
+impl Tally {
+    fn new(start: Instant) -> Tally {
+        Tally {
+            lat: Latencies::new(),
+            measured: 0,
+            first: None,
+            last: start,
+        }
+    }
+
+    /// One measured iteration: started at `started`, took `sample`, ended at `ended`.
+    fn record(&mut self, started: Instant, sample: Duration, ended: Instant) {
+        self.lat.record(sample);
+        self.measured += 1;
+        self.first.get_or_insert(started);
+        self.last = ended;
+    }
+
+    /// The result; the run's whole time if nothing was measured.
+    fn finish(self, start: Instant, peak_msgs_per_sec: Option<f64>) -> Measured {
+        let elapsed = match self.first {
+            Some(first) => self.last.saturating_duration_since(first),
+            None => start.elapsed(),
+        };
+        Measured {
+            lat: self.lat,
+            iterations: self.measured,
+            elapsed,
+            peak_msgs_per_sec,
+            completions_per_qp: None,
+        }
+    }
 }
 
 /// perftest's peak: over every run of consecutive work requests `i..=j`, the time from
@@ -690,158 +784,229 @@ fn peak_rate(posted: &[u64], completed: &[u64]) -> Option<f64> {
     (best.is_finite() && best > 0.0).then(|| 1e9 / best)
 }
 
-/// The client's part of one size.
+/// The client's part of one size; `peers` holds the peer's buffer of each QP.
 fn client_size(
     side: &Side,
-    peer: RemoteAddr,
+    peers: &[RemoteAddr],
     p: &Params,
     size: usize,
     progress: &Progress,
     index: usize,
 ) -> Result<Measured, Error> {
-    let mut lat = Latencies::new();
-    let mut pending = VecDeque::new();
-    let per_size = match p.duration_secs {
-        Some(secs) => u64::from(secs) * 1000,
-        None => p.iters,
-    };
+    let per_size = p.progress_per_size();
     let start = Instant::now();
     let plan = Plan::new(p, start);
-    let (mut measured, mut first, mut last) = (0u64, None::<Instant>, start);
-    let mut peak_msgs_per_sec = None;
+    let tick = |done: u64, now: Instant| progress.tick(index, per_size, plan.progress(done, now));
     match p.kind {
         Kind::Lat => {
-            let mut i = 0u64;
-            while plan.more(i, Instant::now()) {
-                let t0 = Instant::now();
-                let sample = match p.op {
-                    Op::Send => {
-                        side.qp
-                            .post_send(payload_request(side, p, SEND_WRID, 0, size, None)?)?;
-                        wait_for(side, RECV_WRID, &mut pending)?;
-                        let rtt = t0.elapsed();
-                        if p.repost_after(i + 1) {
-                            post_recv(side, size)?;
-                        }
-                        rtt / 2
-                    }
-                    Op::Write => {
-                        let mark = write_mark(i);
-                        side.mr.write_at(2 * size - 1, &[mark])?;
-                        side.qp.post_send(payload_request(
-                            side,
-                            p,
-                            SEND_WRID,
-                            size,
-                            size,
-                            Some(peer),
-                        )?)?;
-                        wait_byte(side, size - 1, mark, &mut Stop::never())?;
-                        t0.elapsed() / 2
-                    }
-                    Op::Read => {
-                        side.qp.post_send(SendRequest::read(
-                            SEND_WRID,
-                            &[side.mr.slice(0..size)?],
-                            peer,
-                        ))?;
-                        wait_for(side, SEND_WRID, &mut pending)?;
-                        t0.elapsed()
-                    }
-                    Op::Atomic => {
-                        side.qp.post_send(SendRequest::fetch_add(
-                            SEND_WRID,
-                            side.mr.slice(0..8)?,
-                            peer,
-                            1,
-                        ))?;
-                        wait_for(side, SEND_WRID, &mut pending)?;
-                        t0.elapsed()
-                    }
-                };
-                if plan.measures(t0) {
-                    lat.record(sample);
-                    measured += 1;
-                    first.get_or_insert(t0);
-                    last = Instant::now();
-                }
-                i += 1;
-                if i.is_multiple_of(64) {
-                    progress.tick(index, per_size, plan.progress(i, Instant::now()));
-                }
-            }
-            // Send completions of the ping-pongs may still be queued: take them.
-            let mut wcs = [WorkCompletion::default(); 64];
-            while side.try_poll(&mut wcs)? > 0 {}
+            let peer = *peers.first().ok_or("the server announced no QP")?;
+            client_lat(side, peer, p, size, &plan, tick)
         }
-        Kind::Bw => {
-            let window = u64::from(p.tx_depth);
-            let mut posted_at: VecDeque<Instant> = VecDeque::with_capacity(p.tx_depth as usize);
-            let keep_times = p.peak();
-            let capacity = if keep_times { p.iters as usize } else { 0 };
-            let (mut post_ns, mut done_ns) = (Vec::with_capacity(capacity), Vec::new());
-            done_ns.reserve(capacity);
-            let mut wcs = [WorkCompletion::default(); 64];
-            let (mut posted, mut completed) = (0u64, 0u64);
-            let mut posting = true;
-            while posting || completed < posted {
-                while posting && posted - completed < window {
-                    let now = Instant::now();
-                    if !plan.more(posted, now) {
-                        posting = false;
-                        break;
-                    }
-                    let wr = match p.op {
-                        Op::Send => payload_request(side, p, posted, 0, size, None)?,
-                        Op::Write => payload_request(side, p, posted, 0, size, Some(peer))?,
-                        Op::Read => SendRequest::read(posted, &[side.mr.slice(0..size)?], peer),
-                        Op::Atomic => SendRequest::fetch_add(posted, side.mr.slice(0..8)?, peer, 1),
-                    };
-                    side.qp.post_send(wr)?;
-                    let at = Instant::now();
-                    posted_at.push_back(at);
-                    if keep_times {
-                        post_ns.push((at - start).as_nanos() as u64);
-                    }
-                    posted += 1;
+        Kind::Bw => client_bw(side, peers, p, size, &plan, tick),
+    }
+}
+
+/// A lat test's size: one operation at a time.
+fn client_lat(
+    side: &Side,
+    peer: RemoteAddr,
+    p: &Params,
+    size: usize,
+    plan: &Plan,
+    tick: impl Fn(u64, Instant),
+) -> Result<Measured, Error> {
+    let mut tally = Tally::new(plan.start);
+    let mut pending = VecDeque::new();
+    let mut i = 0u64;
+    while plan.more(i, Instant::now()) {
+        let t0 = Instant::now();
+        let sample = match p.op {
+            Op::Send => {
+                side.qp
+                    .post_send(payload_request(side, p, SEND_WRID, 0, size, None)?)?;
+                wait_for(side, RECV_WRID, &mut pending)?;
+                let rtt = t0.elapsed();
+                if p.repost_after(i + 1) {
+                    post_recv(side, &side.qp, 0, size)?;
                 }
-                if completed == posted {
-                    continue;
-                }
-                let n = side.wait(&mut wcs)?;
-                let now = Instant::now();
-                for _ in &wcs[..n] {
-                    // RC completes in order: the oldest outstanding request.
-                    if let Some(at) = posted_at.pop_front() {
-                        if plan.measures(at) {
-                            lat.record(now - at);
-                            measured += 1;
-                            first.get_or_insert(at);
-                            last = now;
-                        }
-                    }
-                    if keep_times {
-                        done_ns.push((now - start).as_nanos() as u64);
-                    }
-                    completed += 1;
-                }
-                progress.tick(index, per_size, plan.progress(completed, now));
+                rtt / 2
             }
-            if keep_times {
-                peak_msgs_per_sec = peak_rate(&post_ns, &done_ns);
+            Op::Write => {
+                let mark = write_mark(i);
+                side.mr.write_at(2 * size - 1, &[mark])?;
+                side.qp
+                    .post_send(payload_request(side, p, SEND_WRID, size, size, Some(peer))?)?;
+                wait_byte(side, size - 1, mark, &mut Stop::never())?;
+                t0.elapsed() / 2
             }
+            Op::Read => {
+                side.qp.post_send(SendRequest::read(
+                    SEND_WRID,
+                    &[side.mr.slice(0..size)?],
+                    peer,
+                ))?;
+                wait_for(side, SEND_WRID, &mut pending)?;
+                t0.elapsed()
+            }
+            Op::Atomic => {
+                side.qp.post_send(SendRequest::fetch_add(
+                    SEND_WRID,
+                    side.mr.slice(0..8)?,
+                    peer,
+                    1,
+                ))?;
+                wait_for(side, SEND_WRID, &mut pending)?;
+                t0.elapsed()
+            }
+        };
+        if plan.measures(t0) {
+            tally.record(t0, sample, Instant::now());
+        }
+        i += 1;
+        if i.is_multiple_of(64) {
+            tick(i, Instant::now());
         }
     }
-    let elapsed = match first {
-        Some(first) => last.saturating_duration_since(first),
-        None => start.elapsed(),
+    // Send completions of the ping-pongs may still be queued: take them.
+    let mut wcs = [WorkCompletion::default(); 64];
+    while side.try_poll(&mut wcs)? > 0 {}
+    Ok(tally.finish(plan.start, None))
+}
+
+/// One QP of a bw run: what it has posted and completed, and when each of its outstanding
+/// requests was posted (RC completes a QP's requests in order).
+struct Lane {
+    posted: u64,
+    completed: u64,
+    /// Whether it posts more (its iterations, or the duration, are not over).
+    open: bool,
+    posted_at: VecDeque<Instant>,
+}
+
+/// A bw test's size, as perftest's `run_iter_bw`: round-robin over the QPs, each QP posts
+/// while it has fewer than `tx-depth` requests outstanding and iterations left, then the
+/// one CQ is polled, each completion going to its QP by the completion's `qp_num`.
+fn client_bw(
+    side: &Side,
+    peers: &[RemoteAddr],
+    p: &Params,
+    size: usize,
+    plan: &Plan,
+    tick: impl Fn(u64, Instant),
+) -> Result<Measured, Error> {
+    let start = plan.start;
+    let mut tally = Tally::new(start);
+    let window = u64::from(p.tx_depth);
+    let qps: Vec<&Qp> = side.qps().collect();
+    if qps.len() != peers.len() {
+        return Err(format!(
+            "{} QP(s) here, {} buffer(s) of the server",
+            qps.len(),
+            peers.len()
+        )
+        .into());
+    }
+    let lane_of: HashMap<u32, usize> = qps
+        .iter()
+        .enumerate()
+        .map(|(i, qp)| (qp.qpn(), i))
+        .collect();
+    let mut lanes: Vec<Lane> = qps
+        .iter()
+        .map(|_| Lane {
+            posted: 0,
+            completed: 0,
+            open: true,
+            posted_at: VecDeque::with_capacity(p.tx_depth as usize),
+        })
+        .collect();
+    let part = p.max_size();
+    // perftest's peak takes the posts and the completions each in their order over all
+    // QPs (tposted[totscnt], tcompleted[totccnt]).
+    let keep_times = p.peak();
+    let capacity = if keep_times {
+        p.total_iters() as usize
+    } else {
+        0
     };
-    Ok(Measured {
-        lat,
-        iterations: measured,
-        elapsed,
-        peak_msgs_per_sec,
-    })
+    let (mut post_ns, mut done_ns) = (Vec::with_capacity(capacity), Vec::new());
+    done_ns.reserve(capacity);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let mut open = lanes.len();
+    while open > 0 || completed < posted {
+        for (i, ((qp, &peer), lane)) in qps.iter().zip(peers).zip(&mut lanes).enumerate() {
+            let offset = i * part;
+            while lane.open && lane.posted - lane.completed < window {
+                let now = Instant::now();
+                if !plan.more(lane.posted, now) {
+                    lane.open = false;
+                    open -= 1;
+                    break;
+                }
+                let wr_id = lane.posted;
+                let wr = match p.op {
+                    Op::Send => payload_request(side, p, wr_id, offset, size, None)?,
+                    Op::Write => payload_request(side, p, wr_id, offset, size, Some(peer))?,
+                    Op::Read => {
+                        SendRequest::read(wr_id, &[side.mr.slice(offset..offset + size)?], peer)
+                    }
+                    Op::Atomic => {
+                        SendRequest::fetch_add(wr_id, side.mr.slice(offset..offset + 8)?, peer, 1)
+                    }
+                };
+                qp.post_send(wr)?;
+                let at = Instant::now();
+                lane.posted_at.push_back(at);
+                if keep_times {
+                    post_ns.push((at - start).as_nanos() as u64);
+                }
+                lane.posted += 1;
+                posted += 1;
+            }
+        }
+        if completed == posted {
+            continue;
+        }
+        let n = side.wait(&mut wcs)?;
+        let now = Instant::now();
+        for wc in &wcs[..n] {
+            let lane = lane_of
+                .get(&wc.qp_num())
+                .and_then(|&i| lanes.get_mut(i))
+                .ok_or_else(|| {
+                    format!(
+                        "a completion of QP {:#x}, not one of this run's",
+                        wc.qp_num()
+                    )
+                })?;
+            // The oldest outstanding request of its QP.
+            let Some(at) = lane.posted_at.pop_front() else {
+                return Err(format!(
+                    "QP {:#x} completed more requests than were posted on it",
+                    wc.qp_num()
+                )
+                .into());
+            };
+            if plan.measures(at) {
+                tally.record(at, now - at, now);
+            }
+            if keep_times {
+                done_ns.push((now - start).as_nanos() as u64);
+            }
+            lane.completed += 1;
+            completed += 1;
+        }
+        tick(completed, now);
+    }
+    let peak = if keep_times {
+        peak_rate(&post_ns, &done_ns)
+    } else {
+        None
+    };
+    let mut measured = tally.finish(start, peak);
+    measured.completions_per_qp = Some(lanes.iter().map(|lane| lane.completed).collect());
+    Ok(measured)
 }
 
 /// The server's part of one size (after `Ready`): answers send and write ping-pongs,
@@ -857,8 +1022,18 @@ fn server_size(
     let mut wcs = [WorkCompletion::default(); 64];
     match (p.op, p.kind) {
         (Op::Send, kind) => {
+            // Each QP receives its iterations into its own part of the buffer and keeps
+            // its own receives posted (perftest's run_iter_bw_server: rcnt_for_qp); a lat
+            // test has one QP. By QP number: the QP, where its receives land, how many
+            // it has taken.
+            let part = p.max_size();
+            let mut lanes: HashMap<u32, (&Qp, usize, u64)> = side
+                .qps()
+                .enumerate()
+                .map(|(i, qp)| (qp.qpn(), (qp, i * part, 0)))
+                .collect();
             let mut received = 0u64;
-            while stop.asked() || received < p.iters {
+            while stop.asked() || received < p.total_iters() {
                 let n = if stop.asked() {
                     let n = side.wait_until(&mut wcs, Instant::now() + Duration::from_millis(1))?;
                     if n == 0 && stop.requested()? {
@@ -872,9 +1047,17 @@ fn server_size(
                     if wc.wr_id() != RECV_WRID {
                         continue;
                     }
+                    let Some((qp, offset, taken)) = lanes.get_mut(&wc.qp_num()) else {
+                        return Err(format!(
+                            "a receive on QP {:#x}, not one of this run's",
+                            wc.qp_num()
+                        )
+                        .into());
+                    };
+                    *taken += 1;
                     received += 1;
-                    if p.repost_after(received) {
-                        post_recv(side, size)?;
+                    if p.repost_after(*taken) {
+                        post_recv(side, qp, *offset, size)?;
                     }
                     if kind == Kind::Lat {
                         side.qp
@@ -901,13 +1084,16 @@ fn server_size(
     Ok(())
 }
 
+/// Exchanges the hellos (the server's first) and connects every QP of `side` to the
+/// peer's QP of the same rank; returns the peer's buffer of each QP, parts of
+/// [`Params::max_size`] bytes.
 fn connect(
     side: &Side,
+    p: &Params,
     control: &mut Control,
-    mine: Hello,
     client: bool,
-) -> Result<(RemoteInfo, RemoteAddr), Error> {
-    let psn: RemoteInfo = mine.qp.parse()?;
+) -> Result<Vec<RemoteAddr>, Error> {
+    let mine = side.hello(Mtu::Mtu4096, p.max_size());
     let peer: Hello = if client {
         let peer = control.recv()?;
         control.send(&mine)?;
@@ -916,16 +1102,14 @@ fn connect(
         control.send(&mine)?;
         control.recv()?
     };
-    let info: RemoteInfo = peer.qp.parse()?;
-    let addr: RemoteAddr = peer.mr.parse()?;
-    side.connect(info, psn.psn)?;
-    Ok((info, addr))
+    side.connect_all(&mine, &peer)
 }
 
 fn side_for(ctx: &Context, p: &Params) -> Result<Side, Error> {
-    Side::new(
+    Side::with_qps(
         ctx,
-        2 * p.max_size(),
+        p.qps,
+        p.buffer_len(),
         p.send_depth(),
         p.recv_depth(),
         p.inline_size,
@@ -944,19 +1128,14 @@ fn client(
 ) -> Result<(), Error> {
     control.send(p)?;
     let side = side_for(ctx, p)?;
-    let (_, peer) = connect(
-        &side,
-        control,
-        side.hello(conn::random_psn(), Mtu::Mtu4096),
-        true,
-    )?;
+    let peers = connect(&side, p, control, true)?;
     let progress = Progress::new(p);
     for (index, &size) in p.sizes.iter().enumerate() {
         progress.size(size);
         // Receives for the pongs, and a clean landing area for the peer's writes.
         if p.op == Op::Send && p.kind == Kind::Lat {
             for _ in 0..p.recv_prepost() {
-                post_recv(&side, size)?;
+                post_recv(&side, &side.qp, 0, size)?;
             }
         }
         side.mr.fill(0..size, 0)?;
@@ -965,7 +1144,7 @@ fn client(
             Msg::Ready => {}
             other => return Err(format!("unexpected {other:?} from the server").into()),
         }
-        let m = client_size(&side, peer, p, size, &progress, index)?;
+        let m = client_size(&side, &peers, p, size, &progress, index)?;
         control.send(&Msg::Done)?;
         match control.recv()? {
             Msg::Done => {}
@@ -1003,6 +1182,7 @@ fn client(
                 .filter(|_| bw)
                 .map(|r| r * size as f64 * 8.0 / 1e9),
             msg_rate_mpps: bw.then(|| rate(m.iterations as f64) / 1e6),
+            completions_per_qp: m.completions_per_qp,
             histogram,
             curve: crate::plot::percentile_curve(&m.lat),
         };
@@ -1016,22 +1196,22 @@ fn client(
 /// The server: takes the parameters, connects, serves every size the client asks for.
 fn server(ctx: &Context, control: &mut Control) -> Result<Params, Error> {
     let p: Params = control.recv()?;
+    // The client checked them too; a server takes no QP count it would not run.
+    check_qps(p.qps, p.kind).map_err(|e| format!("the client's parameters: {e}"))?;
     // The client's Done may come after a long run: wait for it as long as it takes (a
     // client that dies closes the connection).
     control.set_patience(None)?;
     let side = side_for(ctx, &p)?;
-    let (_, peer) = connect(
-        &side,
-        control,
-        side.hello(conn::random_psn(), Mtu::Mtu4096),
-        false,
-    )?;
+    let peers = connect(&side, &p, control, false)?;
+    let peer = *peers.first().ok_or("the client announced no QP")?;
     loop {
         match control.recv()? {
             Msg::Go(size) if size >= 1 && size <= p.max_size() => {
                 if p.op == Op::Send {
-                    for _ in 0..p.recv_prepost() {
-                        post_recv(&side, size)?;
+                    for (i, qp) in side.qps().enumerate() {
+                        for _ in 0..p.recv_prepost() {
+                            post_recv(&side, qp, i * p.max_size(), size)?;
+                        }
                     }
                 }
                 side.mr.fill(0..size, 0)?;
@@ -1077,11 +1257,16 @@ fn print_header(args: &PerfArgs, p: &Params, network: &str) -> Result<(), Error>
     outln!("{rule}")?;
     outln!("{:>50}", p.title())?;
     outln!(" Connection type : RC          Network : {network}")?;
-    outln!(" Number of qps   : 1")?;
+    outln!(" Number of qps   : {}", p.qps)?;
     match p.duration_secs {
         Some(secs) => outln!(
             " Duration        : {secs} s (measured: the middle {:.2} s)",
             f64::from(secs) / 2.0
+        )?,
+        None if p.qps > 1 => outln!(
+            " Iterations      : {} per QP ({} in all)",
+            p.iters,
+            p.total_iters()
         )?,
         None => outln!(" Iterations      : {}", p.iters)?,
     }
@@ -1243,6 +1428,7 @@ fn run_client(
             kind: p.kind,
             network,
             mtu: 4096,
+            qps: p.qps,
             tx_depth: p.tx_depth,
             inline_size: p.inline_size,
             events: p.events,
@@ -1259,13 +1445,24 @@ fn run_client(
     }
 }
 
-/// Checks what only the device can say: the inline size it takes.
+/// Checks what only the device can say: the inline size it takes, and whether one CQ holds
+/// the completions of every QP (perftest sizes its CQ as TX depth x QPs too).
 fn check_device(ctx: &Context, p: &Params) -> Result<(), Error> {
-    let max = ctx.query_device().max_inline_data;
+    let attr = ctx.query_device();
+    let max = attr.max_inline_data;
     if p.inline_size > max {
         return Err(format!(
             "-I {}: above the device's max_inline_data ({max} bytes)",
             p.inline_size
+        )
+        .into());
+    }
+    let entries = (u64::from(p.send_depth()) + u64::from(p.recv_depth())) * u64::from(p.qps) + 16;
+    if entries > u64::from(attr.max_cqe) {
+        return Err(format!(
+            "-q {} with -t {}: the CQ the QPs share would need {entries} entries, above the \
+             device's max_cqe ({}): use fewer QPs or a smaller -t",
+            p.qps, p.tx_depth, attr.max_cqe
         )
         .into());
     }
@@ -1296,6 +1493,7 @@ fn serve(args: &PerfArgs) -> Result<(), Error> {
         p.sizes.len(),
         match p.duration_secs {
             Some(secs) => format!("{secs} s each"),
+            None if p.qps > 1 => format!("{} QPs x {} iterations each", p.qps, p.iters),
             None => format!("{} iterations each", p.iters),
         }
     )?;

@@ -5,12 +5,13 @@
 //! "Gbit/sec (instead of MiB/sec)", `--output=bandwidth|message_rate|latency` "print only
 //! the measured value", `-e` sleep on CQ events) and prints perftest's result table
 //! (RESULT_FMT, RESULT_FMT_G, RESULT_FMT_LAT of perftest_parameters.h); `--histogram`
-//! prints the distribution it measured. Runs in one process over UDP loopback or in
-//! process.
+//! prints the distribution it measured. `-q N` runs N RC QPs in a bw test as perftest's
+//! `run_iter_bw` does (src/perftest_resources.c). Runs in one process over UDP loopback or
+//! in process, and for `-q` with the server in another process.
 
 mod common;
 
-use common::{run, run_ok};
+use common::{finish_server, run, run_ok, start_server};
 use std::time::{Duration, Instant};
 
 /// The whitespace-separated numbers of the one row whose first column is `bytes`.
@@ -236,12 +237,6 @@ fn what_softverbs_does_not_do_is_refused_by_name() {
             &["perf", "write", "bw", "-R"][..],
             "-R (rdma_cm): not yet supported",
         ),
-        (&["perf", "write", "bw", "-q", "2"][..], "-q 2: several QPs"),
-        // perftest: "Multiple QPs only available on bw tests".
-        (
-            &["perf", "write", "lat", "-q", "2"][..],
-            "only for bw tests",
-        ),
         // perftest: "Inline feature not available on READ/Atomic verbs".
         (
             &["perf", "read", "bw", "-I", "64"][..],
@@ -257,17 +252,147 @@ fn what_softverbs_does_not_do_is_refused_by_name() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
     }
-    // -q 1 is what softverbs runs.
-    run_ok(&[
-        "perf",
-        "write",
-        "bw",
-        "-q",
-        "1",
-        "-n",
-        "100",
-        "--in-process",
-    ]);
+}
+
+/// The QPs of a `-q 4 -n 400` bw run.
+const QPS: u64 = 4;
+/// The iterations of each QP in that run.
+const ITERS_PER_QP: u64 = 400;
+
+/// Checks the JSON report of `perf OP bw -q 4 -n 400`. perftest's run_iter_bw
+/// (src/perftest_resources.c) has every QP post while `scnt[index] < iters`, so each QP
+/// runs all of `-n`, and print_report_bw (src/perftest_parameters.c) reports
+/// `iters * num_of_qps` iterations and the bandwidth of them all.
+fn assert_every_qp_ran_every_iteration(doc: &serde_json::Value, what: &str) {
+    assert_eq!(doc["qps"], QPS, "{what}: {doc}");
+    let r = &doc["results"][0];
+    // Counted by the QP each completion names (its qp_num): an idle QP shows 0, a lost
+    // or an extra message shows in its QP's count.
+    assert_eq!(
+        r["completions_per_qp"],
+        serde_json::json!(vec![ITERS_PER_QP; QPS as usize]),
+        "{what}: {doc}"
+    );
+    let total = QPS * ITERS_PER_QP;
+    assert_eq!(r["iterations"], total, "{what}: {doc}");
+    // The bandwidth is that of every QP's messages together.
+    let bytes = r["bytes"].as_u64().expect("bytes");
+    let (elapsed, bw) = (r["elapsed_sec"].as_f64(), r["bw_gbit_per_sec"].as_f64());
+    let (Some(elapsed), Some(bw)) = (elapsed, bw) else {
+        panic!("{what}: no elapsed_sec or bw_gbit_per_sec in {doc}");
+    };
+    let all = (total * bytes * 8) as f64 / elapsed / 1e9;
+    assert!(
+        (bw - all).abs() <= all * 0.01,
+        "{what}: {bw} Gb/s, not {all}: {doc}"
+    );
+    // And the client's device carried them: the data of every message (one packet per
+    // 4096-byte MTU) left it (send, write, atomic) or reached it (read).
+    let packets = total * bytes.div_ceil(4096);
+    let counters = &doc["client_counters"];
+    let carried = if what.starts_with("read") {
+        &counters["packets_received"]
+    } else {
+        &counters["packets_sent"]
+    };
+    assert!(
+        carried.as_u64().is_some_and(|n| n >= packets),
+        "{what}: fewer than {packets} packets: {doc}"
+    );
+}
+
+#[test]
+fn q_runs_every_iteration_on_each_of_the_qps_and_reports_their_total() {
+    for mode in [&["--in-process"][..], &[][..]] {
+        for op in ["write", "send", "read", "atomic"] {
+            let mut args = vec![op, "bw", "-q", "4", "-n", "400"];
+            args.extend_from_slice(mode);
+            assert_every_qp_ran_every_iteration(&json(&args), &args.join(" "));
+        }
+    }
+}
+
+#[test]
+fn q_reaches_every_qp_of_a_server_in_another_process() {
+    for op in ["write", "send", "read"] {
+        // The server takes -q from the client: it is given none.
+        let (mut server, stdout, port) = start_server(&["perf", op, "bw"]);
+        let port = port.to_string();
+        let (code, out, err) = run(&[
+            "perf",
+            op,
+            "bw",
+            "-q",
+            "4",
+            "-n",
+            "400",
+            "--client",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "--json",
+        ]);
+        if code != 0 {
+            // A client that failed leaves the server waiting: stop it now.
+            let _ = server.kill();
+        }
+        let (server_code, server_out) = finish_server(server, stdout);
+        assert_eq!(code, 0, "client:\n{out}\n{err}\nserver:\n{server_out}");
+        assert_eq!(server_code, 0, "server:\n{server_out}");
+        let doc = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}):\n{out}"));
+        assert_every_qp_ran_every_iteration(&doc, &format!("{op} bw --client"));
+        assert!(
+            server_out.contains("4 QPs x 400 iterations each"),
+            "{server_out}"
+        );
+    }
+}
+
+#[test]
+fn q_prints_perftests_number_of_qps_and_counts_every_qps_iterations_in_the_table() {
+    // perftest_parameters.c, ctx_print_test_info: " Number of qps   : %d".
+    let out = run_ok(&["perf", "send", "bw", "-q", "4", "-n", "400", "-s", "4096"]);
+    assert!(out.contains(" Number of qps   : 4\n"), "{out}");
+    assert_eq!(row(&out, "4096")[1], 1600.0, "{out}");
+    let out = run_ok(&["perf", "send", "bw", "-n", "400", "-s", "4096"]);
+    assert!(out.contains(" Number of qps   : 1\n"), "{out}");
+}
+
+#[test]
+fn q_is_refused_where_perftest_refuses_it_naming_the_rule() {
+    for (args, says) in [
+        // perftest_parameters.c, case 'q': "Multiple QPs only available on bw tests".
+        (
+            &["perf", "send", "lat", "-q", "2"][..],
+            "-q 2: multiple QPs are only for bw tests (perftest's rule)",
+        ),
+        (
+            &["perf", "write", "lat", "-q", "2"][..],
+            "-q 2: multiple QPs are only for bw tests (perftest's rule)",
+        ),
+        (
+            &["perf", "read", "lat", "-q", "3"][..],
+            "-q 3: multiple QPs are only for bw tests (perftest's rule)",
+        ),
+        (
+            &["perf", "atomic", "lat", "-q", "2"][..],
+            "-q 2: multiple QPs are only for bw tests (perftest's rule)",
+        ),
+        // CHECK_VALUE_IN_RANGE(num_of_qps, MIN_QP_NUM 1, MAX_QP_NUM 16384).
+        (
+            &["perf", "write", "bw", "-q", "0"][..],
+            "-q 0: give 1 to 16384 QPs (perftest's range)",
+        ),
+        (
+            &["perf", "write", "bw", "-q", "16385"][..],
+            "-q 16385: give 1 to 16384 QPs (perftest's range)",
+        ),
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 1, "{args:?}:\n{out}\n{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+    }
 }
 
 #[test]
