@@ -120,12 +120,10 @@ pub(crate) struct DeviceInner {
     /// The UDP path (`None` in-process): the socket, under the capture and the faults if
     /// either is configured (then it is [`DeviceInner::stack`]).
     transport: Option<Box<dyn Transport>>,
-    /// The bottom of the stack of a device with a capture or faults (`link.rs`).
-    link: Option<Arc<Link>>,
-    /// With a capture or faults, what every packet the device sends goes through, to the
-    /// socket or to a device of this process: the faults over the capture over the link.
-    /// `None` otherwise: packets for devices of this process are handed over directly.
-    stack: Option<Arc<dyn Transport>>,
+    /// The capture and fault middleware every packet the device sends goes through, with
+    /// either configured; `None` otherwise: packets for devices of this process are then
+    /// handed over directly. (Boxed: the fields the packet path reads stay together.)
+    tap: Option<Box<Tap>>,
     /// Packets handed over by a device of this process whose ICRC did not verify (a
     /// corruption its fault layer injected); part of `dropped_bad_icrc`. A statistic:
     /// `Relaxed` both ways, nothing is published through it.
@@ -163,6 +161,15 @@ pub(crate) struct DeviceInner {
     /// `device{name, address}`, entered around each run of the engine (empty when no
     /// subscriber listened as the device opened).
     span: tracing::Span,
+}
+
+/// The stack of a device with a capture or faults (`link.rs`).
+struct Tap {
+    /// The bottom of the stack, which takes the in-process shortcut switch.
+    link: Arc<Link>,
+    /// What every packet the device sends goes through, to the socket or to a device of
+    /// this process: the faults over the capture over the link.
+    stack: Arc<dyn Transport>,
 }
 
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
@@ -206,7 +213,7 @@ impl Device {
         let port = udp
             .as_ref()
             .map_or(crate::transport::DEFAULT_PORT, |u| u.local().port());
-        let (mut transport, mut link, mut stack, mut fault_layer) = (None, None, None, None);
+        let (mut transport, mut tap, mut fault_layer) = (None, None, None);
         if config.capture.is_none() && config.faults.is_none() {
             transport = udp.map(|u| Box::new(u) as Box<dyn Transport>);
         } else {
@@ -228,8 +235,10 @@ impl Device {
             if matches!(config.network, Network::Udp(_)) {
                 transport = Some(Box::new(top.clone()) as Box<dyn Transport>);
             }
-            link = Some(bottom);
-            stack = Some(top);
+            tap = Some(Box::new(Tap {
+                link: bottom,
+                stack: top,
+            }));
         }
         let netdev = netdev::holding(address);
         let mut engine_config = config.engine;
@@ -266,8 +275,7 @@ impl Device {
                 retired_cqs: RetiredCqs::default(),
             }),
             transport,
-            link,
-            stack,
+            tap,
             handed_bad_icrc: AtomicU64::new(0),
             tx: Mutex::new(()),
             rx: Mutex::new(()),
@@ -663,8 +671,8 @@ impl Device {
     /// default) or sent through the transport like any other (tests of the wire path).
     pub fn set_in_process_shortcut(&self, on: bool) {
         self.inner.shortcut.store(on, Ordering::Relaxed);
-        if let Some(link) = &self.inner.link {
-            link.set_shortcut(on);
+        if let Some(tap) = &self.inner.tap {
+            tap.link.set_shortcut(on);
         }
     }
 

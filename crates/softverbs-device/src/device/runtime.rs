@@ -15,7 +15,9 @@ use super::link::HOP_LIMIT;
 use super::registry::registry;
 use super::{lock, DeviceInner, State};
 use crate::pcap::{Capture, Direction};
-use crate::transport::{invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, Sent};
+use crate::transport::{
+    invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, Sent, Transport,
+};
 use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use softverbs_wire::icrc;
@@ -170,16 +172,8 @@ impl DeviceInner {
     /// Sends packets: to devices of this process directly, to others over the transport;
     /// with a capture or faults, all of them through the device's stack (`link.rs`).
     fn send_all(self: &Arc<Self>, outgoing: Vec<Outgoing>, sending: MutexGuard<'_, ()>) {
-        if let Some(stack) = &self.stack {
-            for mut out in outgoing {
-                if let Err(e) = stack.send(&out.to, out.src_port, &mut out.bytes) {
-                    tracing::debug!(error = %e, to = %out.to.addr(), "send failed");
-                }
-            }
-            // The link queued what it handed over; delivering runs other devices' engines:
-            // never while holding the send lock.
-            drop(sending);
-            deliver_local();
+        if let Some(tap) = &self.tap {
+            send_through(&*tap.stack, outgoing, sending);
             return;
         }
         let mut local = Vec::new();
@@ -246,13 +240,8 @@ impl DeviceInner {
         sent: Option<Box<Sent>>,
     ) {
         if let Some(sent) = sent {
-            if icrc::verify(&sent.ip, &sent.udp, &bytes).is_err() {
-                self.handed_bad_icrc.fetch_add(1, Ordering::Relaxed);
-                tracing::trace!(%from, reason = "bad ICRC", "dropped a handed-over packet");
+            if !self.accept_framed(&sent, &bytes, from) {
                 return;
-            }
-            if let Some(capture) = &self.capture {
-                capture.record(Direction::Inbound, &sent.ip, &sent.udp, &bytes);
             }
         } else if let Some(capture) = &self.capture {
             self.record_direct(capture, &mut bytes, from, src_port);
@@ -260,8 +249,24 @@ impl DeviceInner {
         self.receive(&bytes, from);
     }
 
+    /// Checks the ICRC of a packet a sender's link handed over (a bad one is dropped and
+    /// counted), and records it in the capture if there is one.
+    #[inline(never)]
+    fn accept_framed(&self, sent: &Sent, bytes: &[u8], from: IpAddr) -> bool {
+        if icrc::verify(&sent.ip, &sent.udp, bytes).is_err() {
+            self.handed_bad_icrc.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(%from, reason = "bad ICRC", "dropped a handed-over packet");
+            return false;
+        }
+        if let Some(capture) = &self.capture {
+            capture.record(Direction::Inbound, &sent.ip, &sent.udp, bytes);
+        }
+        true
+    }
+
     /// Records a packet a device without a link handed over directly: with the headers a
     /// sender's transport gives it (`link.rs`), and the ICRC it fills for them.
+    #[inline(never)]
     fn record_direct(&self, capture: &Capture, bytes: &mut [u8], from: IpAddr, src_port: u16) {
         let to = Endpoint::new(self.address, self.port());
         let from = Endpoint::new(from, to.port());
@@ -353,7 +358,7 @@ impl DeviceInner {
                     }
                     RECV_BUF.with(|b| *b.borrow_mut() = buf);
                 }
-                if self.stack.is_some() {
+                if self.tap.is_some() {
                     // Receiving released packets the fault layer held back: those for
                     // devices of this process are queued.
                     deliver_local();
@@ -398,6 +403,7 @@ impl DeviceInner {
 
     /// Sends the packets the fault layer of an in-process device held back (delay,
     /// reorder) that are due, and delivers them. Nothing without fault injection.
+    #[inline(never)]
     pub(super) fn release_held(&self) {
         if let Some(faults) = &self.fault_layer {
             if let Err(e) = faults.release_due() {
@@ -421,6 +427,20 @@ impl DeviceInner {
             }
         });
     }
+}
+
+/// Sends every packet through a device's capture and fault stack, whose link queues what
+/// it hands to devices of this process; then delivers those (other devices' engines run:
+/// never while holding the send lock).
+#[inline(never)]
+fn send_through(stack: &dyn Transport, outgoing: Vec<Outgoing>, sending: MutexGuard<'_, ()>) {
+    for mut out in outgoing {
+        if let Err(e) = stack.send(&out.to, out.src_port, &mut out.bytes) {
+            tracing::debug!(error = %e, to = %out.to.addr(), "send failed");
+        }
+    }
+    drop(sending);
+    deliver_local();
 }
 
 /// Queues a packet the link of a device with a capture or faults hands to `to`, a device
