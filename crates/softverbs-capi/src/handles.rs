@@ -108,7 +108,7 @@ fn say_why_not_opened(why: &dyn std::fmt::Display) {
 
 /// The process's device, opened on first use from the environment (`SOFTVERBS_ADDR`, else
 /// the first free 127.0.0.x, port 4791). A failure is returned (and retried next call),
-/// and said on stderr the first time ([`say_why_not_opened`]).
+/// and said on stderr the first time (`say_why_not_opened`).
 pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     let mut slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = *slot {
