@@ -45,6 +45,7 @@ use crate::boundary::{errno_of, Errno};
 use softverbs::core::cq::CompletionChannel;
 use softverbs::core::device::{Device, DeviceConfig};
 use std::ffi::c_char;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -89,8 +90,25 @@ fn copy_c_string(dst: &mut [c_char], src: &str) {
 
 static DEVICE: Mutex<Option<&'static DeviceEntry>> = Mutex::new(None);
 
+/// Says once per process, as one line on stderr, why the device could not open: a C
+/// program sees only the errno (`Failed to get IB devices list: Invalid argument`), while
+/// the device's message names the variable and what is wrong with it.
+fn say_why_not_opened(why: &dyn std::fmt::Display) {
+    use std::io::Write;
+    static SAID: AtomicBool = AtomicBool::new(false);
+    // Relaxed: the flag guards only itself (one swap decides who speaks), nothing is
+    // published through it.
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let line = why.to_string().replace('\n', " ");
+    // Nothing to do if stderr is gone: the errno still says that the device failed.
+    let _ = writeln!(std::io::stderr(), "softverbs: {line}");
+}
+
 /// The process's device, opened on first use from the environment (`SOFTVERBS_ADDR`, else
-/// the first free 127.0.0.x, port 4791). A failure is returned (and retried next call).
+/// the first free 127.0.0.x, port 4791). A failure is returned (and retried next call),
+/// and said on stderr the first time (`say_why_not_opened`).
 pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     let mut slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = *slot {
@@ -100,8 +118,14 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     crate::stats::start_logging();
     // As the safe API opens it: SOFTVERBS_NETWORK, SOFTVERBS_ADDR, SOFTVERBS_PCAP,
     // SOFTVERBS_FAULTS.
-    let config = DeviceConfig::from_env().map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
-    let device = Device::open(config).map_err(errno_of)?;
+    let config = DeviceConfig::from_env().map_err(|e| {
+        say_why_not_opened(&e);
+        e.raw_os_error().unwrap_or(libc::EINVAL)
+    })?;
+    let device = Device::open(config).map_err(|e| {
+        say_why_not_opened(&e);
+        errno_of(e)
+    })?;
     let node_guid = device.query_device().node_guid;
     let mut ibv = ibv_device {
         _ops: _ibv_device_ops::default(),

@@ -258,3 +258,87 @@ fn softverbs_pcap_capture_of_a_program_is_complete_when_the_program_exits() {
     // Five round trips of one SEND each way, each ACKed: 20 packets, all of them there.
     assert_eq!(records.len(), 20, "{records:?}");
 }
+
+/// The variables that decide whether the drop-in's device opens, removed so that the
+/// test's own setting is the only one.
+const DEVICE_VARIABLES: [&str; 4] = [
+    "SOFTVERBS_NETWORK",
+    "SOFTVERBS_PCAP",
+    "SOFTVERBS_FAULTS",
+    "SOFTVERBS_PCAP_LIMIT",
+];
+
+/// The lines of `stderr` the drop-in wrote (`softverbs: …`).
+fn drop_in_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("softverbs: "))
+        .collect()
+}
+
+#[test]
+fn a_device_that_cannot_open_says_why_on_one_line_naming_the_variable() {
+    // A capture file in a folder that does not exist: the device cannot open, so
+    // ibv_get_device_list fails (errno EINVAL, as before), and the drop-in says why,
+    // naming the variable and the folder.
+    let lib = common::library_dir("open-error");
+    let mut command = std::process::Command::new("/usr/bin/ibv_devinfo");
+    for name in DEVICE_VARIABLES {
+        command.env_remove(name);
+    }
+    let (status, stdout, stderr) = common::run_bounded(
+        command
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("LD_BIND_NOW", "1")
+            .env("SOFTVERBS_ADDR", "127.0.0.75:0")
+            .env("SOFTVERBS_PCAP", "/nonexistent-dir/x.pcap"),
+        std::time::Duration::from_secs(60),
+    );
+    let status = status.expect("ibv_devinfo finished");
+    assert!(!status.success(), "{stdout}{stderr}");
+    let ours = drop_in_lines(&stderr);
+    assert_eq!(ours.len(), 1, "one line from the drop-in:\n{stderr}");
+    assert!(
+        ours[0].starts_with("softverbs: SOFTVERBS_PCAP: ")
+            && ours[0].contains("the folder /nonexistent-dir does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Failed to get IB devices list: Invalid argument"),
+        "the errno is kept:\n{stderr}"
+    );
+}
+
+#[test]
+fn a_device_that_cannot_open_says_why_once_per_process_and_fails_every_call() {
+    // Our C program asks for the device list three times with a malformed SOFTVERBS_FAULTS:
+    // every call fails with EINVAL, the reason is said once.
+    let lib = common::library_dir("open-error-again");
+    let exe = common::compile_c("device_list_again.c", "device_list_again", &[]);
+    let mut command = std::process::Command::new(&exe);
+    for name in DEVICE_VARIABLES {
+        command.env_remove(name);
+    }
+    let (status, stdout, stderr) = common::run_bounded(
+        command
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("SOFTVERBS_ADDR", "127.0.0.75:0")
+            .env("SOFTVERBS_FAULTS", "drop=2"),
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}{stderr}");
+    let einval = libc::EINVAL;
+    for n in 1..=3 {
+        assert!(
+            stdout.contains(&format!("list {n}: NULL errno {einval}\n")),
+            "{stdout}"
+        );
+    }
+    let ours = drop_in_lines(&stderr);
+    assert_eq!(ours.len(), 1, "once per process:\n{stderr}");
+    assert!(
+        ours[0].starts_with("softverbs: SOFTVERBS_FAULTS=\"drop=2\": ")
+            && ours[0].contains("outside 0..=1"),
+        "{stderr}"
+    );
+}

@@ -4,7 +4,7 @@
 
 use crate::Error;
 use softverbs::*;
-use softverbs_device::{Capture, RegisterError, FAULTS_ENV, PCAP_ENV};
+use softverbs_device::{Capture, RegisterError, PCAP_ENV};
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 ///
 /// The device knobs of the environment (`SOFTVERBS_PCAP`, `SOFTVERBS_PCAP_LIMIT`,
 /// `SOFTVERBS_FAULTS`; `SOFTVERBS_ADDR` for a one-side run) are read by the device
-/// (`DeviceConfig::with_env`) in every mode that has a transport; see [`NetArgs::open`].
+/// (`DeviceConfig::with_env`) in every mode; see [`NetArgs::open`].
 #[derive(clap::Args, Clone, Debug)]
 pub struct NetArgs {
     /// Run only the server side: open a UDP device (SOFTVERBS_ADDR, else the first free
@@ -35,9 +35,9 @@ pub struct NetArgs {
 
     /// Both sides in this process with in-process devices (no socket at all), instead
     /// of the default: both sides in this process over UDP loopback with the in-process
-    /// shortcut off, so every packet crosses the kernel as RoCEv2. In-process devices have
-    /// no transport, so capture and fault injection (--pcap, SOFTVERBS_PCAP,
-    /// SOFTVERBS_FAULTS) are refused here: use the default mode for them.
+    /// shortcut off, so every packet crosses the kernel as RoCEv2. Capture and fault
+    /// injection (--pcap, SOFTVERBS_PCAP, SOFTVERBS_FAULTS) work here as in the default
+    /// mode.
     #[arg(long)]
     pub in_process: bool,
 
@@ -128,12 +128,10 @@ impl NetArgs {
 
     /// Opens the device(s) the mode needs: `(client or only side, server side if here)`.
     ///
-    /// Every UDP device takes the environment's capture and faults through
-    /// `DeviceConfig::with_env`. With both sides here, the client's device captures (it
-    /// sees every packet once) and both inject faults, the server's from seed + 1 so that
-    /// the two directions do not lose packets in lockstep. In-process devices have no
-    /// transport to capture or to lose packets on: asking for either there is refused,
-    /// naming the variable, rather than ignored.
+    /// Every device takes the environment's capture and faults through
+    /// `DeviceConfig::with_env`. With both sides here (UDP or in-process devices), the
+    /// client's device captures (it sees every packet once) and both inject faults, the
+    /// server's from seed + 1 so that the two directions do not lose packets in lockstep.
     pub fn open(&self) -> Result<(Context, Option<Context>), Error> {
         self.check_pcap()?;
         match self.mode() {
@@ -142,9 +140,16 @@ impl NetArgs {
                 self.apply_pcap(&mut config)?;
                 Ok((Context::open_with(config)?, None))
             }
-            Mode::Loopback => {
-                // Two devices, each on the first free 127.0.0.x, packets through the kernel.
-                let mut client = DeviceConfig::udp(UdpConfig::default()).with_env()?;
+            mode @ (Mode::Loopback | Mode::InProcess) => {
+                let udp = matches!(mode, Mode::Loopback);
+                // UDP: two devices, each on the first free 127.0.0.x, packets through the
+                // kernel. In-process: two devices handing packets to each other.
+                let mut client = if udp {
+                    DeviceConfig::udp(UdpConfig::default())
+                } else {
+                    DeviceConfig::in_process()
+                }
+                .with_env()?;
                 self.apply_pcap(&mut client)?;
                 let mut server = client.clone();
                 server.capture = None;
@@ -153,34 +158,12 @@ impl NetArgs {
                 }
                 let client = Context::open_with(client)?;
                 let server = Context::open_with(server)?;
-                for ctx in [&client, &server] {
-                    ctx.device().set_in_process_shortcut(false);
+                if udp {
+                    for ctx in [&client, &server] {
+                        ctx.device().set_in_process_shortcut(false);
+                    }
                 }
                 Ok((client, Some(server)))
-            }
-            Mode::InProcess => {
-                let refused = if self.pcap.is_some() {
-                    Some("--pcap")
-                } else if std::env::var_os(PCAP_ENV).is_some() {
-                    Some(PCAP_ENV)
-                } else if std::env::var_os(FAULTS_ENV).is_some() {
-                    Some(FAULTS_ENV)
-                } else {
-                    None
-                };
-                if let Some(knob) = refused {
-                    return Err(format!(
-                        "{knob} needs UDP devices: --in-process devices hand packets to each \
-                         other directly, with no transport to capture or to lose packets on; \
-                         leave out --in-process (both sides then run in this process over UDP \
-                         loopback), or leave out {knob}"
-                    )
-                    .into());
-                }
-                Ok((
-                    Context::open_with(DeviceConfig::in_process())?,
-                    Some(Context::open_with(DeviceConfig::in_process())?),
-                ))
             }
         }
     }

@@ -54,11 +54,10 @@ enum Command {
     /// QP information over TCP (port 18515) in ibv_rc_pingpong's message format and
     /// order; as with ibv_rc_pingpong, give both sides the same -s and -n.
     ///
-    /// SOFTVERBS_PCAP=FILE captures the traffic in every mode with UDP devices: with both
-    /// sides in this process the client's device writes FILE (it sends and receives every
-    /// packet once); with --server / --client each process writes its own. SOFTVERBS_FAULTS
-    /// injects faults on what each device sends. --in-process refuses both: in-process
-    /// devices have no transport.
+    /// SOFTVERBS_PCAP=FILE captures the traffic in every mode: with both sides in this
+    /// process (over UDP, or --in-process) the client's device writes FILE (it sends and
+    /// receives every packet once); with --server / --client each process writes its own.
+    /// SOFTVERBS_FAULTS injects faults on what each device sends, in every mode.
     Pingpong(pingpong::PingpongArgs),
 
     /// perftest-like benchmarks: `perf OP lat|bw` with OP one of send, write, read, atomic.

@@ -36,10 +36,12 @@ pub struct DeviceConfig {
     pub engine: EngineConfig,
     /// Whether to start the progress thread (tests of the sans-IO paths may not want it).
     pub progress_thread: bool,
-    /// Fault injection on the transport path (drop, duplicate, delay, reorder, corrupt),
+    /// Fault injection (drop, duplicate, delay, reorder, corrupt) on every packet the
+    /// device sends, over UDP or to a device of this process (in-process devices too),
     /// switchable at run time through the shared [`FaultConfig`].
     pub faults: Option<FaultSetup>,
-    /// Capture of every packet the transport sends and receives.
+    /// Capture of every packet the device sends and receives, over UDP or to and from a
+    /// device of this process (in-process devices too).
     pub capture: Option<Arc<Capture>>,
 }
 

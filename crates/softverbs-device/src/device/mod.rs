@@ -14,7 +14,11 @@
 //! Devices in the same process reach each other directly: a packet for the address of a
 //! device of this process is handed to that device's engine on the sending thread (through
 //! a per-thread queue, so no lock is held while another device runs), with no system call.
-//! Other addresses go over the transport (UDP carrying RoCEv2).
+//! Other addresses go over the transport (UDP carrying RoCEv2). A device with a capture or
+//! fault injection sends every packet through that middleware instead, over a link
+//! (`link.rs`) that hands packets for devices of this process over with their headers
+//! and ICRC, so both knobs act on every path, in-process devices included; the receiving
+//! device checks the ICRC of such a packet and records what it receives in its capture.
 //!
 //! | file | holds |
 //! |---|---|
@@ -24,6 +28,7 @@
 //! | `error.rs` | [`DeviceError`] and the errno the C side reports for it |
 //! | `netdev.rs` | the interface holding the address: its index (every GID's `ndev_ifindex`) and MTU |
 //! | `mtu.rs` | the port MTU: the largest IB MTU whose packets fit the interface holding the address |
+//! | `link.rs` | the bottom of the stack of a device with a capture or faults: hands packets over to devices of this process, or to the socket |
 //! | `registry.rs` | the devices of this process by address, and in-process addresses |
 //! | `runtime.rs` | progress: the progress thread, runs of the engine, sending, receiving, timers |
 //! | `completions.rs` | where a QP's completions go, and back-pressure on a full CQ |
@@ -40,6 +45,7 @@ mod completions;
 mod config;
 mod error;
 mod grh;
+mod link;
 mod mtu;
 mod netdev;
 mod objects;
@@ -58,6 +64,7 @@ pub use stats::{CaptureCounts, CqSummary, DeviceStats, STATS_ENV};
 
 use attr::gid_table;
 use completions::Route;
+use link::Link;
 use registry::{next_in_process_address, registry};
 use runtime::progress_loop;
 
@@ -65,7 +72,7 @@ use crate::events::{AsyncEvent, AsyncEventQueue};
 use crate::fault::FaultTransport;
 use crate::memory::{MemoryTable, Region};
 use crate::pcap::{Capture, PcapTransport};
-use crate::transport::{Gid, Transport};
+use crate::transport::{Endpoint, Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
@@ -110,7 +117,17 @@ pub(crate) struct DeviceInner {
     /// The index of the interface holding the address (0: none).
     ifindex: u32,
     state: Mutex<State>,
+    /// The UDP path (`None` in-process): the socket, under the capture and the faults if
+    /// either is configured (then it is [`DeviceInner::stack`]).
     transport: Option<Box<dyn Transport>>,
+    /// The capture and fault middleware every packet the device sends goes through, with
+    /// either configured; `None` otherwise: packets for devices of this process are then
+    /// handed over directly. (Boxed: the fields the packet path reads stay together.)
+    tap: Option<Box<Tap>>,
+    /// Packets handed over by a device of this process whose ICRC did not verify (a
+    /// corruption its fault layer injected); part of `dropped_bad_icrc`. A statistic:
+    /// `Relaxed` both ways, nothing is published through it.
+    handed_bad_icrc: AtomicU64,
     /// The pcap capture of the transport, if any (flushed on request).
     capture: Option<Arc<Capture>>,
     /// Held from the end of a run (taken under the state lock) until its packets are
@@ -146,6 +163,15 @@ pub(crate) struct DeviceInner {
     span: tracing::Span,
 }
 
+/// The stack of a device with a capture or faults (`link.rs`).
+struct Tap {
+    /// The bottom of the stack, which takes the in-process shortcut switch.
+    link: Arc<Link>,
+    /// What every packet the device sends goes through, to the socket or to a device of
+    /// this process: the faults over the capture over the link.
+    stack: Arc<dyn Transport>,
+}
+
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -176,30 +202,44 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// Opens a device.
     pub fn open(config: DeviceConfig) -> Result<Device, DeviceError> {
-        let mut fault_layer = None;
-        let (transport, address): (Option<Box<dyn Transport>>, IpAddr) = match &config.network {
+        let (udp, address) = match &config.network {
             Network::InProcess => (None, next_in_process_address()),
             Network::Udp(udp) => {
-                // The stack: faults decide what is sent, the capture records what really
-                // went to (and came from) the socket.
                 let udp = UdpTransport::bind(udp.clone())?;
                 let addr = udp.local().addr();
-                let captured: Box<dyn Transport> = match &config.capture {
-                    Some(capture) => Box::new(PcapTransport::new(udp, capture.clone())),
-                    None => Box::new(udp),
-                };
-                let stack: Box<dyn Transport> = match &config.faults {
-                    Some(f) => {
-                        let layer =
-                            Arc::new(FaultTransport::new(captured, f.config.clone(), f.seed));
-                        fault_layer = Some(layer.clone());
-                        Box::new(layer)
-                    }
-                    None => captured,
-                };
-                (Some(stack), addr)
+                (Some(udp), addr)
             }
         };
+        let port = udp
+            .as_ref()
+            .map_or(crate::transport::DEFAULT_PORT, |u| u.local().port());
+        let (mut transport, mut tap, mut fault_layer) = (None, None, None);
+        if config.capture.is_none() && config.faults.is_none() {
+            transport = udp.map(|u| Box::new(u) as Box<dyn Transport>);
+        } else {
+            // The stack: faults decide what is sent, the capture records what really went
+            // to (and came from) the link: the socket, or a device of this process.
+            let bottom = Arc::new(Link::new(Endpoint::new(address, port), udp));
+            let captured: Box<dyn Transport> = match &config.capture {
+                Some(capture) => Box::new(PcapTransport::new(bottom.clone(), capture.clone())),
+                None => Box::new(bottom.clone()),
+            };
+            let top: Arc<dyn Transport> = match &config.faults {
+                Some(f) => {
+                    let layer = Arc::new(FaultTransport::new(captured, f.config.clone(), f.seed));
+                    fault_layer = Some(layer.clone());
+                    layer
+                }
+                None => Arc::from(captured),
+            };
+            if matches!(config.network, Network::Udp(_)) {
+                transport = Some(Box::new(top.clone()) as Box<dyn Transport>);
+            }
+            tap = Some(Box::new(Tap {
+                link: bottom,
+                stack: top,
+            }));
+        }
         let netdev = netdev::holding(address);
         let mut engine_config = config.engine;
         engine_config.port_mtu = mtu::port_mtu(
@@ -235,6 +275,8 @@ impl Device {
                 retired_cqs: RetiredCqs::default(),
             }),
             transport,
+            tap,
+            handed_bad_icrc: AtomicU64::new(0),
             tx: Mutex::new(()),
             rx: Mutex::new(()),
             fault_layer,
@@ -590,6 +632,9 @@ impl Device {
             if deadline != u64::MAX && deadline <= DeviceClock::now() {
                 inner.run_due_timers(DeviceClock::now());
             }
+            if inner.fault_layer.is_some() {
+                inner.release_held();
+            }
             return;
         }
         let now = DeviceClock::now();
@@ -626,6 +671,9 @@ impl Device {
     /// default) or sent through the transport like any other (tests of the wire path).
     pub fn set_in_process_shortcut(&self, on: bool) {
         self.inner.shortcut.store(on, Ordering::Relaxed);
+        if let Some(tap) = &self.inner.tap {
+            tap.link.set_shortcut(on);
+        }
     }
 
     /// Writes the packets captured so far to the capture file (a no-op without
@@ -663,9 +711,15 @@ impl Device {
         self.inner.fault_layer.as_ref().map(|f| f.fault_counters())
     }
 
-    /// The transport's counters (`None` for an in-process device).
+    /// The transport's counters (`None` for an in-process device). `dropped_bad_icrc`
+    /// includes the packets a device of this process handed over whose ICRC did not
+    /// verify (its faults corrupted them).
     pub fn transport_counters(&self) -> Option<crate::transport::TransportCounters> {
-        self.inner.transport.as_ref().map(|t| t.counters())
+        self.inner.transport.as_ref().map(|t| {
+            let mut counters = t.counters();
+            counters.dropped_bad_icrc += self.inner.handed_bad_icrc.load(Ordering::Relaxed);
+            counters
+        })
     }
 }
 

@@ -11,11 +11,16 @@
 
 use super::completions::push_completion;
 use super::grh::grh_bytes;
+use super::link::HOP_LIMIT;
 use super::registry::registry;
 use super::{lock, DeviceInner, State};
-use crate::transport::{udp_src_port_for_qps, Endpoint, Gid};
+use crate::pcap::{Capture, Direction};
+use crate::transport::{
+    invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, Sent, Transport,
+};
 use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
+use softverbs_wire::icrc;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -30,6 +35,10 @@ const PROGRESS_TICK: Duration = Duration::from_millis(5);
 /// leave the socket to it.
 const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
 
+/// How long an in-process progress thread sleeps at most while the fault layer holds
+/// packets back (as `FaultTransport::wait_readable` bounds a UDP device's wait).
+const HELD_PACKETS_TICK: Duration = Duration::from_millis(1);
+
 /// A packet produced by a run, to send once the state lock is released.
 struct Outgoing {
     to: Endpoint,
@@ -37,8 +46,21 @@ struct Outgoing {
     bytes: Vec<u8>,
 }
 
-/// Packets for devices of this process: (destination, source address, bytes).
-type LocalQueue = VecDeque<(Arc<DeviceInner>, IpAddr, Vec<u8>)>;
+/// A packet for a device of this process.
+struct HandedOver {
+    to: Arc<DeviceInner>,
+    /// The sender's address.
+    from: IpAddr,
+    /// The UDP source port the sender's transport would have used.
+    src_port: u16,
+    bytes: Vec<u8>,
+    /// The headers the sender's link prepared, its ICRC filled, when the sender captures
+    /// or injects faults (`link.rs`); `None` for the direct hand-over (no ICRC).
+    sent: Option<Box<Sent>>,
+}
+
+/// Packets for devices of this process, in order.
+type LocalQueue = VecDeque<HandedOver>;
 
 thread_local! {
     /// Packets for devices of this process, delivered in order by the outermost run on
@@ -147,8 +169,13 @@ impl DeviceInner {
             .map_or(crate::transport::DEFAULT_PORT, |t| t.local().port())
     }
 
-    /// Sends packets: to devices of this process directly, to others over the transport.
+    /// Sends packets: to devices of this process directly, to others over the transport;
+    /// with a capture or faults, all of them through the device's stack (`link.rs`).
     fn send_all(self: &Arc<Self>, outgoing: Vec<Outgoing>, sending: MutexGuard<'_, ()>) {
+        if let Some(tap) = &self.tap {
+            send_through(&*tap.stack, outgoing, sending);
+            return;
+        }
         let mut local = Vec::new();
         {
             let reg = lock(registry());
@@ -160,7 +187,7 @@ impl DeviceInner {
                     None
                 };
                 match peer {
-                    Some(peer) => local.push((peer, out.bytes)),
+                    Some(peer) => local.push((peer, out.src_port, out.bytes)),
                     None => match &self.transport {
                         Some(t) => {
                             if let Err(e) = t.send(&out.to, out.src_port, &mut out.bytes) {
@@ -177,8 +204,14 @@ impl DeviceInner {
         let from = self.address;
         let drain_here = LOCAL_DELIVERY.with(|cell| {
             let mut q = cell.borrow_mut();
-            for (peer, bytes) in local {
-                q.1.push_back((peer, from, bytes));
+            for (to, src_port, bytes) in local {
+                q.1.push_back(HandedOver {
+                    to,
+                    from,
+                    src_port,
+                    bytes,
+                    sent: None,
+                });
             }
             if q.0 || q.1.is_empty() {
                 false
@@ -191,12 +224,60 @@ impl DeviceInner {
         // again): never while holding the send lock.
         drop(sending);
         if drain_here {
-            while let Some((peer, from, bytes)) =
-                LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.pop_front())
-            {
-                peer.receive(&bytes, from);
+            drain_local();
+        }
+    }
+
+    /// Handles a packet a device of this process handed over. One that came through the
+    /// sender's link (`sent`) is checked as a receiving transport checks it, its ICRC
+    /// against its headers, so a corruption injected on the way is a loss here; a device
+    /// with a capture records what it accepts, as its `PcapTransport` does on UDP.
+    fn receive_handed(
+        self: &Arc<Self>,
+        from: IpAddr,
+        src_port: u16,
+        mut bytes: Vec<u8>,
+        sent: Option<Box<Sent>>,
+    ) {
+        if let Some(sent) = sent {
+            if !self.accept_framed(&sent, &bytes, from) {
+                return;
             }
-            LOCAL_DELIVERY.with(|cell| cell.borrow_mut().0 = false);
+        } else if let Some(capture) = &self.capture {
+            self.record_direct(capture, &mut bytes, from, src_port);
+        }
+        self.receive(&bytes, from);
+    }
+
+    /// Checks the ICRC of a packet a sender's link handed over (a bad one is dropped and
+    /// counted), and records it in the capture if there is one.
+    #[inline(never)]
+    fn accept_framed(&self, sent: &Sent, bytes: &[u8], from: IpAddr) -> bool {
+        if icrc::verify(&sent.ip, &sent.udp, bytes).is_err() {
+            self.handed_bad_icrc.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(%from, reason = "bad ICRC", "dropped a handed-over packet");
+            return false;
+        }
+        if let Some(capture) = &self.capture {
+            capture.record(Direction::Inbound, &sent.ip, &sent.udp, bytes);
+        }
+        true
+    }
+
+    /// Records a packet a device without a link handed over directly: with the headers a
+    /// sender's transport gives it (`link.rs`), and the ICRC it fills for them.
+    #[inline(never)]
+    fn record_direct(&self, capture: &Capture, bytes: &mut [u8], from: IpAddr, src_port: u16) {
+        let to = Endpoint::new(self.address, self.port());
+        let from = Endpoint::new(from, to.port());
+        let framed =
+            path_headers(&from, &to, src_port, 0, HOP_LIMIT, bytes.len()).and_then(|(ip, udp)| {
+                icrc::fill(&ip, &udp, bytes).map_err(invalid_input)?;
+                Ok((ip, udp))
+            });
+        match framed {
+            Ok((ip, udp)) => capture.record(Direction::Inbound, &ip, &udp, bytes),
+            Err(e) => tracing::debug!(error = %e, %from, "handed-over packet not captured"),
         }
     }
 
@@ -277,8 +358,19 @@ impl DeviceInner {
                     }
                     RECV_BUF.with(|b| *b.borrow_mut() = buf);
                 }
+                if self.tap.is_some() {
+                    // Receiving released packets the fault layer held back: those for
+                    // devices of this process are queued.
+                    deliver_local();
+                }
             }
             None => {
+                // Packets the fault layer holds back (delay, reorder) are released by this
+                // thread: it wakes up in time for them.
+                let timeout = match &self.fault_layer {
+                    Some(faults) if faults.held() > 0 => timeout.min(HELD_PACKETS_TICK),
+                    _ => timeout,
+                };
                 if !timeout.is_zero() {
                     let st = lock(&self.state);
                     if !self.shutdown.load(Ordering::Acquire) {
@@ -294,6 +386,7 @@ impl DeviceInner {
                         drop(st);
                     }
                 }
+                self.release_held();
             }
         }
         // After a wait the clock has moved; a non-waiting call reuses its reading.
@@ -306,6 +399,18 @@ impl DeviceInner {
             self.run_due_timers(now);
         }
         received
+    }
+
+    /// Sends the packets the fault layer of an in-process device held back (delay,
+    /// reorder) that are due, and delivers them. Nothing without fault injection.
+    #[inline(never)]
+    pub(super) fn release_held(&self) {
+        if let Some(faults) = &self.fault_layer {
+            if let Err(e) = faults.release_due() {
+                tracing::debug!(error = %e, "releasing held packets failed");
+            }
+            deliver_local();
+        }
     }
 
     /// Runs the engine's timers and the CQs' moderation timers that are due at `now`.
@@ -322,6 +427,65 @@ impl DeviceInner {
             }
         });
     }
+}
+
+/// Sends every packet through a device's capture and fault stack, whose link queues what
+/// it hands to devices of this process; then delivers those (other devices' engines run:
+/// never while holding the send lock).
+#[inline(never)]
+fn send_through(stack: &dyn Transport, outgoing: Vec<Outgoing>, sending: MutexGuard<'_, ()>) {
+    for mut out in outgoing {
+        if let Err(e) = stack.send(&out.to, out.src_port, &mut out.bytes) {
+            tracing::debug!(error = %e, to = %out.to.addr(), "send failed");
+        }
+    }
+    drop(sending);
+    deliver_local();
+}
+
+/// Queues a packet the link of a device with a capture or faults hands to `to`, a device
+/// of this process, with the headers it prepared (`sent`); [`deliver_local`] delivers it.
+pub(super) fn hand_over(to: Arc<DeviceInner>, sent: &Sent, bytes: Vec<u8>) {
+    let handed = HandedOver {
+        to,
+        from: sent.from.addr(),
+        src_port: sent.udp.src_port,
+        bytes,
+        sent: Some(Box::new(*sent)),
+    };
+    LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.push_back(handed));
+}
+
+/// Delivers the packets queued for devices of this process, unless a run further up this
+/// thread's stack is already delivering them (it will deliver these too, in order).
+fn deliver_local() {
+    let drain_here = LOCAL_DELIVERY.with(|cell| {
+        let mut q = cell.borrow_mut();
+        if q.0 || q.1.is_empty() {
+            false
+        } else {
+            q.0 = true;
+            true
+        }
+    });
+    if drain_here {
+        drain_local();
+    }
+}
+
+/// Delivers the queue of packets for devices of this process; the caller set its flag.
+fn drain_local() {
+    while let Some(HandedOver {
+        to,
+        from,
+        src_port,
+        bytes,
+        sent,
+    }) = LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.pop_front())
+    {
+        to.receive_handed(from, src_port, bytes, sent);
+    }
+    LOCAL_DELIVERY.with(|cell| cell.borrow_mut().0 = false);
 }
 
 /// The earliest deadline of the engine's timers and of the CQs' moderation periods.

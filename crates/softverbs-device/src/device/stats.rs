@@ -183,7 +183,7 @@ impl Device {
         };
         DeviceStats {
             engine,
-            transport: inner.transport.as_ref().map(|t| t.counters()),
+            transport: self.transport_counters(),
             faults: inner.fault_layer.as_ref().map(|f| f.fault_counters()),
             cq,
             events: inner.events.counts(),
