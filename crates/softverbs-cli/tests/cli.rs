@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{finish, finish_server, run, run_ok, softverbs, start_server};
+use common::{finish, finish_server, packets, run, run_ok, softverbs, start_server};
 use std::process::Stdio;
 
 /// Checks the closing lines of `ibv_rc_pingpong` and the latency line.
@@ -278,15 +278,8 @@ fn pcap_decodes_a_capture_cut_mid_record_up_to_the_cut_and_stops_quietly_on_a_cl
     std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
     let (code, out, err) = run(&["pcap", "-q", cut.to_str().unwrap()]);
     let whole = run_ok(&["pcap", "-q", file.to_str().unwrap()]);
-    let count = |text: &str| -> usize {
-        text.lines()
-            .find(|l| l.contains(" packets, "))
-            .and_then(|l| l.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no summary in {text}"))
-    };
     assert_eq!(code, 0, "{err}");
-    assert_eq!(count(&out) + 1, count(&whole), "{out}\n{whole}");
+    assert_eq!(packets(&out) + 1, packets(&whole), "{out}\n{whole}");
     assert!(err.contains("ends in a broken record"), "{err}");
     // `softverbs pcap FILE | head -1`: the reader goes away; no panic, no error.
     let mut child = softverbs()

@@ -4,83 +4,26 @@
 //! `--lib`, an executable outside cargo's target directory). Every invocation is bounded
 //! in time; devices use 127.0.0.241..=127.0.0.245 (port 0: any free port).
 
+mod common;
+
+use common::{bounded, bounded_ok, env_var, in_runtime, private_dir};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-/// Longest any one invocation may take.
-const LIMIT: Duration = Duration::from_secs(60);
+use std::process::Command;
 
 /// A fresh directory of this user, mode 0700, under cargo's temporary directory.
 fn fresh_dir(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("softverbs-install-test-{name}"));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).expect("create test directory");
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
-    dir
+    private_dir(&format!("install-test-{name}"))
 }
 
 /// `program` with none of the variables `run` reads inherited, `runtime` as its
 /// XDG_RUNTIME_DIR (where `run` would make a private library directory) and `cwd` as its
 /// working directory.
 fn command(program: &Path, runtime: &Path, cwd: &Path) -> Command {
-    let mut command = Command::new(program);
-    for var in [
-        "SOFTVERBS_ADDR",
-        "SOFTVERBS_NETWORK",
-        "SOFTVERBS_PCAP",
-        "SOFTVERBS_FAULTS",
-        "SOFTVERBS_LIB",
-        "LD_LIBRARY_PATH",
-    ] {
-        command.env_remove(var);
-    }
+    let mut command = in_runtime(program, runtime);
+    command.current_dir(cwd);
     command
-        .env("XDG_RUNTIME_DIR", runtime)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// Runs `command` within [`LIMIT`] (killing it, and failing, past that); returns (output,
-/// stdout, stderr).
-fn output(command: &mut Command) -> (Output, String, String) {
-    let mut child = command.spawn().expect("start");
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{command:?} did not finish within {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = child.wait_with_output().expect("output");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
-}
-
-/// Runs `command`, which must succeed; returns (stdout, stderr).
-fn output_ok(command: &mut Command) -> (String, String) {
-    let (out, stdout, stderr) = output(command);
-    assert!(
-        out.status.success(),
-        "{command:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    (stdout, stderr)
-}
-
-/// The variable `name` of `env`'s output.
-fn env_var<'a>(env_output: &'a str, name: &str) -> Option<&'a str> {
-    env_output
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// The entries of `dir`, sorted.
@@ -101,7 +44,7 @@ fn entries(dir: &Path) -> Vec<String> {
 
 /// Installs the cargo-built `softverbs` under `prefix` and checks the files it wrote.
 fn install(prefix: &Path, runtime: &Path) -> String {
-    let (stdout, _) = output_ok(
+    let (stdout, _) = bounded_ok(
         command(Path::new(env!("CARGO_BIN_EXE_softverbs")), runtime, runtime)
             .args(["install", "--prefix"])
             .arg(prefix),
@@ -153,7 +96,7 @@ fn the_installed_run_loads_the_installed_library_from_anywhere_with_the_build_tr
     // Only the installed files: the executable is outside cargo's target directory, and
     // nothing names a library.
     let installed = prefix.join("bin/softverbs");
-    let (stdout, stderr) = output_ok(
+    let (stdout, stderr) = bounded_ok(
         command(&installed, &runtime, &elsewhere)
             .env("SOFTVERBS_ADDR", "127.0.0.241:0")
             .args(["run", "-v", "--", "ibv_devinfo"]),
@@ -170,7 +113,7 @@ fn the_installed_run_loads_the_installed_library_from_anywhere_with_the_build_tr
 
     // The installed directory itself goes first on LD_LIBRARY_PATH: no private directory
     // is made for an installed library.
-    let (stdout, _) = output_ok(command(&installed, &runtime, &elsewhere).args(["run", "env"]));
+    let (stdout, _) = bounded_ok(command(&installed, &runtime, &elsewhere).args(["run", "env"]));
     assert_eq!(
         env_var(&stdout, "LD_LIBRARY_PATH"),
         Some(prefix.join("lib/softverbs").to_str().expect("UTF-8 path")),
@@ -189,7 +132,7 @@ fn installing_again_with_the_installed_command_replaces_the_installation_in_plac
     let before = fs::read(&installed).expect("installed executable");
 
     // The installed command reinstalls itself and its own library onto themselves.
-    let (stdout, _) = output_ok(
+    let (stdout, _) = bounded_ok(
         command(&installed, &runtime, &root)
             .args(["install", "--prefix"])
             .arg(&prefix),
@@ -206,7 +149,7 @@ fn installing_again_with_the_installed_command_replaces_the_installation_in_plac
         entries(&prefix.join("lib/softverbs")),
         ["libibverbs.so.1", "libsoftverbs_capi.so"]
     );
-    let (stdout, _) = output_ok(command(&installed, &runtime, &root).args(["run", "env"]));
+    let (stdout, _) = bounded_ok(command(&installed, &runtime, &root).args(["run", "env"]));
     assert_eq!(
         env_var(&stdout, "LD_LIBRARY_PATH"),
         Some(prefix.join("lib/softverbs").to_str().expect("UTF-8 path"))
@@ -218,7 +161,7 @@ fn without_a_prefix_the_installation_goes_to_dot_local_in_home_and_says_when_bin
     let root = fresh_dir("home");
     let runtime = root.join("run");
     fs::create_dir(&runtime).expect("create directory");
-    let (stdout, _) = output_ok(
+    let (stdout, _) = bounded_ok(
         command(Path::new(env!("CARGO_BIN_EXE_softverbs")), &runtime, &root)
             .env("HOME", &root)
             .env("PATH", "/usr/bin:/bin")
@@ -244,14 +187,14 @@ fn a_library_that_is_not_elf_is_refused_and_nothing_is_installed() {
     fs::create_dir(&runtime).expect("create directory");
     let not_elf = root.join("libnot.so");
     fs::write(&not_elf, "text\n").expect("write");
-    let (out, stdout, stderr) = output(
+    let (code, stdout, stderr) = bounded(
         command(Path::new(env!("CARGO_BIN_EXE_softverbs")), &runtime, &root)
             .args(["install", "--prefix"])
             .arg(&prefix)
             .arg("--lib")
             .arg(&not_elf),
     );
-    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(stderr.contains("not a shared library"), "{stderr}");
     assert!(!prefix.exists(), "{:?}", entries(&prefix));
 }
@@ -269,9 +212,9 @@ fn a_command_installed_alone_as_cargo_install_leaves_it_names_the_install_comman
     fs::hard_link(env!("CARGO_BIN_EXE_softverbs"), &alone)
         .or_else(|_| fs::copy(env!("CARGO_BIN_EXE_softverbs"), &alone).map(drop))
         .expect("link or copy softverbs");
-    let (out, stdout, stderr) =
-        output(command(&alone, &runtime, &root).args(["run", "--", "echo", "ran"]));
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stdout, stderr) =
+        bounded(command(&alone, &runtime, &root).args(["run", "--", "echo", "ran"]));
+    assert_eq!(code, 1, "{stderr}");
     assert_eq!(stdout, "");
     let fix = format!(
         "`cargo run --release --locked -p softverbs-cli -- install --prefix {}`",
@@ -280,13 +223,13 @@ fn a_command_installed_alone_as_cargo_install_leaves_it_names_the_install_comman
     assert!(stderr.contains(&fix), "{stderr}");
 
     // The command it names (here with the cargo-built executable) makes `run` work.
-    output_ok(
+    bounded_ok(
         command(Path::new(env!("CARGO_BIN_EXE_softverbs")), &runtime, &root)
             .args(["install", "--prefix"])
             .arg(&cargo_home),
     );
     let (stdout, stderr) =
-        output_ok(command(&alone, &runtime, &root).args(["run", "-v", "--", "echo", "ran"]));
+        bounded_ok(command(&alone, &runtime, &root).args(["run", "-v", "--", "echo", "ran"]));
     assert_eq!(stdout, "ran\n");
     assert!(
         stderr.contains(&format!(
@@ -311,7 +254,7 @@ fn an_installed_library_wins_over_one_built_beside_the_executable() {
     fs::create_dir(prefix.join("bin/deps")).expect("create directory");
     fs::copy(prefix.join("lib/softverbs/libsoftverbs_capi.so"), &built).expect("copy");
     let installed = prefix.join("bin/softverbs");
-    let (_, stderr) = output_ok(command(&installed, &runtime, &root).args(["run", "-v", "true"]));
+    let (_, stderr) = bounded_ok(command(&installed, &runtime, &root).args(["run", "-v", "true"]));
     assert!(
         stderr.contains(&format!(
             "{} (installed beside this executable)",
@@ -322,7 +265,7 @@ fn an_installed_library_wins_over_one_built_beside_the_executable() {
 
     // Without the installed one, the built one.
     fs::remove_file(prefix.join("lib/softverbs/libsoftverbs_capi.so")).expect("remove");
-    let (_, stderr) = output_ok(command(&installed, &runtime, &root).args(["run", "-v", "true"]));
+    let (_, stderr) = bounded_ok(command(&installed, &runtime, &root).args(["run", "-v", "true"]));
     assert!(
         stderr.contains(&format!("{} (cargo's build directory)", built.display())),
         "{stderr}"

@@ -6,9 +6,9 @@
 //! with its QP, PSN and cause. IBTA vol. 1 §9.7.5.1 (go-back-N on the local ACK timeout)
 //! and `ibv_modify_qp(3)` (RESET → INIT → RTR → RTS) are what the lines describe.
 
-mod bounded;
+mod common;
 
-use bounded::{log_lines, pingpong_pair, run};
+use common::{log_lines, pingpong_pair, run, run_with_env, TempDir};
 
 /// The QP state changes of a connection's bring-up, as the engine logs them.
 const BRING_UP: [&str; 3] = [
@@ -42,69 +42,57 @@ fn assert_bring_up(log: &str, times: usize) {
 fn rust_log_debug_shows_both_qps_state_changes_and_nothing_is_logged_without_it() {
     // Both sides in this process: two devices, two QPs, each brought up once.
     let args = ["pingpong", "-n", "5", "-s", "64"];
-    let quiet = run(&args, &[]);
-    assert_eq!(quiet.code, 0, "{quiet:?}");
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
     assert!(
-        quiet.stderr.is_empty(),
-        "nothing on stderr without a log variable:\n{}",
-        quiet.stderr
+        err.is_empty(),
+        "nothing on stderr without a log variable:\n{err}"
     );
-    let logged = run(&args, &[("RUST_LOG", "debug")]);
-    assert_eq!(logged.code, 0, "{logged:?}");
-    assert_bring_up(&logged.stderr, 2);
+    let (code, out, err) = run_with_env(&args, &[("RUST_LOG", "debug")]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_bring_up(&err, 2);
     // Each device says where it is, and the engine's lines carry the device's span.
     assert_eq!(
-        log_lines(&logged.stderr)
+        log_lines(&err)
             .iter()
             .filter(|l| l.contains("device opened"))
             .count(),
         2,
-        "{}",
-        logged.stderr
+        "{err}"
     );
     assert!(
-        logged
-            .stderr
-            .lines()
+        err.lines()
             .any(|l| l.contains("device{name=softverbs0 address=127.0.0.")
                 && l.contains("QP state change")),
-        "{}",
-        logged.stderr
+        "{err}"
     );
     // The report on stdout is unchanged: the logs go to stderr.
-    assert_eq!(
-        log_lines(&logged.stdout),
-        Vec::<&str>::new(),
-        "{}",
-        logged.stdout
-    );
+    assert_eq!(log_lines(&out), Vec::<&str>::new(), "{out}");
 }
 
 #[test]
 fn softverbs_log_takes_the_same_syntax_and_wins_over_rust_log() {
     let args = ["pingpong", "-n", "3", "-s", "64"];
-    let own = run(
+    let (code, out, err) = run_with_env(
         &args,
         &[
             ("SOFTVERBS_LOG", "softverbs_proto=debug"),
             ("RUST_LOG", "off"),
         ],
     );
-    assert_eq!(own.code, 0, "{own:?}");
-    assert_bring_up(&own.stderr, 2);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_bring_up(&err, 2);
     assert!(
-        log_lines(&own.stderr)
+        log_lines(&err)
             .iter()
             .all(|l| l.contains("softverbs_proto")),
-        "a per-target filter keeps the other targets out:\n{}",
-        own.stderr
+        "a per-target filter keeps the other targets out:\n{err}"
     );
-    let quieter = run(&args, &[("SOFTVERBS_LOG", "warn"), ("RUST_LOG", "debug")]);
-    assert_eq!(quieter.code, 0, "{quieter:?}");
+    let (code, out, err) = run_with_env(&args, &[("SOFTVERBS_LOG", "warn"), ("RUST_LOG", "debug")]);
+    assert_eq!(code, 0, "{out}\n{err}");
     assert!(
-        log_lines(&quieter.stderr).is_empty(),
-        "SOFTVERBS_LOG=warn wins over RUST_LOG=debug:\n{}",
-        quieter.stderr
+        log_lines(&err).is_empty(),
+        "SOFTVERBS_LOG=warn wins over RUST_LOG=debug:\n{err}"
     );
 }
 
@@ -114,33 +102,35 @@ fn dropped_packets_show_as_retransmissions_with_their_qp_and_psn() {
     // the requester's local ACK timeout fires, and it goes back to the oldest
     // unacknowledged PSN.
     let args = ["-n", "100", "-s", "64"];
-    let (server, client) = pingpong_pair(
-        &args,
-        &[
-            ("SOFTVERBS_FAULTS", "drop=0.1,seed=21"),
-            ("SOFTVERBS_LOG", "debug"),
-        ],
-        &[
-            ("SOFTVERBS_FAULTS", "drop=0.1,seed=22"),
-            ("RUST_LOG", "debug"),
-        ],
+    let ((server_code, server_out, server_err), (client_code, client_out, client_err)) =
+        pingpong_pair(
+            &args,
+            &[
+                ("SOFTVERBS_FAULTS", "drop=0.1,seed=21"),
+                ("SOFTVERBS_LOG", "debug"),
+            ],
+            &[
+                ("SOFTVERBS_FAULTS", "drop=0.1,seed=22"),
+                ("RUST_LOG", "debug"),
+            ],
+        );
+    assert_eq!(
+        client_code, 0,
+        "client:\n{client_out}\n{client_err}\nserver:\n{server_out}\n{server_err}"
     );
-    assert_eq!(client.code, 0, "client: {client:?}\nserver: {server:?}");
-    assert_eq!(server.code, 0, "server: {server:?}");
+    assert_eq!(server_code, 0, "server:\n{server_out}\n{server_err}");
     let mut retransmissions = Vec::new();
-    for side in [&server, &client] {
-        assert_bring_up(&side.stderr, 1);
+    for stderr in [&server_err, &client_err] {
+        assert_bring_up(stderr, 1);
         retransmissions.extend(
-            log_lines(&side.stderr)
+            log_lines(stderr)
                 .into_iter()
                 .filter(|l| l.contains("go-back-N: retransmitting from PSN")),
         );
     }
     assert!(
         !retransmissions.is_empty(),
-        "no retransmission logged:\nserver:\n{}\nclient:\n{}",
-        server.stderr,
-        client.stderr
+        "no retransmission logged:\nserver:\n{server_err}\nclient:\n{client_err}"
     );
     for line in &retransmissions {
         let psn = line
@@ -155,25 +145,23 @@ fn dropped_packets_show_as_retransmissions_with_their_qp_and_psn() {
 
 #[test]
 fn softverbs_log_file_gets_the_lines_and_stderr_none() {
-    let dir = std::env::temp_dir().join(format!("softverbs-cli-logs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("logs");
     let file = dir.join("run.log");
     let path = file.to_str().unwrap();
     let args = ["pingpong", "-n", "3", "-s", "64"];
-    let with_filter = run(
+    let (code, out, err) = run_with_env(
         &args,
         &[("SOFTVERBS_LOG_FILE", path), ("SOFTVERBS_LOG", "debug")],
     );
-    assert_eq!(with_filter.code, 0, "{with_filter:?}");
-    assert!(with_filter.stderr.is_empty(), "{}", with_filter.stderr);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(err.is_empty(), "{err}");
     let log = std::fs::read_to_string(&file).expect("the log file was written");
     assert_bring_up(&log, 2);
     // Set alone, the file gets the debugging log; lines are appended.
-    let alone = run(&args, &[("SOFTVERBS_LOG_FILE", path)]);
-    assert_eq!(alone.code, 0, "{alone:?}");
-    assert!(alone.stderr.is_empty(), "{}", alone.stderr);
+    let (code, out, err) = run_with_env(&args, &[("SOFTVERBS_LOG_FILE", path)]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(err.is_empty(), "{err}");
     let log = std::fs::read_to_string(&file).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     assert_bring_up(&log, 4);
 }
 
@@ -183,28 +171,24 @@ fn an_unopenable_log_file_or_a_bad_filter_is_one_line_naming_the_variable() {
         .join(format!("softverbs-no-such-dir-{}", std::process::id()))
         .join("run.log");
     let missing = missing.to_str().unwrap();
-    let out = run(
+    let (code, out, err) = run_with_env(
         &["pingpong", "-n", "3"],
         &[("SOFTVERBS_LOG_FILE", missing), ("SOFTVERBS_LOG", "debug")],
     );
-    assert_eq!(out.code, 1, "{out:?}");
-    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        out.stderr
-            .starts_with(&format!("softverbs: SOFTVERBS_LOG_FILE={missing}: ")),
-        "{}",
-        out.stderr
+        err.starts_with(&format!("softverbs: SOFTVERBS_LOG_FILE={missing}: ")),
+        "{err}"
     );
-    assert!(out.stdout.is_empty(), "nothing ran: {}", out.stdout);
+    assert!(out.is_empty(), "nothing ran: {out}");
 
-    let out = run(&["pingpong", "-n", "3"], &[("SOFTVERBS_LOG", "debug,[")]);
-    assert_eq!(out.code, 1, "{out:?}");
-    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    let (code, out, err) = run_with_env(&["pingpong", "-n", "3"], &[("SOFTVERBS_LOG", "debug,[")]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        out.stderr
-            .starts_with("softverbs: SOFTVERBS_LOG=\"debug,[\" "),
-        "{}",
-        out.stderr
+        err.starts_with("softverbs: SOFTVERBS_LOG=\"debug,[\" "),
+        "{err}"
     );
-    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -2,20 +2,20 @@
 //! by tshark, a pcapng written by tshark read as the pcap it came from, damaged pcapng
 //! files refused naming the file. Devices on automatically chosen 127.0.0.x addresses.
 
-mod command;
+mod common;
 
-use command::*;
+use common::{packets, run, run_ok, run_with_env, text, tshark, TempDir, PCAPNG_MAGIC};
 
 // `--pcap FILE.pcapng` (and SOFTVERBS_PCAP=FILE.pcapng) write pcapng: tshark decodes every
 // frame of the ping-pong as RoCEv2 (an InfiniBand BTH opcode on each), as many as
 // `softverbs pcap` reads back.
 #[test]
 fn a_pcapng_capture_decodes_in_tshark_and_in_softverbs_pcap() {
-    let dir = scratch("pcapng-capture");
+    let dir = TempDir::new("pcapng-capture");
     let pcapng = dir.join("pingpong.pcapng");
-    softverbs_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&pcapng)]);
+    run_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&pcapng)]);
     assert_eq!(std::fs::read(&pcapng).unwrap()[..4], PCAPNG_MAGIC);
-    let listing = softverbs_ok(&["pcap", text(&pcapng)]);
+    let listing = run_ok(&["pcap", text(&pcapng)]);
     let count = packets(&listing);
     assert!(count >= 20, "{listing}");
     assert!(
@@ -37,28 +37,26 @@ fn a_pcapng_capture_decodes_in_tshark_and_in_softverbs_pcap() {
     );
 
     let from_env = dir.join("env.pcapng");
-    let (code, _, err) = softverbs_with(&[("SOFTVERBS_PCAP", &from_env)], &["devinfo"]);
+    let (code, _, err) = run_with_env(&["devinfo"], &[("SOFTVERBS_PCAP", text(&from_env))]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read(&from_env).unwrap()[..4], PCAPNG_MAGIC);
-    assert_eq!(packets(&softverbs_ok(&["pcap", text(&from_env)])), 0);
-    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(packets(&run_ok(&["pcap", text(&from_env)])), 0);
 }
 
 // A pcapng written by tshark (its default format) from our classic pcap lists the very
 // same lines in `softverbs pcap` as the pcap: times, directions, headers, ICRCs, summary.
 #[test]
 fn softverbs_pcap_reads_a_tshark_written_pcapng_as_the_pcap_it_came_from() {
-    let dir = scratch("tshark-pcapng");
+    let dir = TempDir::new("tshark-pcapng");
     let pcap = dir.join("pingpong.pcap");
     let pcapng = dir.join("converted.pcapng");
-    softverbs_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&pcap)]);
+    run_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&pcap)]);
     tshark(&["-r", text(&pcap), "-w", text(&pcapng)]);
     assert_eq!(std::fs::read(&pcapng).unwrap()[..4], PCAPNG_MAGIC);
-    let from_pcap = softverbs_ok(&["pcap", text(&pcap)]);
-    let from_pcapng = softverbs_ok(&["pcap", text(&pcapng)]);
+    let from_pcap = run_ok(&["pcap", text(&pcap)]);
+    let from_pcapng = run_ok(&["pcap", text(&pcapng)]);
     assert!(packets(&from_pcap) >= 20, "{from_pcap}");
     assert_eq!(from_pcapng, from_pcap);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The offsets of the blocks of a little-endian pcapng file.
@@ -80,11 +78,11 @@ fn blocks(bytes: &[u8]) -> Vec<usize> {
 // to the cut with a warning, as a cut pcap is.
 #[test]
 fn a_damaged_pcapng_fails_naming_the_file_and_a_cut_one_is_read_up_to_the_cut() {
-    let dir = scratch("damaged-pcapng");
+    let dir = TempDir::new("damaged-pcapng");
     let whole = dir.join("whole.pcapng");
-    softverbs_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&whole)]);
+    run_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&whole)]);
     let bytes = std::fs::read(&whole).unwrap();
-    let count = packets(&softverbs_ok(&["pcap", "-q", text(&whole)]));
+    let count = packets(&run_ok(&["pcap", "-q", text(&whole)]));
     // Section header, interface description, then a block per packet.
     let offsets = blocks(&bytes);
     assert_eq!(offsets.len(), 2 + count);
@@ -95,7 +93,7 @@ fn a_damaged_pcapng_fails_naming_the_file_and_a_cut_one_is_read_up_to_the_cut() 
     let trailer = offsets[2 + 5] - 4;
     broken[trailer] ^= 0x04;
     std::fs::write(&damaged, &broken).unwrap();
-    let (code, out, err) = softverbs(&["pcap", text(&damaged)]);
+    let (code, out, err) = run(&["pcap", text(&damaged)]);
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(
@@ -108,7 +106,7 @@ fn a_damaged_pcapng_fails_naming_the_file_and_a_cut_one_is_read_up_to_the_cut() 
     let mut junk = PCAPNG_MAGIC.to_vec();
     junk.extend_from_slice(&[0x55; 60]);
     std::fs::write(&garbage, &junk).unwrap();
-    let (code, _, err) = softverbs(&["pcap", text(&garbage)]);
+    let (code, _, err) = run(&["pcap", text(&garbage)]);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains(text(&garbage)) && !err.contains("panicked"),
@@ -117,12 +115,11 @@ fn a_damaged_pcapng_fails_naming_the_file_and_a_cut_one_is_read_up_to_the_cut() 
 
     let cut = dir.join("cut.pcapng");
     std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
-    let (code, out, err) = softverbs(&["pcap", "-q", text(&cut)]);
+    let (code, out, err) = run(&["pcap", "-q", text(&cut)]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(packets(&out) + 1, count);
     assert!(err.contains("ends in a broken record"), "{err}");
 
-    let help = softverbs_ok(&["pcap", "--help"]);
+    let help = run_ok(&["pcap", "--help"]);
     assert!(help.contains("pcapng"), "{help}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

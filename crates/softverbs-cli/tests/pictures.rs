@@ -3,9 +3,9 @@
 //! mark, a `<polyline>` per curve). Devices in-process, or on automatically chosen
 //! 127.0.0.x addresses.
 
-mod command;
+mod common;
 
-use command::*;
+use common::{packets, run_ok, text, TempDir};
 use std::path::Path;
 
 /// What a picture holds: its circles (marks), its curves (polylines of more than two
@@ -60,9 +60,9 @@ fn picture(path: &Path) -> Picture {
 // latency never falling (pixel y never rising); the JSON on stdout is untouched.
 #[test]
 fn perf_lat_plot_draws_a_latency_distribution_per_size() {
-    let dir = scratch("perf-lat-plot");
+    let dir = TempDir::new("perf-lat-plot");
     let svg = dir.join("lat.svg");
-    let out = softverbs_ok(&[
+    let out = run_ok(&[
         "perf",
         "send",
         "lat",
@@ -93,16 +93,15 @@ fn perf_lat_plot_draws_a_latency_distribution_per_size() {
     ] {
         assert!(picture.texts.iter().any(|t| t == label), "{label:?}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 // `perf bw -a --plot`: one curve of bandwidth against the message size, a mark per size
 // (23 sizes, 2 B to 8 MiB, as perftest's -a), sizes rising left to right.
 #[test]
 fn perf_bw_all_sizes_plot_draws_bandwidth_against_every_size() {
-    let dir = scratch("perf-bw-plot");
+    let dir = TempDir::new("perf-bw-plot");
     let svg = dir.join("bw.svg");
-    softverbs_ok(&[
+    run_ok(&[
         "perf",
         "send",
         "bw",
@@ -123,18 +122,17 @@ fn perf_bw_all_sizes_plot_draws_bandwidth_against_every_size() {
         assert!(pair[0].0 < pair[1].0, "{pair:?}");
     }
     assert!(picture.texts.iter().any(|t| t == "Send BW Test: bandwidth"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 // `pcap --plot`: a mark per packet of the capture (as many as `softverbs pcap` counts), on
 // a row per destination QP: the ping-pong's two QPs, the client's and the server's.
 #[test]
 fn pcap_plot_draws_a_mark_per_packet_on_a_row_per_qp() {
-    let dir = scratch("pcap-plot");
+    let dir = TempDir::new("pcap-plot");
     let capture = dir.join("pingpong.pcap");
-    softverbs_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&capture)]);
+    run_ok(&["pingpong", "-n", "5", "-s", "100", "--pcap", text(&capture)]);
     let svg = dir.join("timeline.svg");
-    let listing = softverbs_ok(&["pcap", "-q", text(&capture), "--plot", text(&svg)]);
+    let listing = run_ok(&["pcap", "-q", text(&capture), "--plot", text(&svg)]);
     let count = packets(&listing);
     assert!(count >= 20, "{listing}");
     let picture = picture(&svg);
@@ -145,7 +143,6 @@ fn pcap_plot_draws_a_mark_per_packet_on_a_row_per_qp() {
         .filter(|t| t.starts_with("QP 0x"))
         .count();
     assert_eq!(rows, 2, "{:?}", picture.texts);
-    let help = softverbs_ok(&["pcap", "--help"]);
+    let help = run_ok(&["pcap", "--help"]);
     assert!(help.contains("--plot"), "{help}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

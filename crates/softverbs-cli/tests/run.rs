@@ -5,79 +5,24 @@
 //! 127.0.0.231..=127.0.0.240 (port 0: any free port). Each test has its own
 //! XDG_RUNTIME_DIR, so the library directories it looks at are its own.
 
+mod common;
+
+use common::{bounded, bounded_ok, env_var, finish, in_runtime};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-/// Longest any one invocation may take.
-const LIMIT: Duration = Duration::from_secs(60);
+use std::process::{Child, Command};
 
 /// A fresh directory of this user, mode 0700, under cargo's temporary directory.
 fn private_dir(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("softverbs-run-test-{name}"));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).expect("create test directory");
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).expect("chmod 0700");
-    dir
+    common::private_dir(&format!("run-test-{name}"))
 }
 
 /// `softverbs` with none of the variables `run` reads or sets inherited, and `runtime` as
 /// its XDG_RUNTIME_DIR.
 fn softverbs(runtime: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_softverbs"));
-    for var in [
-        "SOFTVERBS_ADDR",
-        "SOFTVERBS_NETWORK",
-        "SOFTVERBS_PCAP",
-        "SOFTVERBS_FAULTS",
-        "SOFTVERBS_LIB",
-        "LD_LIBRARY_PATH",
-        "LD_BIND_NOW",
-    ] {
-        command.env_remove(var);
-    }
-    command
-        .env("XDG_RUNTIME_DIR", runtime)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// Waits for `child` within [`LIMIT`], killing it (and failing) past that.
-fn finish(mut child: Child) -> Output {
-    let deadline = Instant::now() + LIMIT;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("softverbs run did not finish within {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().expect("output")
-}
-
-/// Runs `command` bounded; returns (output, stdout, stderr).
-fn output(command: &mut Command) -> (Output, String, String) {
-    let out = finish(command.spawn().expect("start softverbs"));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out, stdout, stderr)
-}
-
-/// Runs `command`, which must succeed; returns its stdout.
-fn output_ok(command: &mut Command) -> String {
-    let (out, stdout, stderr) = output(command);
-    assert!(
-        out.status.success(),
-        "{command:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    stdout
+    in_runtime(env!("CARGO_BIN_EXE_softverbs"), runtime)
 }
 
 /// A program from /usr/bin, which must be installed: a missing one is a failure naming
@@ -118,18 +63,11 @@ fn library_dirs(runtime: &Path) -> Vec<PathBuf> {
     dirs
 }
 
-/// The variables of `env`'s output.
-fn env_var<'a>(env_output: &'a str, name: &str) -> Option<&'a str> {
-    env_output
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix('='))
-}
-
 #[test]
 fn ibv_devices_lists_softverbs0() {
     require("ibv_devices", "ibverbs-utils");
     let runtime = private_dir("ibv-devices");
-    let out = output_ok(
+    let (out, _) = bounded_ok(
         softverbs(&runtime)
             .env("SOFTVERBS_ADDR", "127.0.0.231:0")
             .args(["run", "--", "ibv_devices"]),
@@ -145,7 +83,7 @@ fn ibv_devices_lists_softverbs0() {
 fn ibv_devinfo_shows_softverbs0_with_an_active_port() {
     require("ibv_devinfo", "ibverbs-utils");
     let runtime = private_dir("ibv-devinfo");
-    let out = output_ok(
+    let (out, _) = bounded_ok(
         softverbs(&runtime)
             .env("SOFTVERBS_ADDR", "127.0.0.232:0")
             .args(["run", "--", "ibv_devinfo"]),
@@ -159,7 +97,7 @@ fn addr_sets_the_device_address_and_pcap_the_capture_file() {
     require("ibv_devinfo", "ibverbs-utils");
     let runtime = private_dir("addr-pcap");
     let pcap = runtime.join("devinfo.pcap");
-    let out = output_ok(softverbs(&runtime).args([
+    let (out, _) = bounded_ok(softverbs(&runtime).args([
         "run",
         "--addr",
         "127.0.0.233:0",
@@ -177,7 +115,7 @@ fn addr_sets_the_device_address_and_pcap_the_capture_file() {
 #[test]
 fn the_program_gets_the_drop_in_first_on_ld_library_path_and_softverbs_variables_unchanged() {
     let runtime = private_dir("environment");
-    let out = output_ok(
+    let (out, _) = bounded_ok(
         softverbs(&runtime)
             .env("LD_LIBRARY_PATH", "/opt/elsewhere/lib")
             .env("SOFTVERBS_ADDR", "127.0.0.234:0")
@@ -208,7 +146,7 @@ fn the_program_gets_the_drop_in_first_on_ld_library_path_and_softverbs_variables
     assert_eq!(env_var(&out, "LD_BIND_NOW"), None, "{out}");
 
     // --addr and --pcap override what the environment says.
-    let out = output_ok(
+    let (out, _) = bounded_ok(
         softverbs(&runtime)
             .env("SOFTVERBS_ADDR", "127.0.0.1")
             .env("LD_LIBRARY_PATH", "")
@@ -239,7 +177,7 @@ fn lib_option_wins_over_softverbs_lib_which_wins_over_the_cargo_build() {
     fs::copy(cargo_library(), &copy).expect("copy the library");
     let copy = fs::canonicalize(copy).expect("canonical copy");
     let linked = |command: &mut Command| -> PathBuf {
-        let out = output_ok(command.args(["--", "env"]));
+        let (out, _) = bounded_ok(command.args(["--", "env"]));
         let dir = env_var(&out, "LD_LIBRARY_PATH")
             .expect("LD_LIBRARY_PATH")
             .to_owned();
@@ -265,21 +203,21 @@ fn lib_option_wins_over_softverbs_lib_which_wins_over_the_cargo_build() {
 #[test]
 fn a_missing_library_fails_naming_it_and_runs_nothing() {
     let runtime = private_dir("missing-lib");
-    let (out, stdout, stderr) =
-        output(softverbs(&runtime).args(["run", "--lib", "/nonexistent", "--", "echo", "ran"]));
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stdout, stderr) =
+        bounded(softverbs(&runtime).args(["run", "--lib", "/nonexistent", "--", "echo", "ran"]));
+    assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("--lib /nonexistent: No such file or directory"),
         "{stderr}"
     );
     assert_eq!(stdout, "");
 
-    let (out, stdout, stderr) = output(
+    let (code, stdout, stderr) = bounded(
         softverbs(&runtime)
             .env("SOFTVERBS_LIB", "/nonexistent/lib.so")
             .args(["run", "--", "echo", "ran"]),
     );
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("SOFTVERBS_LIB=/nonexistent/lib.so: No such file or directory"),
         "{stderr}"
@@ -288,13 +226,13 @@ fn a_missing_library_fails_naming_it_and_runs_nothing() {
 
     let not_elf = runtime.join("not-a-library.so");
     fs::write(&not_elf, "text\n").expect("write");
-    let (out, _, stderr) = output(
+    let (code, _, stderr) = bounded(
         softverbs(&runtime)
             .args(["run", "--lib"])
             .arg(&not_elf)
             .args(["--", "true"]),
     );
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("not a shared library"), "{stderr}");
 }
 
@@ -307,15 +245,8 @@ fn without_the_library_beside_the_executable_the_error_says_how_to_install_it() 
     fs::hard_link(env!("CARGO_BIN_EXE_softverbs"), &alone)
         .or_else(|_| fs::copy(env!("CARGO_BIN_EXE_softverbs"), &alone).map(drop))
         .expect("link or copy softverbs");
-    let (out, _, stderr) = output(
-        Command::new(&alone)
-            .env_remove("SOFTVERBS_LIB")
-            .env("XDG_RUNTIME_DIR", &runtime)
-            .args(["run", "--", "true"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-    );
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, _, stderr) = bounded(in_runtime(&alone, &runtime).args(["run", "--", "true"]));
+    assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("libsoftverbs_capi.so"), "{stderr}");
     // The executable's directory is not named bin/, so no --prefix is suggested.
     assert!(
@@ -328,16 +259,17 @@ fn without_the_library_beside_the_executable_the_error_says_how_to_install_it() 
 #[test]
 fn a_missing_program_exits_127_and_an_unexecutable_one_126_with_a_message() {
     let runtime = private_dir("missing-program");
-    let (out, _, stderr) =
-        output(softverbs(&runtime).args(["run", "--", "softverbs-no-such-program", "-x"]));
-    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    let (code, _, stderr) =
+        bounded(softverbs(&runtime).args(["run", "--", "softverbs-no-such-program", "-x"]));
+    assert_eq!(code, 127, "{stderr}");
     assert!(
         stderr.contains("softverbs-no-such-program: command not found"),
         "{stderr}"
     );
 
-    let (out, _, stderr) = output(softverbs(&runtime).args(["run", "--", "/nonexistent/program"]));
-    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    let (code, _, stderr) =
+        bounded(softverbs(&runtime).args(["run", "--", "/nonexistent/program"]));
+    assert_eq!(code, 127, "{stderr}");
     assert!(
         stderr.contains("/nonexistent/program: No such file or directory"),
         "{stderr}"
@@ -346,18 +278,23 @@ fn a_missing_program_exits_127_and_an_unexecutable_one_126_with_a_message() {
     let not_executable = runtime.join("not-executable");
     fs::write(&not_executable, "#!/bin/sh\n").expect("write");
     fs::set_permissions(&not_executable, fs::Permissions::from_mode(0o644)).expect("chmod");
-    let (out, _, stderr) = output(softverbs(&runtime).args(["run", "--"]).arg(&not_executable));
-    assert_eq!(out.status.code(), Some(126), "{stderr}");
+    let (code, _, stderr) = bounded(softverbs(&runtime).args(["run", "--"]).arg(&not_executable));
+    assert_eq!(code, 126, "{stderr}");
     assert!(stderr.contains("not-executable"), "{stderr}");
 }
 
 #[test]
 fn the_program_replaces_softverbs_so_exit_status_and_signals_are_its_own() {
     let runtime = private_dir("exec");
-    let (out, _, _) = output(softverbs(&runtime).args(["run", "--", "sh", "-c", "exit 7"]));
-    assert_eq!(out.status.code(), Some(7));
+    let (code, _, _) = bounded(softverbs(&runtime).args(["run", "--", "sh", "-c", "exit 7"]));
+    assert_eq!(code, 7);
 
-    let (out, _, _) = output(softverbs(&runtime).args(["run", "--", "sh", "-c", "kill -TERM $$"]));
+    let out = finish(
+        softverbs(&runtime)
+            .args(["run", "--", "sh", "-c", "kill -TERM $$"])
+            .spawn()
+            .expect("start softverbs"),
+    );
     assert_eq!(out.status.signal(), Some(15), "{:?}", out.status);
 
     // Same process: the pid the program sees is the one softverbs was started as.
@@ -370,8 +307,8 @@ fn the_program_replaces_softverbs_so_exit_status_and_signals_are_its_own() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), pid.to_string());
 
     // Rust ignores SIGPIPE in its own process; the program starts with no signal ignored.
-    let out =
-        output_ok(softverbs(&runtime).args(["run", "--", "grep", "SigIgn", "/proc/self/status"]));
+    let (out, _) =
+        bounded_ok(softverbs(&runtime).args(["run", "--", "grep", "SigIgn", "/proc/self/status"]));
     let mask = out
         .split_whitespace()
         .nth(1)
@@ -387,23 +324,24 @@ fn the_program_replaces_softverbs_so_exit_status_and_signals_are_its_own() {
 #[test]
 fn options_after_the_program_are_the_programs() {
     let runtime = private_dir("program-options");
-    let out = output_ok(softverbs(&runtime).args(["run", "--", "echo", "--lib", "-v", "--help"]));
+    let (out, _) =
+        bounded_ok(softverbs(&runtime).args(["run", "--", "echo", "--lib", "-v", "--help"]));
     assert_eq!(out, "--lib -v --help\n");
     // Without `--` too: everything from the program's name on is the program's.
-    let out = output_ok(softverbs(&runtime).args(["run", "echo", "--addr", "x"]));
+    let (out, _) = bounded_ok(softverbs(&runtime).args(["run", "echo", "--addr", "x"]));
     assert_eq!(out, "--addr x\n");
 }
 
 #[test]
 fn no_program_or_a_bad_addr_is_a_usage_error() {
     let runtime = private_dir("usage");
-    let (out, _, stderr) = output(softverbs(&runtime).args(["run"]));
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, _, stderr) = bounded(softverbs(&runtime).args(["run"]));
+    assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("Usage: softverbs run"), "{stderr}");
 
-    let (out, stdout, stderr) =
-        output(softverbs(&runtime).args(["run", "--addr", "localhost", "--", "echo", "ran"]));
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, stdout, stderr) =
+        bounded(softverbs(&runtime).args(["run", "--addr", "localhost", "--", "echo", "ran"]));
+    assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("\"localhost\" is not IP"), "{stderr}");
     assert_eq!(stdout, "");
 }
@@ -440,13 +378,13 @@ fn concurrent_runs_share_one_library_directory_and_leave_nothing_else() {
 fn a_library_directory_others_can_write_is_refused_and_a_stale_link_repaired() {
     require("ibv_devices", "ibverbs-utils");
     let runtime = private_dir("tampered");
-    output_ok(softverbs(&runtime).args(["run", "--", "true"]));
+    bounded_ok(softverbs(&runtime).args(["run", "--", "true"]));
     let dir = library_dirs(&runtime).pop().expect("library directory");
     let link = dir.join("libibverbs.so.1");
 
     fs::remove_file(&link).expect("remove link");
     std::os::unix::fs::symlink("/nonexistent/libibverbs.so.1", &link).expect("stale link");
-    let out = output_ok(
+    let (out, _) = bounded_ok(
         softverbs(&runtime)
             .env("SOFTVERBS_ADDR", "127.0.0.236:0")
             .args(["run", "--", "ibv_devices"]),
@@ -455,8 +393,8 @@ fn a_library_directory_others_can_write_is_refused_and_a_stale_link_repaired() {
     assert_eq!(fs::read_link(&link).expect("link"), cargo_library());
 
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod 0777");
-    let (out, stdout, stderr) = output(softverbs(&runtime).args(["run", "--", "echo", "ran"]));
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stdout, stderr) = bounded(softverbs(&runtime).args(["run", "--", "echo", "ran"]));
+    assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("is not a private directory"), "{stderr}");
     assert_eq!(stdout, "");
 }
@@ -465,7 +403,7 @@ fn a_library_directory_others_can_write_is_refused_and_a_stale_link_repaired() {
 fn without_a_usable_xdg_runtime_dir_the_library_directory_goes_in_tmpdir() {
     let runtime = private_dir("tmpdir-runtime");
     let tmpdir = private_dir("tmpdir");
-    let out = output_ok(
+    let (out, _) = bounded_ok(
         softverbs(&runtime)
             .env("XDG_RUNTIME_DIR", "/nonexistent/runtime")
             .env("TMPDIR", &tmpdir)

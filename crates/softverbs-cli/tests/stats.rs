@@ -8,9 +8,9 @@
 //! transport's: every packet the engine sent is one the layer saw, and what reached the
 //! socket is what it saw, less what it dropped or still holds, plus its copies.
 
-mod bounded;
+mod common;
 
-use bounded::pingpong_pair;
+use common::pingpong_pair;
 use std::collections::HashMap;
 
 /// The `name=value` pairs of one section (`faults`, `engine`, …) of a statistics line.
@@ -47,20 +47,24 @@ fn softverbs_stats_shows_the_faults_injected_by_kind_and_they_add_up() {
     let faults = "drop=0.05,duplicate=0.05,corrupt=0.05,delay=0.05:1ms,reorder=0.05:1ms";
     let server_faults = format!("{faults},seed=31");
     let client_faults = format!("{faults},seed=32");
-    let (server, client) = pingpong_pair(
-        &["-n", "200", "-s", "64"],
-        &[
-            ("SOFTVERBS_FAULTS", &server_faults),
-            ("SOFTVERBS_STATS", "stderr"),
-        ],
-        &[
-            ("SOFTVERBS_FAULTS", &client_faults),
-            ("SOFTVERBS_STATS", "-"),
-        ],
+    let ((server_code, server_out, server_err), (client_code, client_out, client_err)) =
+        pingpong_pair(
+            &["-n", "200", "-s", "64"],
+            &[
+                ("SOFTVERBS_FAULTS", &server_faults),
+                ("SOFTVERBS_STATS", "stderr"),
+            ],
+            &[
+                ("SOFTVERBS_FAULTS", &client_faults),
+                ("SOFTVERBS_STATS", "-"),
+            ],
+        );
+    assert_eq!(
+        client_code, 0,
+        "client:\n{client_out}\n{client_err}\nserver:\n{server_out}\n{server_err}"
     );
-    assert_eq!(client.code, 0, "client: {client:?}\nserver: {server:?}");
-    assert_eq!(server.code, 0, "server: {server:?}");
-    let lines = [stats_line(&server.stderr), stats_line(&client.stderr)];
+    assert_eq!(server_code, 0, "server:\n{server_out}\n{server_err}");
+    let lines = [stats_line(&server_err), stats_line(&client_err)];
     let mut by_kind: HashMap<String, u64> = HashMap::new();
     let mut retransmitted = 0;
     for (me, peer) in [(lines[0], lines[1]), (lines[1], lines[0])] {
