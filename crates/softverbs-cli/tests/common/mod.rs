@@ -6,9 +6,13 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+#[path = "../../../softverbs-e2e/tests/common/first_line.rs"]
+mod first_line;
+
+use first_line::first_line;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
@@ -165,21 +169,7 @@ fn serve(
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the server");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    // The first line is read on a thread of its own, so a server that never announces its
-    // port fails the test after LIMIT instead of blocking it in read_line forever.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let read = stdout.read_line(&mut line).map(|_| line);
-        let _ = tx.send((read, stdout));
-    });
-    let Ok((line, stdout)) = rx.recv_timeout(LIMIT) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("stuck: the server announced no TCP port within {LIMIT:?}");
-    };
-    let line = line.expect("the server's first line");
+    let (line, stdout) = first_line(&mut child, LIMIT, "TCP port");
     let Some(port) = line
         .trim()
         .strip_prefix("waiting for a client on TCP port ")

@@ -1,7 +1,10 @@
 #![allow(dead_code)] // each test binary uses a different part of these helpers
 //! Running the verifying peer as processes, bounded in time.
 
-use std::io::{BufRead, BufReader, Read};
+mod first_line;
+
+use first_line::first_line;
+use std::io::{BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,21 +31,7 @@ pub fn start_server(mut command: Command) -> Server {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start the server");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    // The line is read on a thread of its own: a server that never announces its port
-    // fails the test instead of blocking it in read_line forever.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let read = stdout.read_line(&mut line).map(|_| line);
-        let _ = tx.send((read, stdout));
-    });
-    let Ok((line, stdout)) = rx.recv_timeout(ANNOUNCE_LIMIT) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("stuck: the server announced no port within {ANNOUNCE_LIMIT:?}");
-    };
-    let line = line.expect("the server's port line");
+    let (line, stdout) = first_line(&mut child, ANNOUNCE_LIMIT, "port");
     let port = line
         .trim()
         .strip_prefix("port ")
