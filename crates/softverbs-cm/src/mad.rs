@@ -1131,3 +1131,325 @@ pub fn private_data<const N: usize>(data: &[u8]) -> Option<[u8; N]> {
     a.get_mut(..data.len())?.copy_from_slice(data);
     Some(a)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_path(seed: u8) -> ReqPath {
+        ReqPath {
+            local_lid: 0xFFFF,
+            remote_lid: 0xFFFF,
+            local_gid: [seed; 16],
+            remote_gid: [seed + 1; 16],
+            flow_label: 0xABCDE,
+            packet_rate: 0x2A,
+            traffic_class: 0x60,
+            hop_limit: 64,
+            sl: 5,
+            subnet_local: false,
+            local_ack_timeout: 18,
+        }
+    }
+
+    fn sample_req() -> Req {
+        let mut private_data = [0u8; REQ_PRIVATE_DATA_LEN];
+        for (i, b) in private_data.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        Req {
+            transaction_id: 0x1122_3344_5566_7788,
+            local_comm_id: 0xA1A2_A3A4,
+            service_id: 0x0000_0000_0106_4E20,
+            local_ca_guid: 0x0202_03FF_FE04_0506,
+            local_qkey: 0,
+            local_qpn: 0x00_1234,
+            responder_resources: 4,
+            local_eecn: 0,
+            initiator_depth: 3,
+            remote_eecn: 0,
+            remote_cm_response_timeout: 20,
+            transport_service_type: 1,
+            end_to_end_flow_control: true,
+            starting_psn: 0xABCDEF,
+            local_cm_response_timeout: 19,
+            retry_count: 6,
+            partition_key: 0xFFFF,
+            path_mtu: 3,
+            rdc_exists: false,
+            rnr_retry_count: 7,
+            max_cm_retries: 15,
+            srq: true,
+            extended_transport_type: 0,
+            primary_path: sample_path(0xFE),
+            alternate_path: ReqPath::default(),
+            sap_supported: false,
+            private_data,
+        }
+    }
+
+    #[test]
+    fn cm_mad_header_is_base_1_class_7_version_2_send_ibta_13_4_2() {
+        let mut m = [0u8; MAD_LEN];
+        sample_req().write(&mut m);
+        assert_eq!(
+            &m[..24],
+            &[
+                1, 0x07, 2, 0x03, 0, 0, 0, 0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x00,
+                0x10, 0, 0, 0, 0, 0, 0
+            ]
+        );
+    }
+
+    #[test]
+    fn req_fields_sit_at_the_offsets_of_ibta_12_6_5_table_106() {
+        let mut m = [0u8; MAD_LEN];
+        sample_req().write(&mut m);
+        // Message byte N is MAD byte 24 + N.
+        assert_eq!(m[24..28], [0xA1, 0xA2, 0xA3, 0xA4]); // LocalCommID @0
+        assert_eq!(m[28..32], [0; 4]); // reserved @4
+        assert_eq!(m[32..40], [0, 0, 0, 0, 0x01, 0x06, 0x4E, 0x20]); // ServiceID @8
+        assert_eq!(m[40..48], [0x02, 0x02, 0x03, 0xFF, 0xFE, 0x04, 0x05, 0x06]); // CA GUID @16
+        assert_eq!(m[52..56], [0; 4]); // Local Q_Key @28
+        assert_eq!(m[56..60], [0x00, 0x12, 0x34, 4]); // QPN @32 (24) | RespRes @35
+        assert_eq!(m[60..64], [0, 0, 0, 3]); // EECN @36 | InitDepth @39
+                                             // RemoteEECN @40 | byte 43: RemoteCMRespTimeout(5)=20, TST(2)=UC, E2E(1)=1.
+        assert_eq!(m[64..68], [0, 0, 0, (20 << 3) | (1 << 1) | 1]);
+        // StartingPSN @44 | byte 47: LocalCMRespTimeout(5)=19, RetryCount(3)=6.
+        assert_eq!(m[68..72], [0xAB, 0xCD, 0xEF, (19 << 3) | 6]);
+        assert_eq!(m[72..74], [0xFF, 0xFF]); // P_Key @48
+        assert_eq!(m[74], (3 << 4) | 7); // MTU(4)=3, RDC(1)=0, RNR(3)=7 @50
+        assert_eq!(m[75], (15 << 4) | (1 << 3)); // MaxCMRetries(4)=15, SRQ(1)=1, ExtTT(3)=0 @51
+        assert_eq!(m[76..80], [0xFF, 0xFF, 0xFF, 0xFF]); // primary LIDs @52, @54
+        assert_eq!(m[80..96], [0xFE; 16]); // primary local GID @56
+        assert_eq!(m[96..112], [0xFF; 16]); // primary remote GID @72
+                                            // FlowLabel(20)=0xABCDE, reserved(6), PacketRate(6)=0x2A over @88..92.
+        assert_eq!(m[112..116], [0xAB, 0xCD, 0xE0, 0x2A]);
+        assert_eq!(m[116], 0x60); // TC @92
+        assert_eq!(m[117], 64); // hop limit @93
+        assert_eq!(m[118], 5 << 4); // SL(4)=5, SubnetLocal(1)=0 @94
+        assert_eq!(m[119], 18 << 3); // LocalACKTimeout(5)=18 @95
+        assert_eq!(m[120..164], [0; 44]); // no alternate path @96..140
+        assert_eq!(m[164], 0); // private data @140
+        assert_eq!(m[255], 91);
+        assert_eq!(Req::parse(&m), Ok(sample_req()));
+    }
+
+    #[test]
+    fn rep_fields_sit_at_the_offsets_of_ibta_12_6_8_table_110() {
+        let rep = Rep {
+            transaction_id: 7,
+            local_comm_id: 0x0102_0304,
+            remote_comm_id: 0x0506_0708,
+            local_qkey: 0x1111_2222,
+            local_qpn: 0xABCDEF,
+            local_eecn: 0x123456,
+            starting_psn: 0x654321,
+            responder_resources: 16,
+            initiator_depth: 8,
+            target_ack_delay: 31,
+            failover_accepted: 1,
+            end_to_end_flow_control: true,
+            rnr_retry_count: 5,
+            srq: true,
+            local_ca_guid: 0x0A0B_0C0D_0E0F_1011,
+            private_data: [0x5A; REP_PRIVATE_DATA_LEN],
+        };
+        let mut m = [0u8; MAD_LEN];
+        rep.write(&mut m);
+        assert_eq!(be16(&m, 16), 0x0013);
+        assert_eq!(m[24..32], [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(m[32..36], [0x11, 0x11, 0x22, 0x22]);
+        assert_eq!(m[36..40], [0xAB, 0xCD, 0xEF, 0]);
+        assert_eq!(m[40..44], [0x12, 0x34, 0x56, 0]);
+        assert_eq!(m[44..48], [0x65, 0x43, 0x21, 0]);
+        assert_eq!(m[48..50], [16, 8]);
+        assert_eq!(m[50], (31 << 3) | (1 << 1) | 1); // TargetAckDelay, Failover, E2E @26
+        assert_eq!(m[51], (5 << 5) | (1 << 4)); // RNR(3), SRQ(1) @27
+        assert_eq!(m[52..60], [0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11]); // @28
+        assert!(m[60..256].iter().all(|&b| b == 0x5A)); // private data @36, 196 bytes
+        assert_eq!(Rep::parse(&m), Ok(rep));
+    }
+
+    #[test]
+    fn rej_mra_rtu_dreq_drep_fields_sit_at_the_offsets_of_ibta_12_6_6_to_12_6_11() {
+        let mut m = [0u8; MAD_LEN];
+        let mut ari = [0u8; REJ_ARI_LEN];
+        ari[0] = 0xEE;
+        let rej = Rej {
+            transaction_id: 1,
+            local_comm_id: 0x0A,
+            remote_comm_id: 0x0B,
+            message_rejected: MessageKind::Rep,
+            reject_info_length: 8,
+            reason: reject_reason::CONSUMER,
+            ari,
+            private_data: [0x77; REJ_PRIVATE_DATA_LEN],
+        };
+        rej.write(&mut m);
+        assert_eq!(m[17], 0x12);
+        assert_eq!(m[24..32], [0, 0, 0, 0x0A, 0, 0, 0, 0x0B]);
+        assert_eq!(m[32], 1 << 6); // MsgRejected(2) @8
+        assert_eq!(m[33], 8 << 1); // RejectInfoLength(7) @9
+        assert_eq!(m[34..36], [0, 28]); // reason @10
+        assert_eq!(m[36], 0xEE); // ARI @12
+        assert_eq!(m[107], 0); // ARI end @83
+        assert!(m[108..256].iter().all(|&b| b == 0x77)); // private @84, 148 bytes
+        assert_eq!(Rej::parse(&m), Ok(rej.clone()));
+        assert_eq!(rej.ari(), &ari[..8]);
+
+        let mra = Mra {
+            transaction_id: 2,
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            message_mraed: MessageKind::Lap,
+            service_timeout: 17,
+            private_data: [0x33; MRA_PRIVATE_DATA_LEN],
+        };
+        mra.write(&mut m);
+        assert_eq!(m[17], 0x11);
+        assert_eq!(m[32], 2 << 6);
+        assert_eq!(m[33], 17 << 3);
+        assert!(m[34..256].iter().all(|&b| b == 0x33)); // private @10, 222 bytes
+        assert_eq!(Mra::parse(&m), Ok(mra));
+
+        let rtu = Rtu {
+            transaction_id: 3,
+            local_comm_id: 9,
+            remote_comm_id: 10,
+            private_data: [0x44; RTU_PRIVATE_DATA_LEN],
+        };
+        rtu.write(&mut m);
+        assert_eq!(m[17], 0x14);
+        assert!(m[32..256].iter().all(|&b| b == 0x44)); // private @8, 224 bytes
+        assert_eq!(Rtu::parse(&m), Ok(rtu));
+
+        let dreq = Dreq {
+            transaction_id: 4,
+            local_comm_id: 9,
+            remote_comm_id: 10,
+            remote_qpn: 0xFEDCBA,
+            private_data: [0x55; DREQ_PRIVATE_DATA_LEN],
+        };
+        dreq.write(&mut m);
+        assert_eq!(m[17], 0x15);
+        assert_eq!(m[32..36], [0xFE, 0xDC, 0xBA, 0]); // RemoteQPN @8 (24)
+        assert!(m[36..256].iter().all(|&b| b == 0x55)); // private @12, 220 bytes
+        assert_eq!(Dreq::parse(&m), Ok(dreq));
+
+        let drep = Drep {
+            transaction_id: 5,
+            local_comm_id: 9,
+            remote_comm_id: 10,
+            private_data: [0x66; DREP_PRIVATE_DATA_LEN],
+        };
+        drep.write(&mut m);
+        assert_eq!(m[17], 0x16);
+        assert!(m[32..256].iter().all(|&b| b == 0x66)); // private @8, 224 bytes
+        assert_eq!(Drep::parse(&m), Ok(drep));
+    }
+
+    #[test]
+    fn sidr_fields_sit_at_the_offsets_of_ibta_12_11_tables_119_and_120() {
+        let mut m = [0u8; MAD_LEN];
+        let req = SidrReq {
+            transaction_id: 6,
+            request_id: 0x0102_0304,
+            partition_key: 0xFFFF,
+            service_id: 0x0000_0000_0111_0001,
+            private_data: [0x21; SIDR_REQ_PRIVATE_DATA_LEN],
+        };
+        req.write(&mut m);
+        assert_eq!(m[17], 0x17);
+        assert_eq!(m[24..32], [1, 2, 3, 4, 0xFF, 0xFF, 0, 0]);
+        assert_eq!(m[32..40], [0, 0, 0, 0, 1, 0x11, 0, 1]);
+        assert!(m[40..256].iter().all(|&b| b == 0x21)); // private @16, 216 bytes
+        assert_eq!(SidrReq::parse(&m), Ok(req));
+
+        let rep = SidrRep {
+            transaction_id: 6,
+            request_id: 0x0102_0304,
+            status: sidr_status::SUCCESS,
+            additional_information_length: 0,
+            qpn: 0x000111,
+            service_id: 0x0000_0000_0111_0001,
+            qkey: 0x0123_4567,
+            additional_information: [0; SIDR_REP_INFO_LEN],
+            private_data: [0x31; SIDR_REP_PRIVATE_DATA_LEN],
+        };
+        rep.write(&mut m);
+        assert_eq!(m[17], 0x18);
+        assert_eq!(m[24..36], [1, 2, 3, 4, 0, 0, 0, 0, 0, 0x01, 0x11, 0]);
+        assert_eq!(m[36..44], [0, 0, 0, 0, 1, 0x11, 0, 1]); // ServiceID @12
+        assert_eq!(m[44..48], [0x01, 0x23, 0x45, 0x67]); // Q_Key @20
+        assert!(m[120..256].iter().all(|&b| b == 0x31)); // private @96, 136 bytes
+        assert_eq!(SidrRep::parse(&m), Ok(rep));
+    }
+
+    #[test]
+    fn private_data_sizes_fill_the_256_byte_mad_exactly() {
+        for (offset, len) in [
+            (140, REQ_PRIVATE_DATA_LEN),
+            (10, MRA_PRIVATE_DATA_LEN),
+            (84, REJ_PRIVATE_DATA_LEN),
+            (36, REP_PRIVATE_DATA_LEN),
+            (8, RTU_PRIVATE_DATA_LEN),
+            (12, DREQ_PRIVATE_DATA_LEN),
+            (8, DREP_PRIVATE_DATA_LEN),
+            (16, SIDR_REQ_PRIVATE_DATA_LEN),
+            (96, SIDR_REP_PRIVATE_DATA_LEN),
+        ] {
+            assert_eq!(MAD_HEADER_LEN + offset + len, MAD_LEN);
+        }
+    }
+
+    #[test]
+    fn wrong_length_version_class_method_or_attribute_is_an_error_not_a_panic() {
+        let mut m = [0u8; MAD_LEN];
+        sample_req().write(&mut m);
+        assert_eq!(
+            Req::parse(&m[..255]),
+            Err(CmParseError::Truncated { len: 255 })
+        );
+        assert_eq!(Req::parse(&[]), Err(CmParseError::Truncated { len: 0 }));
+        let long = [0u8; 257];
+        assert_eq!(
+            CmMessage::parse(&long),
+            Err(CmParseError::TooLong { len: 257 })
+        );
+        let mut bad = m;
+        bad[0] = 2;
+        assert_eq!(Req::parse(&bad), Err(CmParseError::BaseVersion(2)));
+        let mut bad = m;
+        bad[1] = 0x81;
+        assert_eq!(Req::parse(&bad), Err(CmParseError::MgmtClass(0x81)));
+        let mut bad = m;
+        bad[2] = 1;
+        assert_eq!(Req::parse(&bad), Err(CmParseError::ClassVersion(1)));
+        let mut bad = m;
+        bad[3] = 0x01;
+        assert_eq!(Req::parse(&bad), Err(CmParseError::Method(1)));
+        assert_eq!(
+            Rep::parse(&m),
+            Err(CmParseError::WrongAttribute {
+                expected: 0x13,
+                found: 0x10
+            })
+        );
+        let mut bad = m;
+        bad[17] = 0x42;
+        assert_eq!(
+            CmMessage::parse(&bad),
+            Err(CmParseError::UnknownAttribute(0x42))
+        );
+        let mut lap = m;
+        lap[17] = 0x19;
+        assert!(matches!(CmMessage::parse(&lap), Ok(CmMessage::Ignored(_))));
+    }
+
+    #[test]
+    fn private_data_helper_pads_with_zeros_and_refuses_overlong_data() {
+        assert_eq!(private_data::<4>(&[1, 2]), Some([1, 2, 0, 0]));
+        assert_eq!(private_data::<2>(&[1, 2, 3]), None);
+    }
+}
