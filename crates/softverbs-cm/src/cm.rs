@@ -1044,21 +1044,29 @@ impl Cm {
             ari: rej.ari().to_vec(),
             private_data: rej.private_data.to_vec(),
         };
+        // As the kernel's cm_rej_handler: before the REP a REJ ends the attempt (stale
+        // connection: through timewait); once the REP is in hand, or established, or
+        // disconnecting, the QP may have carried traffic: timewait.
         match c.state {
             ConnState::ReqSent
             | ConnState::MraReqReceived
-            | ConnState::RepReceived
-            | ConnState::MraRepSent
-            | ConnState::ReqReceived
-            | ConnState::MraReqSent
             | ConnState::RepSent
-            | ConnState::MraRepReceived => {
-                c.state = ConnState::Idle;
+            | ConnState::MraRepReceived
+            | ConnState::ReqReceived
+            | ConnState::MraReqSent => {
                 c.timer = None;
                 c.last = None;
+                c.state = ConnState::Idle;
                 self.out.event(c, event);
+                if rej.reason == reject_reason::STALE_CONNECTION {
+                    self.enter_timewait(now, conn.0);
+                }
             }
-            ConnState::Established if rej.reason == reject_reason::STALE_CONNECTION => {
+            ConnState::RepReceived
+            | ConnState::MraRepSent
+            | ConnState::Established
+            | ConnState::DreqSent => {
+                c.last = None;
                 self.out.event(c, event);
                 self.enter_timewait(now, conn.0);
             }

@@ -396,7 +396,9 @@ pub enum CmEvent {
         /// The RTU's private data (224 bytes).
         private_data: Vec<u8>,
     },
-    /// The peer rejected the connection (a REJ arrived).
+    /// The peer rejected the connection (a REJ arrived). Before a REP the connection is
+    /// idle afterwards; after a REP (or once established, or disconnecting) it is in
+    /// timewait, as the kernel's CM does.
     Rejected {
         /// The connection.
         conn: ConnId,

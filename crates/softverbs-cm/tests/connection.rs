@@ -671,3 +671,45 @@ fn under_seeded_loss_every_connection_ends_established_or_timed_out_on_both_side
         }
     }
 }
+
+#[test]
+fn rej_after_the_rep_puts_the_connection_in_timewait_as_the_kernel_does() {
+    let mut p = Pair::new(24);
+    let (ca, cb) = req_delivered(&mut p, b"");
+    p.b.accept(p.now, cb, Reply::new(0x22, 1)).expect("accept");
+    p.deliver_all();
+    p.take_events(Side::A);
+    // The active side rejects the REP (reason 28): the passive side, in RepSent, goes idle;
+    // the active side's own state after a REP is timewait only when it receives a REJ.
+    p.a.reject(p.now, ca, reject_reason::CONSUMER, b"rep no")
+        .expect("reject the REP");
+    p.deliver_all();
+    assert_eq!(p.a.state(ca), Some(ConnState::Idle));
+    assert_eq!(p.b.state(cb), Some(ConnState::Idle));
+    assert!(matches!(
+        p.take_events(Side::B).as_slice(),
+        [CmEvent::Rejected { reason: 28, .. }]
+    ));
+
+    // Every RTU (and REP retransmission's RTU) is lost: B's REP retries run out, its
+    // REJ (reason 4) reaches the established A, which goes to timewait.
+    let mut p = Pair::new(25);
+    let (ca, cb) = req_delivered(&mut p, b"");
+    p.b.accept(p.now, cb, Reply::new(0x22, 1)).expect("accept");
+    p.deliver_all();
+    p.a.ready_to_use(p.now, ca, &[]).expect("rtu");
+    for _ in 0..20 {
+        p.deliver(|_, m| common::name(m) == "RTU");
+        if p.b.state(cb) == Some(ConnState::Idle) {
+            break;
+        }
+        assert!(p.advance());
+    }
+    p.deliver_all();
+    assert!(p.events_b.contains(&CmEvent::Timeout { conn: cb }));
+    assert!(p
+        .events_a
+        .iter()
+        .any(|e| matches!(e, CmEvent::Rejected { conn, reason: 4, .. } if *conn == ca)));
+    assert_eq!(p.a.state(ca), Some(ConnState::Timewait));
+}
