@@ -6,7 +6,7 @@
 //! `SOFTVERBS_PRIVATE_1.0`, the node of the private exports of `src/gsi.rs`. Each export is
 //! bound to its node by a `.symver` directive next to the function (`symver!` in
 //! `src/lib.rs`), so no symbol is listed here and rustc's `--no-undefined-version` has
-//! nothing to check (reference `verbs-abi.md` §8).
+//! nothing to check.
 
 use std::path::PathBuf;
 

@@ -27,8 +27,7 @@
 //! `IBVERBS_PRIVATE_34`) by [`symver!`] next to the function: a `.symver trampoline,
 //! name@@NODE` directive on a jump to the (mangled, local) Rust function, so the dynamic
 //! symbol table holds exactly `name@@NODE`. `build.rs` defines the nodes and the SONAME.
-//! (rustc's own version script would bind a plain `#[no_mangle]` export to `Base`;
-//! reference `verbs-abi.md` §8.) The directives are left out of `cfg(test)` builds, whose
+//! (rustc's own version script would bind a plain `#[no_mangle]` export to `Base`.) The directives are left out of `cfg(test)` builds, whose
 //! test executables have no version nodes.
 //!
 //! # Failure conventions

@@ -392,7 +392,7 @@ fn every_field_of_every_mirror_matches_the_installed_verbs_h() {
 
 #[test]
 fn the_traps_of_the_reference_hold() {
-    // verbs-abi.md §4.1: the numbers the inline functions depend on.
+    // The numbers the inline functions of verbs.h depend on.
     assert_eq!(size_of::<verbs_context>(), 648);
     assert_eq!(offset_of!(verbs_context, context), 320);
     assert_eq!(offset_of!(verbs_context, sz), 312);

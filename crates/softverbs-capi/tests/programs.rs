@@ -1,7 +1,6 @@
 //! Unmodified Debian programs on the drop-in: `LD_LIBRARY_PATH` points at a directory
 //! where the built cdylib is `libibverbs.so.1`, and `LD_BIND_NOW=1` makes the loader bind
-//! every imported symbol before `main` (the binaries are linked `BIND_NOW` anyway;
-//! reference `verbs-abi.md` §0).
+//! every imported symbol before `main` (the binaries are linked `BIND_NOW` anyway).
 //!
 //! - `ibv_devices` and `ibv_devinfo -v` (package `ibverbs-utils`) run to exit status 0 and
 //!   print the soft device: its name, port state, link layer and GID;

@@ -1,5 +1,5 @@
 //! The dynamic symbol table of the built library: every symbol a target program or one of
-//! its rdma libraries imports (reference `verbs-abi.md` §2; here: every default-version
+//! its rdma libraries imports (here: every default-version
 //! public symbol of Debian's rdma-core 44 libibverbs, plus the 62 `IBVERBS_PRIVATE_34`
 //! names libmlx5/libefa/ibv_devinfo import) at its version node, softverbs' three private
 //! `softverbs_gsi_*` functions at `SOFTVERBS_PRIVATE_1.0` (for its librdmacm, found by
@@ -241,7 +241,7 @@ fn every_expected_symbol_is_exported_at_its_version_and_nothing_else_is() {
 
 #[test]
 fn verbs_allow_disassociate_destroy_is_a_one_byte_data_object() {
-    // verbs-abi.md §4.1 trap 12: libmlx5 reads it through the GOT.
+    // libmlx5 reads it through the GOT (a data symbol, not a function).
     let line = objdump("-T")
         .lines()
         .find(|l| l.ends_with(" verbs_allow_disassociate_destroy"))

@@ -4,7 +4,7 @@
 //! `perftest` latency and bandwidth tests (`ib_send_lat(1)`, `ib_send_bw(1)`, …), each as a
 //! server and a client process on one host.
 //!
-//! How a pair runs (reference `verbs-abi.md` §5, §6):
+//! How a pair runs:
 //!
 //! - both processes load the drop-in (`LD_LIBRARY_PATH` = [`common::library_dir`],
 //!   `LD_BIND_NOW=1`);

@@ -1,6 +1,6 @@
 //! Wireshark decodes the MADs this crate writes as the CM messages they are: each MAD is
 //! wrapped in a RoCEv2 UD SEND_ONLY to QP 1 (BTH opcode 0x64, DETH Q_Key 0x80010000,
-//! source QP 1; reference rocev2.md §1) in an IPv4/UDP 4791 packet of a pcap, and `tshark`
+//! source QP 1; IBTA Annex A17) in an IPv4/UDP 4791 packet of a pcap, and `tshark`
 //! must name the message and show its fields (IBTA 12.6 layouts checked by a second,
 //! independent decoder). The test fails — it does not skip — when tshark is missing.
 

@@ -11,8 +11,8 @@
 //!
 //! 1. **drop** with probability `drop`: the packet is gone;
 //! 2. **corrupt** with probability `corrupt`: one bit is flipped anywhere in the packet
-//!    except BTH byte 4 (FECN / BECN / reserved, which the ICRC does not cover, reference
-//!    `rocev2.md` §1.7), so the receiver's ICRC check always catches it and the packet is
+//!    except BTH byte 4 (FECN / BECN / reserved, which the ICRC does not cover,
+//!    IBTA Annex A17), so the receiver's ICRC check always catches it and the packet is
 //!    lost there (`dropped_bad_icrc` of the receiving transport);
 //! 3. **delay** with probability `delay`: held back for the configured delay;
 //! 4. **reorder** (if not delayed) with probability `reorder`: held back until the next

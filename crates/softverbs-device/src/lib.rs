@@ -19,7 +19,7 @@
 //! dropped, retransmitted or faulted.
 //!
 //! Every transport moves opaque IB transport packets (BTH onward, ICRC included) and owns
-//! the IP / UDP encapsulation and the ICRC (reference `rocev2.md` §1.1, §1.7); the QP
+//! the IP / UDP encapsulation and the ICRC (IBTA Annex A17); the QP
 //! engine above never sees an IP header. Middleware wraps any transport and is itself a
 //! transport, so stacks compose: `PcapTransport<FaultTransport<UdpTransport>>`.
 //!

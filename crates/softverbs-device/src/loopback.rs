@@ -10,7 +10,7 @@
 //! dropped and counted as `dropped_undeliverable`, as a UDP path would lose them.
 //!
 //! The ICRC is filled on send and verified on receive exactly as on the wire (IPv4 headers
-//! as a softverbs UDP sender writes them, reference `rocev2.md` §5.2), so corruption
+//! as a softverbs UDP sender writes them), so corruption
 //! injected by [`FaultTransport`](crate::fault::FaultTransport) is caught the same way, and
 //! a [`PcapTransport`](crate::pcap::PcapTransport) capture of loopback traffic decodes like
 //! a real one.

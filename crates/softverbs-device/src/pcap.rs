@@ -3,7 +3,7 @@
 //! [`PcapTransport`] wraps any [`Transport`] and records every packet it transmits and
 //! every packet it hands out of `recv` into a [`Capture`]: a pcap or pcapng file (link type
 //! Ethernet) that Wireshark / `tshark` decode as RoCEv2 / InfiniBand (UDP destination port
-//! 4791, reference `rocev2.md` §1.1). Several transports may share one capture
+//! 4791, IBTA Annex A17). Several transports may share one capture
 //! (`Arc<Capture>`), e.g. both ends of an in-process connection; recording can be switched
 //! on and off at run time ([`Capture::set_enabled`]).
 //!

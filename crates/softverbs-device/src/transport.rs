@@ -2,7 +2,7 @@
 //! and [`Gid`] a packet is addressed with, and the counters a transport keeps.
 //!
 //! A transport moves **opaque IB transport packets** (BTH onward, with the 4-byte ICRC
-//! trailer; reference `rocev2.md` §1.1) between device endpoints. It knows nothing of queue
+//! trailer; IBTA Annex A17) between device endpoints. It knows nothing of queue
 //! pairs. What it owns is the part of RoCEv2 below the BTH: the IP and UDP headers the
 //! packet travels with, and therefore the ICRC (§1.7), which covers them:
 //!

@@ -3,9 +3,8 @@
 //!
 //! # Addresses: one (address, 4791) pair per process
 //!
-//! Only one plain socket can own `address:4791` (reference `rocev2.md` §5.1), so every
-//! device process needs its own address (DESIGN "Several processes on one host"). The
-//! address is chosen by [`UdpConfig::from_env`], in this order:
+//! Only one plain socket can own `address:4791` (the RoCEv2 port, IBTA Annex A17), so every
+//! device process needs its own address. The address is chosen by [`UdpConfig::from_env`], in this order:
 //!
 //! 1. `SOFTVERBS_ADDR` ([`ADDR_ENV`]) if set: `IP` or `IP:PORT` (`[IPv6]:PORT` for IPv6),
 //!    e.g. `10.0.0.5`, `127.0.0.7:4791`, `[::1]:4791`. Binding exactly that, or an error.

@@ -423,7 +423,7 @@ fn received_id(received: &softverbs_device::Received) -> u16 {
     }
 }
 
-// Reference §5.3 / rocev2.md §1.9 (rxe hashes the IPv4 ID, NICs count it): by default the
+// rxe hashes the IPv4 ID, NICs count it: by default the
 // receiver accepts an IPv4 packet whose ICRC is valid for some ID, reports that ID in
 // Received::ip, and still drops corruption (a payload bit, a cleared DF flag). With
 // Ipv4IcrcCheck::IdZero only what a softverbs sender writes (ID 0) passes.

@@ -1,5 +1,5 @@
 //! Two processes on one host, each with its own automatically chosen 127.0.0.x device
-//! address (DESIGN.md: "Several processes on one host work with nothing configured"),
+//! address (several processes on one host work with nothing configured),
 //! running the verifying mixed-opcode RC workload over real RoCEv2/UDP.
 
 mod common;

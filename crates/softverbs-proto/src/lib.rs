@@ -1,7 +1,7 @@
 //! The softverbs queue-pair engine, sans I/O.
 //!
 //! [`Engine`] holds the RC, UC and UD queue pairs and shared receive queues of one device
-//! port and runs the RoCEv2 transport for them (reference `rocev2.md` §1.5–§4.2): the
+//! port and runs the RoCEv2 transport for them (IBTA Vol. 1 ch. 9 and Annex A17): the
 //! `ibv_modify_qp(3)` state machine, the requester (segmentation, PSNs, read/atomic budget,
 //! fences), the responder (receive queues, RDMA write / read / atomics with key,
 //! protection-domain and access checks, RNR NAK, duplicate replay, invalidate), the

@@ -1,4 +1,4 @@
-//! A seeded fuzz of the receive path (STYLE.md habit 7: seeded random sequences where no
+//! A seeded fuzz of the receive path (seeded random sequences where no
 //! fuzzer is at hand; issue #11). Real packets of an RC and a UC exchange — SEND, RDMA
 //! WRITE, READ request and response, atomics and their acknowledgements, ACKs — are
 //! captured, then mutated (bit flips, byte changes, truncation, extension, opcode swaps,

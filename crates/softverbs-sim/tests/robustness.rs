@@ -1,6 +1,6 @@
 //! Every malformed or unexpected packet is dropped and counted, never a panic; random verb
-//! sequences never panic and leave the state machine in a legal state (STYLE.md habit 7:
-//! seeded random sequences where no fuzzer is at hand; ibv_modify_qp(3): an invalid
+//! sequences never panic and leave the state machine in a legal state
+//! (seeded random sequences where no fuzzer is at hand; ibv_modify_qp(3): an invalid
 //! modify changes nothing).
 
 mod common;

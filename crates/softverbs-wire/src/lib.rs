@@ -1,7 +1,7 @@
 //! softverbs-wire: RoCEv2 bytes on the wire, and nothing else.
 //!
-//! The InfiniBand transport headers a RoCEv2 UDP datagram carries (reference `rocev2.md`
-//! §1), their opcode table, 24-bit PSN arithmetic (§2.1) and the ICRC (§1.7), written in the
+//! The InfiniBand transport headers a RoCEv2 UDP datagram carries (IBTA Vol. 1
+//! ch. 9 and Annex A17), their opcode table, 24-bit PSN arithmetic and the ICRC, written in the
 //! style of smoltcp: each header has a module with a private `field` map of byte ranges, a
 //! checked zero-copy view `Header<T: AsRef<[u8]>>` (`new_unchecked`, `check_len`,
 //! `new_checked`, getters, setters for `T: AsMut<[u8]>`), and a `*Repr` of the parsed fields

@@ -1,6 +1,6 @@
 //! UD through the safe API: an address handle, a Q_Key, and the 40-byte GRH area at the
-//! start of every receive buffer (`ibv_post_recv(3)`, `ibv_create_ah(3)`; reference
-//! `rocev2.md` §3.4: for IPv4 the last 20 bytes hold the IPv4 header).
+//! start of every receive buffer (`ibv_post_recv(3)`, `ibv_create_ah(3)`: for IPv4
+//! the last 20 bytes hold the IPv4 header).
 
 mod common;
 

@@ -870,7 +870,7 @@ static void rule9_ack_before_destroy(void)
 	take_events(p, aux, ch, rcq, &tag, 0, 3);
 	expect_recvs(rcq, 3, 9000, p.b->qp_num, 64);
 	/* libibverbs counts acknowledgements in cq->comp_events_completed (the field
-	 * ibv_destroy_cq compares with the events delivered; verbs-abi.md 3.4) */
+	 * ibv_destroy_cq compares with the events delivered, in verbs.h) */
 	CHECK(rcq->comp_events_completed == 0);
 	ibv_ack_cq_events(rcq, 3); /* all three in one call, as ibv_rc_pingpong -e does */
 	CHECK(rcq->comp_events_completed == 3);
