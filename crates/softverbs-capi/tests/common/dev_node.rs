@@ -13,6 +13,8 @@
 //! write) at `/dev/infiniband/softverbs0`. Nothing changes outside the namespace; the
 //! process's network, processes and files are the host's.
 
+#![allow(dead_code)]
+
 use std::path::Path;
 use std::process::Command;
 
