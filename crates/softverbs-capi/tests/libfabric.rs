@@ -41,7 +41,7 @@ fn fi_info_lists_the_softverbs0_datagram_domain_and_rxd_over_it() {
     let lib = common::library_dir("fi-info");
     let mut command = Command::new(program("fi_info"));
     command.args(["-p", "verbs"]);
-    on_drop_in(&mut command, &lib, "127.0.0.141");
+    on_drop_in(&mut command, &lib, "127.0.0.157");
     let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
     for expected in [
@@ -59,7 +59,7 @@ fn fi_info_lists_the_softverbs0_datagram_domain_and_rxd_over_it() {
 fn fi_pingpong_runs_over_verbs_ofi_rxd_with_data_checks() {
     let lib = common::library_dir("fi-pingpong");
     let pingpong = program("fi_pingpong");
-    let (server, client, port) = ("127.0.0.142", "127.0.0.143", "47611");
+    let (server, client, port) = ("127.0.0.158", "127.0.0.159", "47611");
     // Sizes up to 64 KiB (many UD packets each), 500 round trips each, data checked (-c).
     let common_args = ["-p", "verbs;ofi_rxd", "-e", "rdm", "-I", "500", "-c"];
     let mut server_command = Command::new(&pingpong);

@@ -234,7 +234,7 @@ fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> S
 #[test]
 fn mpi_pingpong_runs_over_pml_ucx_on_rc_verbs() {
     let exe = mpicc(PINGPONG, "pingpong-ucx");
-    let out = mpirun(VerbsPath::PmlUcx, &exe, 2, 121, 1000);
+    let out = mpirun(VerbsPath::PmlUcx, &exe, 2, 160, 1000);
     assert!(out.contains("pingpong ok: 1000 round trips"), "{out}");
     eprintln!("pml ucx: {}", out.trim());
 }
@@ -242,14 +242,14 @@ fn mpi_pingpong_runs_over_pml_ucx_on_rc_verbs() {
 #[test]
 fn mpi_allreduce_over_four_ranks_runs_over_pml_ucx_on_rc_verbs() {
     let exe = mpicc(ALLREDUCE, "allreduce-ucx");
-    let out = mpirun(VerbsPath::PmlUcx, &exe, 4, 123, 50);
+    let out = mpirun(VerbsPath::PmlUcx, &exe, 4, 162, 50);
     assert!(out.contains("allreduce ok: 4 ranks"), "{out}");
 }
 
 #[test]
 fn mpi_pingpong_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
     let exe = mpicc(PINGPONG, "pingpong-ofi");
-    let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 2, 131, 1000);
+    let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 2, 166, 1000);
     assert!(out.contains("pingpong ok: 1000 round trips"), "{out}");
     eprintln!("mtl ofi verbs;ofi_rxd: {}", out.trim());
 }
@@ -257,6 +257,6 @@ fn mpi_pingpong_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
 #[test]
 fn mpi_allreduce_over_four_ranks_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
     let exe = mpicc(ALLREDUCE, "allreduce-ofi");
-    let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 4, 133, 50);
+    let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 4, 168, 50);
     assert!(out.contains("allreduce ok: 4 ranks"), "{out}");
 }

@@ -45,7 +45,7 @@ fn on_drop_in<'a>(command: &'a mut Command, lib: &Path, address: &str) -> &'a mu
 fn ucx_info_lists_rc_verbs_and_ud_verbs_on_softverbs0_given_its_device_node() {
     let lib = common::library_dir("ucx-info");
     let mut command = dev_node::with_device_node(&program("ucx_info"), &["-d"]);
-    on_drop_in(&mut command, &lib, "127.0.0.111");
+    on_drop_in(&mut command, &lib, "127.0.0.151");
     let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
     assert_eq!(
         status.and_then(|s| s.code()),
@@ -59,7 +59,7 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_softverbs0_given_its_device_node() {
     ] {
         assert!(
             stdout.contains(expected),
-            "ucx_info -d does not print {expected:?}:\n{stdout}"
+            "ucx_info -d does not print {expected:?}:\n{stdout}\n{stderr}"
         );
     }
 }
@@ -77,7 +77,7 @@ fn ucx_info_skips_softverbs0_without_a_dev_infiniband_node() {
     let lib = common::library_dir("ucx-info-skip");
     let mut command = Command::new(program("ucx_info"));
     command.arg("-d");
-    on_drop_in(&mut command, &lib, "127.0.0.112");
+    on_drop_in(&mut command, &lib, "127.0.0.152");
     let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
     assert!(
@@ -191,12 +191,12 @@ fn four_ucp_tests(tls: &str, (server, client): (&str, &str), first_port: u16) {
 fn ucx_perftest_runs_tag_lat_tag_bw_put_bw_and_get_over_rc_verbs() {
     four_ucp_tests(
         "rc_verbs,ud_verbs:aux",
-        ("127.0.0.113", "127.0.0.114"),
+        ("127.0.0.153", "127.0.0.154"),
         13410,
     );
 }
 
 #[test]
 fn ucx_perftest_runs_tag_lat_tag_bw_put_bw_and_get_over_ud_verbs() {
-    four_ucp_tests("ud_verbs", ("127.0.0.115", "127.0.0.116"), 13420);
+    four_ucp_tests("ud_verbs", ("127.0.0.155", "127.0.0.156"), 13420);
 }
