@@ -873,6 +873,7 @@ impl Qp {
         let mut wc = WorkCompletion::success(wqe.wr_id, WcOpcode::Recv, self.qpn)
             .with_byte_len(40 + len as u32)
             .with_src_qp(deth.src_qp)
+            .with_sl(roce_l3_type(grh))
             .with_flags(WcFlags::GRH);
         if let Some(imm) = pkt.hdr.imm {
             wc = wc.with_imm(imm);
@@ -882,5 +883,36 @@ impl Qp {
             wc,
             solicited: pkt.hdr.bth.solicited,
         });
+    }
+}
+
+/// What a UD receive completion's `sl` reports on RoCEv2: the L3 header type of the frame
+/// (IBTA Annex A17.4.5.1: the completion tells an IPv4 frame from an IPv6 one), as mlx5
+/// reports it where InfiniBand's service level would be — RoCE carries no SL — and as
+/// UCX's UD transport reads it to find the destination address in the GRH area: 2 for
+/// IPv4 (the header in the area's second half), 1 for IPv6, 0 when the area holds neither.
+fn roce_l3_type(grh: &[u8; 40]) -> u8 {
+    if grh[0] >> 4 == 6 {
+        1
+    } else if grh[20] >> 4 == 4 {
+        2
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::roce_l3_type;
+
+    #[test]
+    fn ud_receive_sl_names_the_roce_l3_header_type() {
+        let mut ipv4 = [0u8; 40];
+        ipv4[20] = 0x45;
+        assert_eq!(roce_l3_type(&ipv4), 2);
+        let mut ipv6 = [0u8; 40];
+        ipv6[0] = 0x60;
+        assert_eq!(roce_l3_type(&ipv6), 1);
+        assert_eq!(roce_l3_type(&[0u8; 40]), 0);
     }
 }

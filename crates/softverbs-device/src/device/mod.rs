@@ -164,8 +164,9 @@ pub(crate) struct DeviceInner {
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
     port_mtu: Mtu,
-    /// Whether a statistics report was made (the drop reports only if not).
-    stats_reported: AtomicBool,
+    /// The figures of the last statistics report, if one was made (the drop, and the
+    /// drop-in at exit, report only if they have changed since).
+    last_report: Mutex<Option<String>>,
     /// `device{name, address}`, entered around each run of the engine (empty when no
     /// subscriber listened as the device opened).
     span: tracing::Span,
@@ -303,7 +304,7 @@ impl Device {
             last_app_progress: AtomicU64::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
-            stats_reported: AtomicBool::new(false),
+            last_report: Mutex::new(None),
             span,
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));

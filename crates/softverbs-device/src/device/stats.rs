@@ -19,7 +19,6 @@ use softverbs_cq::CqStats;
 use softverbs_proto::Counters;
 use std::fmt;
 use std::io::Write;
-use std::sync::atomic::Ordering;
 
 /// The environment variable naming where a device's statistics line goes when the
 /// device is closed: `stderr` (or `-`), or a file the line is appended to. Unset: nothing
@@ -199,12 +198,16 @@ impl Device {
 
     /// The statistics line: `softverbs stats: device NAME address ADDR pid PID: STATS`.
     pub fn stats_line(&self) -> String {
+        self.line_of(&self.stats().to_string())
+    }
+
+    /// The statistics line with the figures `stats`.
+    fn line_of(&self, stats: &str) -> String {
         format!(
-            "softverbs stats: device {} address {} pid {}: {}",
+            "softverbs stats: device {} address {} pid {}: {stats}",
             self.name(),
             self.address(),
             std::process::id(),
-            self.stats()
         )
     }
 
@@ -212,18 +215,23 @@ impl Device {
     /// [`STATS_ENV`] says (nothing when it is unset), and an INFO event with the same
     /// figures. A line that cannot be written is said on stderr, once per report.
     pub fn report_stats(&self) {
-        self.inner.stats_reported.store(true, Ordering::Relaxed);
+        self.report(self.stats().to_string());
+    }
+
+    /// Reports `stats` (the figures of [`Device::stats`]) and remembers them as the last
+    /// report.
+    fn report(&self, stats: String) {
         tracing::info!(
             device = self.name(),
             address = %self.address(),
-            stats = %self.stats(),
+            stats = %stats,
             "device statistics"
         );
+        let line = format!("{}\n", self.line_of(&stats));
+        *lock(&self.inner.last_report) = Some(stats);
         let Some(target) = std::env::var_os(STATS_ENV) else {
             return;
         };
-        let mut line = self.stats_line();
-        line.push('\n');
         let written = if target == "stderr" || target == "-" {
             std::io::stderr().write_all(line.as_bytes())
         } else {
@@ -241,11 +249,16 @@ impl Device {
         }
     }
 
-    /// [`Device::report_stats`], unless a report was already made for this device: what a
-    /// device does when it is dropped, and the drop-in at exit.
+    /// [`Device::report_stats`], unless the last report made for this device already said
+    /// the same: what a device does when it is dropped, and the drop-in at exit. A program
+    /// that closes a context and goes on with the device (a middleware that probes the
+    /// device, closes it and opens it again, or never closes the context it sends on) gets
+    /// a last line with what happened after that close; one that ends with its close gets
+    /// no second line.
     pub fn report_stats_once(&self) {
-        if !self.inner.stats_reported.load(Ordering::Relaxed) {
-            self.report_stats();
+        let stats = self.stats().to_string();
+        if lock(&self.inner.last_report).as_deref() != Some(stats.as_str()) {
+            self.report(stats);
         }
     }
 }

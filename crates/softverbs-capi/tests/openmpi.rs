@@ -1,0 +1,262 @@
+//! Open MPI 4.1 (Debian's `openmpi-bin`, `libopenmpi-dev`) on the drop-in: an MPI
+//! ping-pong over 2 ranks and `MPI_Allreduce` over 4 ranks, with the verbs path forced —
+//! `--mca pml ucx` (UCX over rc_verbs, in the namespace of `common/dev_node.rs` where UCX
+//! sees softverbs0) and `--mca pml cm --mca mtl ofi` with libfabric's `verbs;ofi_rxd` —
+//! and every rank's device counters showing that softverbs carried the messages.
+//!
+//! Each rank is its own process with its own device: `mpirun` starts a small wrapper that
+//! sets `SOFTVERBS_ADDR` to 127.0.0.(base + `OMPI_COMM_WORLD_RANK`) and execs the program.
+//! (The `btl openib` and `verbs;ofi_rxm` paths need the RDMA connection manager.)
+//!
+//! A missing program is a failure naming the Debian package, never a skip.
+
+mod common;
+#[path = "common/dev_node.rs"]
+mod dev_node;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Bound on one `mpirun`.
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// Two ranks bounce an 8-byte message 1000 times (the reply carries the count plus one,
+/// checked), twice, and rank 0 prints the half round trip of the second pass.
+const PINGPONG: &str = r#"#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    int rank, size, iters = 1000;
+    char buf[8] = {0};
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 2) {
+        fprintf(stderr, "needs 2 ranks\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int i = 0; i < iters; i++) {
+            int v;
+            if (rank == 0) {
+                memcpy(buf, &i, sizeof i);
+                MPI_Send(buf, 8, MPI_CHAR, 1, 7, MPI_COMM_WORLD);
+                MPI_Recv(buf, 8, MPI_CHAR, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                memcpy(&v, buf, sizeof v);
+                if (v != i + 1) {
+                    fprintf(stderr, "reply %d to %d\n", v, i);
+                    MPI_Abort(MPI_COMM_WORLD, 3);
+                }
+            } else {
+                MPI_Recv(buf, 8, MPI_CHAR, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                memcpy(&v, buf, sizeof v);
+                v++;
+                memcpy(buf, &v, sizeof v);
+                MPI_Send(buf, 8, MPI_CHAR, 0, 7, MPI_COMM_WORLD);
+            }
+        }
+        double t1 = MPI_Wtime();
+        if (rank == 0 && pass == 1)
+            printf("pingpong ok: %d round trips, half round trip %.2f us\n", iters,
+                   (t1 - t0) * 1e6 / iters / 2);
+    }
+    MPI_Finalize();
+    return 0;
+}
+"#;
+
+/// Every rank contributes (rank + 1) * (i + round) to element i; 50 rounds of 1024 longs
+/// (8 KiB), each sum checked on every rank.
+const ALLREDUCE: &str = r#"#include <mpi.h>
+#include <stdio.h>
+
+int main(int argc, char **argv) {
+    int rank, size;
+    static long in[1024], out[1024];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    long ranks = (long)size * (size + 1) / 2;
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < 1024; i++)
+            in[i] = (long)(rank + 1) * (i + round);
+        MPI_Allreduce(in, out, 1024, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < 1024; i++)
+            if (out[i] != ranks * (i + round)) {
+                fprintf(stderr, "rank %d: out[%d] = %ld\n", rank, i, out[i]);
+                MPI_Abort(MPI_COMM_WORLD, 3);
+            }
+    }
+    if (rank == 0)
+        printf("allreduce ok: %d ranks, 50 rounds of 1024 longs\n", size);
+    MPI_Finalize();
+    return 0;
+}
+"#;
+
+/// Sets the rank's device address from its rank and runs the program.
+const RANK_WRAPPER: &str = "#!/bin/sh\n\
+export SOFTVERBS_ADDR=127.0.0.$((SOFTVERBS_RANK_BASE + OMPI_COMM_WORLD_RANK))\n\
+exec \"$@\"\n";
+
+fn build_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-capi-mpi");
+    std::fs::create_dir_all(&dir).expect("create the MPI build directory");
+    dir
+}
+
+/// Compiles `source` with `mpicc` into `name`.
+fn mpicc(source: &str, name: &str) -> PathBuf {
+    let mpicc = Path::new("/usr/bin/mpicc");
+    assert!(
+        mpicc.exists(),
+        "/usr/bin/mpicc is missing: install the Debian package libopenmpi-dev"
+    );
+    let dir = build_dir();
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write the MPI program");
+    let exe = dir.join(name);
+    let out = Command::new(mpicc)
+        .args(["-std=gnu11", "-O2", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run mpicc");
+    assert!(
+        out.status.success(),
+        "mpicc {name}.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn rank_wrapper() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = build_dir().join("rank-address.sh");
+    std::fs::write(&path, RANK_WRAPPER).expect("write the rank wrapper");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .expect("make the rank wrapper executable");
+    path
+}
+
+/// The verbs path an `mpirun` is forced onto.
+#[derive(Clone, Copy, Debug)]
+enum VerbsPath {
+    /// `--mca pml ucx`, UCX over rc_verbs (UD as its wire-up transport).
+    PmlUcx,
+    /// `--mca pml cm --mca mtl ofi`, libfabric's `verbs;ofi_rxd`.
+    MtlOfiRxd,
+}
+
+/// Runs `program` over `ranks` ranks on `path`, rank r as 127.0.0.(base + r); asserts it
+/// ended well and every rank's device carried at least `min` packets each way; returns
+/// stdout.
+fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> String {
+    let mpirun = Path::new("/usr/bin/mpirun");
+    assert!(
+        mpirun.exists(),
+        "/usr/bin/mpirun is missing: install the Debian package openmpi-bin"
+    );
+    let lib = common::library_dir(&format!("mpi-{base}"));
+    let np = ranks.to_string();
+    let wrapper = rank_wrapper();
+    let mut args: Vec<String> = ["--oversubscribe", "-np", &np, "--mca", "btl", "self"]
+        .map(String::from)
+        .to_vec();
+    match path {
+        VerbsPath::PmlUcx => args.extend(
+            [
+                "--mca",
+                "pml",
+                "ucx",
+                "-x",
+                "UCX_TLS=rc_verbs,ud_verbs:aux",
+                "-x",
+                "UCX_NET_DEVICES=softverbs0:1",
+            ]
+            .map(String::from),
+        ),
+        VerbsPath::MtlOfiRxd => args.extend(
+            [
+                "--mca",
+                "pml",
+                "cm",
+                "--mca",
+                "mtl",
+                "ofi",
+                "-x",
+                "FI_PROVIDER=verbs;ofi_rxd",
+            ]
+            .map(String::from),
+        ),
+    }
+    for name in ["LD_LIBRARY_PATH", "SOFTVERBS_STATS", "SOFTVERBS_RANK_BASE"] {
+        args.extend(["-x".to_string(), name.to_string()]);
+    }
+    args.push(wrapper.display().to_string());
+    args.push(program.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command = match path {
+        VerbsPath::PmlUcx => dev_node::with_device_node(mpirun, &args),
+        VerbsPath::MtlOfiRxd => {
+            let mut c = Command::new(mpirun);
+            c.args(&args);
+            c
+        }
+    };
+    command
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_STATS", "stderr")
+        .env("SOFTVERBS_RANK_BASE", base.to_string())
+        // mpirun refuses root (the namespace maps the user to root) unless told.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
+    let all = format!("{path:?} ({status:?}):\n{stdout}\n{stderr}");
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{all}");
+    for rank in 0..ranks {
+        let address = format!("127.0.0.{}", base + rank);
+        let line = dev_node::assert_carried(&stderr, &address, min);
+        if matches!(path, VerbsPath::PmlUcx) {
+            assert!(
+                dev_node::counter(line, "acks_sent") > 0,
+                "rank {rank} sent no RC acknowledgement: {line}"
+            );
+        }
+    }
+    stdout
+}
+
+#[test]
+fn mpi_pingpong_runs_over_pml_ucx_on_rc_verbs() {
+    let exe = mpicc(PINGPONG, "pingpong-ucx");
+    let out = mpirun(VerbsPath::PmlUcx, &exe, 2, 160, 1000);
+    assert!(out.contains("pingpong ok: 1000 round trips"), "{out}");
+    eprintln!("pml ucx: {}", out.trim());
+}
+
+#[test]
+fn mpi_allreduce_over_four_ranks_runs_over_pml_ucx_on_rc_verbs() {
+    let exe = mpicc(ALLREDUCE, "allreduce-ucx");
+    let out = mpirun(VerbsPath::PmlUcx, &exe, 4, 162, 50);
+    assert!(out.contains("allreduce ok: 4 ranks"), "{out}");
+}
+
+#[test]
+fn mpi_pingpong_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
+    let exe = mpicc(PINGPONG, "pingpong-ofi");
+    let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 2, 166, 1000);
+    assert!(out.contains("pingpong ok: 1000 round trips"), "{out}");
+    eprintln!("mtl ofi verbs;ofi_rxd: {}", out.trim());
+}
+
+#[test]
+fn mpi_allreduce_over_four_ranks_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
+    let exe = mpicc(ALLREDUCE, "allreduce-ofi");
+    let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 4, 168, 50);
+    assert!(out.contains("allreduce ok: 4 ranks"), "{out}");
+}
