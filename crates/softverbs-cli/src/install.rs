@@ -6,6 +6,8 @@
 //! PREFIX/bin/softverbs                          this executable
 //! PREFIX/lib/softverbs/libsoftverbs_capi.so     the drop-in libibverbs.so.1
 //! PREFIX/lib/softverbs/libibverbs.so.1          -> libsoftverbs_capi.so
+//! PREFIX/lib/softverbs/libsoftverbs_rdmacm.so   the drop-in librdmacm.so.1
+//! PREFIX/lib/softverbs/librdmacm.so.1           -> libsoftverbs_rdmacm.so
 //! ```
 //!
 //! `run` looks in `../lib/softverbs/` beside its executable ([`installed_lib_dir`]), so the pair can
@@ -17,7 +19,9 @@
 //! leaves the old installation whole.
 
 use crate::output::outln;
-use crate::run::{find_library, installed_lib_dir, LIB_FILE, SONAME};
+use crate::run::{
+    cm_library, find_library, installed_lib_dir, CM_LIB_FILE, CM_SONAME, LIB_FILE, SONAME,
+};
 use crate::Error;
 use std::ffi::OsString;
 use std::fs;
@@ -69,6 +73,27 @@ pub fn run(args: &InstallArgs) -> Result<(), Error> {
         lib.path.display()
     )?;
     outln!("installed {} -> {LIB_FILE}", link.display())?;
+    // The connection manager's library comes from beside the verbs library; a verbs library
+    // named by hand may have none, and then the programs get the system's librdmacm.
+    match cm_library(&lib.path) {
+        Some(cm) => {
+            let installed_cm = lib_dir.join(CM_LIB_FILE);
+            replace_with_copy(&cm, &installed_cm, 0o644)?;
+            let cm_link = lib_dir.join(CM_SONAME);
+            replace_with_symlink(Path::new(CM_LIB_FILE), &cm_link)?;
+            outln!(
+                "installed {} (from {})",
+                installed_cm.display(),
+                cm.display()
+            )?;
+            outln!("installed {} -> {CM_LIB_FILE}", cm_link.display())?;
+        }
+        None => outln!(
+            "no {CM_LIB_FILE} beside {}: {CM_SONAME} not installed (RDMA CM programs get \
+             the system's)",
+            lib.path.display()
+        )?,
+    }
     if !on_path(&bin_dir, std::env::var_os("PATH")) {
         outln!(
             "{} is not on PATH: add it, e.g. export PATH=\"{}:$PATH\"",

@@ -40,6 +40,20 @@ pub const LIB_FILE: &str = "libsoftverbs_capi.so";
 pub const LIB_ENV: &str = "SOFTVERBS_LIB";
 /// The name programs load the library by.
 pub const SONAME: &str = "libibverbs.so.1";
+/// The file cargo builds from `softverbs-rdmacm`, the drop-in `librdmacm.so.1`: it goes with
+/// the verbs library, from the same directory.
+pub const CM_LIB_FILE: &str = "libsoftverbs_rdmacm.so";
+/// The name programs load the connection manager's library by.
+pub const CM_SONAME: &str = "librdmacm.so.1";
+
+/// The drop-in `librdmacm.so.1` that goes with the verbs library `lib`: the file beside it,
+/// if there is one (absolute, without symlinks).
+pub fn cm_library(lib: &Path) -> Option<PathBuf> {
+    let path = lib.parent()?.join(CM_LIB_FILE);
+    path.is_file()
+        .then(|| fs::canonicalize(&path).ok())
+        .flatten()
+}
 
 /// Where `softverbs install --prefix PREFIX` puts the library, beside `PREFIX/bin/softverbs`.
 pub fn installed_lib_dir(prefix: &Path) -> PathBuf {
@@ -112,9 +126,10 @@ pub fn run(args: &RunArgs) -> ExitCode {
 /// `SOFTVERBS_*` variables of the options.
 fn prepare(args: &RunArgs) -> Result<std::process::Command, Error> {
     let lib = find_library(args.lib.as_deref())?;
-    let dir = match installed_dir(&lib.path) {
+    let cm = cm_library(&lib.path);
+    let dir = match installed_dir(&lib.path, cm.as_deref()) {
         Some(dir) => dir,
-        None => library_dir(&lib.path)?,
+        None => library_dir(&lib.path, cm.as_deref())?,
     };
     if args.verbose {
         eprintln!(
@@ -124,6 +139,16 @@ fn prepare(args: &RunArgs) -> Result<std::process::Command, Error> {
             lib.origin,
             dir.display()
         );
+        match &cm {
+            Some(cm) => eprintln!(
+                "softverbs: drop-in {CM_SONAME} {} (beside the verbs library)",
+                cm.display()
+            ),
+            None => eprintln!(
+                "softverbs: no {CM_LIB_FILE} beside the verbs library: a program using the \
+                 RDMA connection manager gets the system's {CM_SONAME}"
+            ),
+        }
     }
     let mut command = std::process::Command::new(&args.command[0]);
     command.args(&args.command[1..]).env(
@@ -210,22 +235,28 @@ fn beside_executable() -> Result<(PathBuf, &'static str), Error> {
 }
 
 /// The directory of an installed library, when it can go on `LD_LIBRARY_PATH` as it is:
-/// it holds `libibverbs.so.1` resolving to `lib` itself (the symlink `softverbs install`
-/// makes), and its path holds no `:` or `;`.
-fn installed_dir(lib: &Path) -> Option<PathBuf> {
+/// it holds `libibverbs.so.1` resolving to `lib` itself and, when there is a connection
+/// manager's library `cm`, `librdmacm.so.1` resolving to it (the symlinks `softverbs
+/// install` makes), and its path holds no `:` or `;`.
+fn installed_dir(lib: &Path, cm: Option<&Path>) -> Option<PathBuf> {
     let dir = lib.parent()?;
     let named = fs::canonicalize(dir.join(SONAME)).ok()?;
+    let cm_named = match cm {
+        Some(cm) => fs::canonicalize(dir.join(CM_SONAME)).ok()? == cm,
+        None => true,
+    };
     let usable = !dir.as_os_str().as_bytes().iter().any(|b| b":;".contains(b));
-    (named == lib && usable).then(|| dir.to_owned())
+    (named == lib && cm_named && usable).then(|| dir.to_owned())
 }
 
-/// The private directory holding `libibverbs.so.1` → `lib`: one per user and library
+/// The private directory holding `libibverbs.so.1` → `lib` (and `librdmacm.so.1` → `cm`,
+/// when there is one): one per user and library
 /// (stable, so repeated runs reuse it instead of leaving directories behind, since the
 /// program replaces this process and nothing cleans up after it). Under `XDG_RUNTIME_DIR`
 /// if that is a directory of this user, else the temporary directory. Safe against other
 /// users (an existing directory must be a real directory of this user that no one else
 /// can write) and against concurrent runs (the symlink is replaced by an atomic rename).
-fn library_dir(lib: &Path) -> Result<PathBuf, Error> {
+fn library_dir(lib: &Path, cm: Option<&Path>) -> Result<PathBuf, Error> {
     let uid = rustix::process::getuid().as_raw();
     let base = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
@@ -252,15 +283,31 @@ fn library_dir(lib: &Path) -> Result<PathBuf, Error> {
         )
         .into());
     }
-    let link = dir.join(SONAME);
-    if fs::read_link(&link).ok().as_deref() != Some(lib) {
-        let temporary = dir.join(format!(".{SONAME}.{}", std::process::id()));
-        let _ = fs::remove_file(&temporary);
-        std::os::unix::fs::symlink(lib, &temporary)
-            .and_then(|()| fs::rename(&temporary, &link))
-            .map_err(|e| format!("symlink {} -> {}: {e}", link.display(), lib.display()))?;
-    }
+    link_as(&dir, SONAME, Some(lib))?;
+    link_as(&dir, CM_SONAME, cm)?;
     Ok(dir)
+}
+
+/// Makes `dir/name` a symlink to `target` (replaced by an atomic rename, so a concurrent
+/// run never sees it missing), or removes it when there is no target.
+fn link_as(dir: &Path, name: &str, target: Option<&Path>) -> Result<(), Error> {
+    let link = dir.join(name);
+    let Some(target) = target else {
+        return match fs::remove_file(&link) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(format!("remove {}: {e}", link.display()).into())
+            }
+            _ => Ok(()),
+        };
+    };
+    if fs::read_link(&link).ok().as_deref() != Some(target) {
+        let temporary = dir.join(format!(".{name}.{}", std::process::id()));
+        let _ = fs::remove_file(&temporary);
+        std::os::unix::fs::symlink(target, &temporary)
+            .and_then(|()| fs::rename(&temporary, &link))
+            .map_err(|e| format!("symlink {} -> {}: {e}", link.display(), target.display()))?;
+    }
+    Ok(())
 }
 
 /// 64-bit FNV-1a: a stable name for a library path (std's hashers may change between
