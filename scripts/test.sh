@@ -28,9 +28,13 @@ limit() {
 # iproute2 and iptables (two hosts as network namespaces, packet loss), valgrind and
 # python3-pyverbs (drop-in C programs under memcheck; pyverbs on the drop-in), cmake and
 # libclang-dev (the `ibverbs` crate's build script configures its vendored rdma-core and
-# runs bindgen: its example runs on the drop-in).
+# runs bindgen: its example runs on the drop-in); librdmacm-dev and rdmacm-utils (the
+# connection manager's header, man pages and programs: rping, ucmatose, udaddy, cmtime, …,
+# on the drop-in librdmacm.so.1); the stacks that must run on softverbs: UCX (ucx-utils),
+# Open MPI (openmpi-bin, libopenmpi-dev: mpirun, mpicc) and libfabric (libfabric-bin).
 packages=(libibverbs-dev rdma-core ibverbs-utils perftest gcc libc6-dev pkg-config binutils
-  tshark wireshark-common iproute2 iptables valgrind python3-pyverbs cmake libclang-dev)
+  tshark wireshark-common iproute2 iptables valgrind python3-pyverbs cmake libclang-dev
+  librdmacm-dev rdmacm-utils ucx-utils openmpi-bin libopenmpi-dev libfabric-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
