@@ -113,14 +113,14 @@ impl Ring {
         &self.slots[(pos & self.mask) as usize]
     }
 
-    /// Writes the entry for `pos` and publishes it. The caller is the only producer and has
-    /// checked that the slot's previous entry was consumed (or, with `overwrite`, accepts
-    /// losing it).
+    /// Writes the entry for `pos` (a completion packed by [`WorkCompletion::to_words`]) and
+    /// publishes it. The caller is the only producer and has checked that the slot's
+    /// previous entry was consumed (or, with `overwrite`, accepts losing it).
     #[inline(always)]
     pub(crate) fn write(
         &self,
         pos: u64,
-        wc: &WorkCompletion,
+        words: [u64; 6],
         timestamp: u64,
         extra: Option<&WcExtra>,
         overwrite: bool,
@@ -132,7 +132,7 @@ impl Ring {
             slot.seq.store((pos + 1) | WRITING, Ordering::Relaxed);
             fence(Ordering::Release);
         }
-        for (word, value) in slot.words.iter().zip(wc.to_words()) {
+        for (word, value) in slot.words.iter().zip(words) {
             word.store(value, Ordering::Relaxed);
         }
         slot.timestamp.store(timestamp, Ordering::Relaxed);
@@ -202,21 +202,43 @@ impl Ring {
     pub(crate) fn copy_into(&self, from: u64, to: u64, into: &Ring) {
         for pos in from..to {
             if let Some(entry) = self.read(pos, false) {
-                into.write(pos, &entry.wc, entry.timestamp, Some(&entry.extra), false);
+                into.write(
+                    pos,
+                    entry.wc.to_words(),
+                    entry.timestamp,
+                    Some(&entry.extra),
+                    false,
+                );
             }
         }
     }
 }
 
-/// [`Ring::peek`] through cached [`Ring::raw_parts`].
+impl Ring {
+    /// Whether position `pos` is empty ([`Peek::Empty`]): the consumer's fast check, with the
+    /// common answers (ready, or not yet written) decided by one comparison each.
+    #[inline(always)]
+    pub(crate) fn is_empty_at(&self, pos: u64) -> bool {
+        is_empty(self.slot(pos).seq.load(Ordering::Acquire), pos)
+    }
+}
+
+/// [`classify`]`(seq, pos) == Peek::Empty`, branching on the likely case first.
+#[inline(always)]
+pub(crate) fn is_empty(seq: u64, pos: u64) -> bool {
+    let expected = pos + 1;
+    seq != expected && seq & !WRITING <= expected
+}
+
+/// [`Ring::is_empty_at`] through cached [`Ring::raw_parts`].
 ///
 /// # Safety
 /// `slots` and `mask` come from `raw_parts` of a ring that is still allocated.
 #[inline(always)]
-pub(crate) unsafe fn peek_raw(slots: *const Slot, mask: u64, pos: u64) -> Peek {
+pub(crate) unsafe fn is_empty_raw(slots: *const Slot, mask: u64, pos: u64) -> bool {
     // SAFETY: `pos & mask` is below the ring's capacity and the ring is alive (caller).
     let slot = unsafe { &*slots.add((pos & mask) as usize) };
-    classify(slot.seq.load(Ordering::Acquire), pos)
+    is_empty(slot.seq.load(Ordering::Acquire), pos)
 }
 
 /// What sequence word `seq` means for position `pos`.
@@ -249,14 +271,30 @@ mod tests {
         let ring = Ring::new(4, false);
         assert_eq!(ring.peek(0), Peek::Empty);
         let wc = WorkCompletion::success(1, WcOpcode::Send, 3);
-        ring.write(0, &wc, 0, None, false);
+        ring.write(0, wc.to_words(), 0, None, false);
         assert_eq!(ring.peek(0), Peek::Ready);
         assert_eq!(ring.read(0, true).unwrap().wc, wc);
         // Position 4 shares slot 0 but has not been written: empty, not a stale hit.
         assert_eq!(ring.peek(4), Peek::Empty);
-        ring.write(4, &wc, 0, None, true);
+        ring.write(4, wc.to_words(), 0, None, true);
         assert_eq!(ring.peek(0), Peek::Lapped);
         assert_eq!(ring.peek(4), Peek::Ready);
+    }
+
+    #[test]
+    fn the_fast_empty_check_agrees_with_classify() {
+        for pos in [0, 3, 4, 5, 100] {
+            for seq in [0, 1, pos, pos + 1, pos + 2, pos + 9] {
+                for mark in [0, WRITING] {
+                    let seq = seq | mark;
+                    assert_eq!(
+                        is_empty(seq, pos),
+                        classify(seq, pos) == Peek::Empty,
+                        "seq {seq:#x} pos {pos}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -77,13 +77,6 @@ mod membarrier_state {
         ok
     }
 
-    /// Whether the light side may be a compiler fence only. `Relaxed` is enough: a stale
-    /// `UNKNOWN` only makes the light side stronger (a real fence).
-    #[inline(always)]
-    pub(super) fn available() -> bool {
-        STATE.load(Ordering::Relaxed) == AVAILABLE
-    }
-
     pub(super) fn heavy() {
         use rustix::thread::{membarrier, MembarrierCommand};
         if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
@@ -93,26 +86,37 @@ mod membarrier_state {
 }
 
 /// Prepares the asymmetric barrier (registers for membarrier). Called when a CQ is created,
-/// before any producer can run for it.
-pub(crate) fn init_barriers() {
+/// before any producer can run for it. Returns whether [`light_barrier`] may be a compiler
+/// fence: registration succeeded, and it never becomes undone, so the CQ keeps the answer.
+pub(crate) fn init_barriers() -> bool {
     #[cfg(not(any(loom, miri)))]
-    membarrier_state::init();
+    {
+        membarrier_state::init()
+    }
+    #[cfg(any(loom, miri))]
+    {
+        false
+    }
 }
 
 /// The producer's half of the asymmetric barrier: orders its earlier publication of an
 /// entry before its later read of the notification flag, against [`heavy_barrier`].
+/// `membarrier` is what [`init_barriers`] returned.
 #[inline(always)]
-pub(crate) fn light_barrier() {
+pub(crate) fn light_barrier(membarrier: bool) {
     #[cfg(not(any(loom, miri)))]
     {
-        if membarrier_state::available() {
+        if membarrier {
             std::sync::atomic::compiler_fence(Ordering::SeqCst);
         } else {
             fence(Ordering::SeqCst);
         }
     }
     #[cfg(any(loom, miri))]
-    fence(Ordering::SeqCst);
+    {
+        let _ = membarrier;
+        fence(Ordering::SeqCst);
+    }
 }
 
 /// The arming side's half of the asymmetric barrier: orders its earlier store of the

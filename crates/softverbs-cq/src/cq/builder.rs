@@ -121,7 +121,7 @@ impl CqBuilder {
             return Err(CreateError::UnsupportedFields(unknown));
         }
         let slots = ring_size(self.cqe)?;
-        init_barriers();
+        let membarrier = init_barriers();
         let with_extra = self
             .fields
             .intersects(WcFields::CVLAN | WcFields::FLOW_TAG | WcFields::TM_INFO);
@@ -140,6 +140,7 @@ impl CqBuilder {
             timestamps: self.fields.intersects(
                 WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
             ),
+            membarrier,
             policy: self.policy,
             fields: self.fields,
             comp_vector: self.comp_vector,
@@ -149,6 +150,7 @@ impl CqBuilder {
                 lock: SpinLock::new(),
                 tail: AtomicU64::new(0),
                 cached_head: AtomicU64::new(0),
+                slow_at: AtomicU64::new(0),
             }),
             consumer: CachePadded::new(ConsumerSide {
                 lock: SpinLock::new(),

@@ -78,6 +78,10 @@ struct ProducerSide {
     tail: AtomicU64,
     /// The producer's last look at the consumer's head (only the lock holder uses it).
     cached_head: AtomicU64,
+    /// The first position whose push must run the full and high-water checks
+    /// (`produce.rs`): `cached_head + min(high_water, capacity)`, or 0 to force them on the
+    /// next push. Only the lock holder uses it.
+    slow_at: AtomicU64,
 }
 
 struct ConsumerSide {
@@ -95,6 +99,9 @@ struct CqShared {
     notify: AtomicU8,
     moderation_active: AtomicBool,
     timestamps: bool,
+    /// Whether the asymmetric barrier's light half may be a compiler fence (what
+    /// `init_barriers` found when the CQ was created; see `sync.rs`).
+    membarrier: bool,
     policy: OverrunPolicy,
     fields: WcFields,
     comp_vector: u32,

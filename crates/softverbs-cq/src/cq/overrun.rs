@@ -42,25 +42,45 @@ pub struct CqOverrun {
     pub user_context: u64,
 }
 
+/// Why a push to a full ring was refused (see [`CqShared::ring_full`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RingFull {
+    /// The CQ entered the error state ([`OverrunPolicy::Error`]).
+    Overrun,
+    /// The completion goes back to the producer ([`OverrunPolicy::Backpressure`]).
+    Refused,
+}
+
+impl RingFull {
+    /// The push's error; `wc` is the completion that was refused.
+    #[cold]
+    pub(super) fn into_error(self, wc: &WorkCompletion) -> PushError {
+        match self {
+            RingFull::Overrun => PushError::Overrun,
+            RingFull::Refused => PushError::Full(*wc),
+        }
+    }
+}
+
 /// Receives [`CqOverrun`] notices; called with no CQ lock held.
 pub type OverrunSink = Arc<dyn Fn(CqOverrun) + Send + Sync>;
 
 impl CqShared {
     /// A push found the ring full even after re-reading the consumer's head; the caller
     /// holds the producer lock. Applies the policy: `Err` refuses the push (the CQ entered
-    /// the error state, or the completion is handed back), `Ok` goes on to overwrite the
-    /// oldest entry.
+    /// the error state, or the completion is to be handed back: [`RingFull::into_error`]),
+    /// `Ok` goes on to overwrite the oldest entry.
     #[inline(always)]
-    pub(super) fn ring_full(&self, wc: &WorkCompletion) -> Result<(), PushError> {
+    pub(super) fn ring_full(&self) -> Result<(), RingFull> {
         match self.policy {
             OverrunPolicy::Error => {
                 self.state.store(STATE_ERROR, Ordering::Release);
                 self.overruns.fetch_add(1, Ordering::Relaxed);
-                Err(PushError::Overrun)
+                Err(RingFull::Overrun)
             }
             OverrunPolicy::Backpressure => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                Err(PushError::Full(*wc))
+                Err(RingFull::Refused)
             }
             OverrunPolicy::Overwrite => Ok(()),
         }

@@ -84,7 +84,7 @@ impl CqShared {
     pub(super) fn looks_empty(&self) -> bool {
         let ring = self.ring();
         let head = self.consumer.head.load(Ordering::Acquire);
-        ring.peek(head) == Peek::Empty
+        ring.is_empty_at(head)
     }
 }
 
@@ -93,7 +93,8 @@ impl CompletionQueue {
     /// many. An empty CQ costs two loads and takes no lock.
     #[inline(always)]
     pub fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
-        if self.shared.looks_empty() || wcs.is_empty() {
+        // An empty `wcs` takes the locked path, which answers as this one would.
+        if self.shared.looks_empty() {
             if self.shared.state.load(Ordering::Relaxed) == STATE_ERROR {
                 return Err(PollError::Overrun);
             }
@@ -119,7 +120,7 @@ impl SingleThreadedCq {
         // SAFETY: `slots`/`mask` are refreshed by every resize (`&mut self`, in `resize.rs`;
         // first set at creation in `builder.rs`), and the ring lives as long as `shared`
         // (rings are freed only when the shared state drops, see `mod.rs`).
-        if unsafe { crate::ring::peek_raw(self.slots, self.mask, head) } == Peek::Empty {
+        if unsafe { crate::ring::is_empty_raw(self.slots, self.mask, head) } {
             if self.shared.state.load(Ordering::Relaxed) == STATE_ERROR {
                 return Err(PollError::Overrun);
             }

@@ -10,10 +10,11 @@
 //! released.
 
 use super::notify::ARM_NONE;
+use super::overrun::RingFull;
 use super::{CqShared, CqStats, OverrunPolicy, STATE_ERROR, STATE_OK};
 use crate::clock::DeviceClock;
 use crate::error::PushError;
-use crate::ring::WcExtra;
+use crate::ring::{Ring, WcExtra};
 use crate::sync::{light_barrier, Arc, Ordering};
 use crate::wc::WorkCompletion;
 use std::fmt;
@@ -58,6 +59,7 @@ impl CqProducer {
         self.shared.producer.lock.lock();
         ProducerBurst {
             shared: &self.shared,
+            ring: self.shared.ring(),
             raise_error: false,
         }
     }
@@ -105,6 +107,9 @@ impl CqProducer {
 /// The producer lock, held for a burst of pushes. Unlocks on drop.
 pub struct ProducerBurst<'a> {
     shared: &'a Arc<CqShared>,
+    /// The current ring, read once per burst: only resize replaces it, and resize takes the
+    /// producer lock this burst holds.
+    ring: &'a Ring,
     raise_error: bool,
 }
 
@@ -112,7 +117,7 @@ impl ProducerBurst<'_> {
     /// Adds one completion (see [`CqProducer::push`]).
     #[inline]
     pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> Result<(), PushError> {
-        let result = CqShared::push_locked(self.shared, &wc, solicited, None);
+        let result = CqShared::push_locked(self.shared, self.ring, &wc, solicited, None);
         if result == Err(PushError::Overrun) {
             self.raise_error = true;
         }
@@ -126,7 +131,7 @@ impl ProducerBurst<'_> {
         solicited: bool,
         extra: WcExtra,
     ) -> Result<(), PushError> {
-        let result = CqShared::push_locked(self.shared, &wc, solicited, Some(&extra));
+        let result = CqShared::push_locked(self.shared, self.ring, &wc, solicited, Some(&extra));
         if result == Err(PushError::Overrun) {
             self.raise_error = true;
         }
@@ -135,6 +140,7 @@ impl ProducerBurst<'_> {
 }
 
 impl Drop for ProducerBurst<'_> {
+    #[inline]
     fn drop(&mut self) {
         self.shared.producer.lock.unlock();
         if self.raise_error {
@@ -145,11 +151,12 @@ impl Drop for ProducerBurst<'_> {
 }
 
 impl CqShared {
-    /// Pushes one completion; the caller holds the producer lock. Returns whether an
-    /// async CQ error must be raised (after unlocking).
+    /// Pushes one completion; the caller holds the producer lock and `ring` is the current
+    /// ring (resize replaces it only under that lock).
     #[inline(always)]
     fn push_locked(
         this: &Arc<Self>,
+        ring: &Ring,
         wc: &WorkCompletion,
         solicited: bool,
         extra: Option<&WcExtra>,
@@ -159,31 +166,14 @@ impl CqShared {
             STATE_ERROR => return Err(PushError::InError),
             _ => return Err(PushError::Destroyed),
         }
-        let ring = this.ring();
         let p = &this.producer;
         let pos = p.tail.load(Ordering::Relaxed);
-        let capacity = ring.capacity();
-        let mut head = p.cached_head.load(Ordering::Relaxed);
-        if pos - head >= capacity {
-            // Acquire: the consumer released these slots after copying them out.
-            head = this.consumer.head.load(Ordering::Acquire);
-            p.cached_head.store(head, Ordering::Relaxed);
-            if pos - head >= capacity {
-                // Refused or overrun per the policy; `Ok` means overwrite (`overrun.rs`).
-                this.ring_full(wc)?;
-            }
-        }
-        // The depth against the cached head is an upper bound; only when it exceeds the
-        // high-water mark is the real head read (and cached), so the mark stays exact while
-        // the producer rarely touches the consumer's cache line. Only the lock holder writes
-        // the mark, so a plain store suffices.
-        let high_water = this.high_water.load(Ordering::Relaxed);
-        if (pos + 1 - head).min(capacity) > high_water {
-            let fresh = this.consumer.head.load(Ordering::Acquire);
-            p.cached_head.store(fresh, Ordering::Relaxed);
-            let depth = (pos + 1 - fresh).min(capacity);
-            if depth > high_water {
-                this.high_water.store(depth, Ordering::Relaxed);
+        // One comparison stands for the full check and the high-water check: below
+        // `slow_at` the ring has room and the depth cannot pass the high-water mark (both
+        // measured against the cached head, see `room_or_mark`).
+        if pos >= p.slow_at.load(Ordering::Relaxed) {
+            if let Err(full) = this.room_or_mark(ring, pos) {
+                return Err(full.into_error(wc));
             }
         }
         let timestamp = if this.timestamps {
@@ -193,7 +183,7 @@ impl CqShared {
         };
         ring.write(
             pos,
-            wc,
+            wc.to_words(),
             timestamp,
             extra,
             this.policy == OverrunPolicy::Overwrite,
@@ -203,10 +193,52 @@ impl CqShared {
         // Order the publication above before the read of the arm flag, against the heavy
         // barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or the armer
         // sees the entry.
-        light_barrier();
+        light_barrier(this.membarrier);
         if this.notify.load(Ordering::Relaxed) != ARM_NONE {
             Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
         }
+        Ok(())
+    }
+
+    /// The push of position `pos` reached `slow_at`: the ring may be full (seen against the
+    /// cached head), or the depth may pass the high-water mark. Re-reads the consumer's head
+    /// where needed, applies the overrun policy if the ring is full (`Err` refuses the push),
+    /// raises the mark, and sets the next `slow_at`. The caller holds the producer lock.
+    #[inline(never)]
+    fn room_or_mark(&self, ring: &Ring, pos: u64) -> Result<(), RingFull> {
+        let p = &self.producer;
+        let capacity = ring.capacity();
+        let mut head = p.cached_head.load(Ordering::Relaxed);
+        if pos - head >= capacity {
+            // Acquire: the consumer released these slots after copying them out.
+            head = self.consumer.head.load(Ordering::Acquire);
+            p.cached_head.store(head, Ordering::Relaxed);
+            if pos - head >= capacity {
+                // Refused or overrun per the policy; `Ok` means overwrite (`overrun.rs`).
+                self.ring_full()?;
+            }
+        }
+        // The depth against the cached head is an upper bound; only when it exceeds the
+        // high-water mark is the real head read (and cached), so the mark stays exact while
+        // the producer rarely touches the consumer's cache line. Only the lock holder writes
+        // the mark, so a plain store suffices.
+        let mut high_water = self.high_water.load(Ordering::Relaxed);
+        if (pos + 1 - head).min(capacity) > high_water {
+            let fresh = self.consumer.head.load(Ordering::Acquire);
+            p.cached_head.store(fresh, Ordering::Relaxed);
+            let depth = (pos + 1 - fresh).min(capacity);
+            if depth > high_water {
+                self.high_water.store(depth, Ordering::Relaxed);
+                high_water = depth;
+            }
+        }
+        // Below this position, against the cached head, the ring is not full
+        // (`pos - head < capacity`) and the depth does not pass the mark
+        // (`pos + 1 - head <= high_water`): the next push that can need this function is the
+        // one at `slow_at`. While the ring stays full (overwriting) that is the next push.
+        let cached = p.cached_head.load(Ordering::Relaxed);
+        p.slow_at
+            .store(cached + high_water.min(capacity), Ordering::Relaxed);
         Ok(())
     }
 }

@@ -40,6 +40,8 @@ impl CqShared {
                 self.publish_head(head, oldest, 0);
             }
             self.producer.cached_head.store(oldest, Ordering::Relaxed);
+            // The capacity changed: the next push runs the full and high-water checks.
+            self.producer.slow_at.store(0, Ordering::Relaxed);
             let previous = self.ring.swap(Box::into_raw(fresh), Ordering::AcqRel);
             // SAFETY: `previous` came from `Box::into_raw` (at creation in `builder.rs`, or
             // by an earlier resize here); it is retired (not freed) because a lock-free empty
