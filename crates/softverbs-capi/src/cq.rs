@@ -419,7 +419,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // A stale event: the completion that raised it was polled already (the
             // application re-armed, then polled a completion that arrived after the
             // re-arm). Programs such as `ibv_rc_pingpong -e -t` treat an empty CQ right
-            // after an event as fatal (reference verbs-abi.md R3), so the event is dropped
+            // after an event as fatal, so the event is dropped
             // (acknowledged here) and the arm it consumed restored; if a completion came
             // in meanwhile the event is delivered after all.
             if state

@@ -749,7 +749,7 @@ mod tests {
 
     #[test]
     fn the_context_is_extended_with_the_full_size_so_every_inline_finds_its_op() {
-        // verbs-abi.md §3.2: abi_compat == UINTPTR_MAX and sz >= 648, else ops are dropped.
+        // verbs.h's verbs_get_ctx: abi_compat == UINTPTR_MAX and sz >= 648, else ops are dropped.
         with_context(|ctx| {
             // SAFETY: an open context.
             let block = unsafe { ContextBlock::from_ptr(ctx) }.unwrap();

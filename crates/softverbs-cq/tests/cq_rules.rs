@@ -342,7 +342,7 @@ fn solicited_only_fires_for_solicited_receives_and_for_errors_only() {
 
 #[test]
 fn arming_next_after_solicited_upgrades_the_arm() {
-    // rocev2.md 3.6: arming "next completion" after "solicited" upgrades the arm.
+    // ibv_req_notify_cq(3): arming "next completion" after "solicited" upgrades the arm.
     let ch = CompletionChannel::new().unwrap();
     let cq = CqBuilder::new(16).channel(&ch).build().unwrap();
     cq.req_notify(true);

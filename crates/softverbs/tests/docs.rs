@@ -86,3 +86,39 @@ fn the_readme_points_at_no_design_document_outside_the_repository() {
         );
     }
 }
+
+#[test]
+fn no_file_of_the_repository_points_at_the_teams_reference_documents() {
+    // The documents the code was first written from are not part of the repository: a
+    // comment or doc that cites them sends a reader nowhere. Cite the primary source (the
+    // man page, IBTA, the header) instead.
+    const OUTSIDE: [&str; 6] = [
+        "rocev2.md",
+        "verbs-abi.md",
+        "baselines.md",
+        "DESIGN.md",
+        "STYLE.md",
+        "../shared",
+    ];
+    let root = root();
+    let this = "crates/softverbs/tests/docs.rs";
+    let mut found = Vec::new();
+    for file in files(&root) {
+        if file == this || file.starts_with("target/") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(&file)) else {
+            continue; // not text
+        };
+        for (n, line) in text.lines().enumerate() {
+            if let Some(name) = OUTSIDE.iter().find(|name| line.contains(*name)) {
+                found.push(format!("{file}:{}: {name}", n + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files citing documents outside the repository:\n{}",
+        found.join("\n")
+    );
+}
