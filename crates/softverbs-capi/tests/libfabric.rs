@@ -9,8 +9,8 @@
 //! A missing program is a failure naming the Debian package, never a skip.
 
 mod common;
-#[path = "common/dev_node.rs"]
-mod dev_node;
+#[path = "common/stats.rs"]
+mod stats;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -98,6 +98,6 @@ fn fi_pingpong_runs_over_verbs_ofi_rxd_with_data_checks() {
         );
     }
     // Every transfer is a UD datagram at least, each way.
-    dev_node::assert_carried(&server_err, server, 2000);
-    dev_node::assert_carried(&client_err, client, 2000);
+    stats::assert_carried(&server_err, server, 2000);
+    stats::assert_carried(&client_err, client, 2000);
 }

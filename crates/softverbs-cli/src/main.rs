@@ -13,6 +13,7 @@
 mod capture;
 mod conn;
 mod devinfo;
+mod devnode;
 mod install;
 mod logging;
 mod output;
@@ -87,7 +88,9 @@ enum Command {
     /// executable (building softverbs-cli builds it); -v says which. Its directory (or a
     /// private one holding the symlink libibverbs.so.1) goes first on LD_LIBRARY_PATH, then
     /// the program replaces this process: its exit status is the program's own (127 if it
-    /// is not found). SOFTVERBS_* variables reach it unchanged.
+    /// is not found). SOFTVERBS_* variables reach it unchanged. --dev-node (for UCX and
+    /// Open MPI over UCX) gives the program /dev/infiniband/softverbs0 in a namespace of its
+    /// own.
     #[command(override_usage = "softverbs run [OPTIONS] -- CMD [ARGS]...")]
     Run(run::RunArgs),
 

@@ -21,6 +21,13 @@
 //! signals and exit status are its own. `SOFTVERBS_*` variables reach the program as they
 //! are; `--addr` and `--pcap` set `SOFTVERBS_ADDR` and `SOFTVERBS_PCAP`; `-v` says on
 //! stderr which library the program gets and why.
+//!
+//! `--dev-node` (or `SOFTVERBS_DEV_NODE=1`) runs the program in its own user and mount
+//! namespaces where `/dev/infiniband/softverbs0` is a character device it can open for
+//! reading and writing (the real `/dev/null` bound there), which UCX requires before it
+//! lists a verbs device (`devnode.rs`). The program keeps the caller's uid and gid; its
+//! `/dev` is otherwise the host's; nothing changes outside its namespaces. If the kernel
+//! refuses the namespaces the program is not started, and the error names the cause.
 
 use crate::Error;
 use softverbs_device::device::PCAP_ENV;
@@ -83,6 +90,15 @@ pub struct RunArgs {
     #[arg(long = "pcap", value_name = "FILE")]
     pub pcap: Option<PathBuf>,
 
+    /// Run the program where /dev/infiniband/softverbs0 is a character device it can read
+    /// and write, as UCX requires before it uses a verbs device: a user and mount namespace
+    /// of its own (the program keeps your uid and gid) with the real /dev/null bound there
+    /// and the rest of /dev as it is. Nothing changes outside the program's namespace. Also
+    /// SOFTVERBS_DEV_NODE=1. Fails, without starting the program, where the kernel forbids
+    /// unprivileged user namespaces.
+    #[arg(long = "dev-node")]
+    pub dev_node: bool,
+
     /// The program and its arguments (after `--`, so that its options are its own).
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -107,6 +123,16 @@ pub fn run(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.dev_node || crate::devnode::requested_by_env() {
+        match crate::devnode::enter() {
+            Ok(done) if args.verbose => eprintln!("softverbs: {done}"),
+            Ok(_) => {}
+            Err(error) => {
+                eprintln!("softverbs: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let error = command.exec();
     let program = args.command[0].to_string_lossy();
     if error.kind() == io::ErrorKind::NotFound {

@@ -9,7 +9,7 @@
 #[path = "../../../softverbs-e2e/tests/common/first_line.rs"]
 mod first_line;
 
-use first_line::first_line;
+pub use first_line::first_line;
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufReader, Read};

@@ -3,8 +3,8 @@
 //! `ucp_get` between two processes (each its own device, 127.0.0.x) over each transport.
 //!
 //! UCX skips a verbs device unless `/dev/infiniband/<dev_name>` is a character device the
-//! process may read and write; `common/dev_node.rs` says why and how an unprivileged
-//! namespace gives it one. `UCX_TLS=rc_verbs` alone cannot connect UCP endpoints (RC
+//! process may read and write: every program here runs under `softverbs run --dev-node`,
+//! which gives it one in a namespace of its own (`src/devnode.rs`). `UCX_TLS=rc_verbs` alone cannot connect UCP endpoints (RC
 //! connects endpoint to endpoint, and UCP wires it up over an auxiliary transport); the RC
 //! runs name UD as that auxiliary transport, `rc_verbs,ud_verbs:aux` (what UCX's own alias
 //! `rc_v` means), and the counters show RC acknowledgements.
@@ -12,9 +12,10 @@
 //! A missing program is a failure naming the Debian package, never a skip.
 
 mod common;
-#[path = "common/dev_node.rs"]
-mod dev_node;
+#[path = "common/stacks.rs"]
+mod stacks;
 
+use stacks::{assert_carried, counter};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -23,30 +24,27 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(120);
 
 fn program(name: &str) -> PathBuf {
-    let path = Path::new("/usr/bin").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: install the Debian package ucx-utils",
-        path.display()
-    );
-    path
+    stacks::program(name, "ucx-utils")
 }
 
-/// `command` on the drop-in in `lib`, as the device at `address`, counters on stderr.
-fn on_drop_in<'a>(command: &'a mut Command, lib: &Path, address: &str) -> &'a mut Command {
+/// `softverbs run [--dev-node] -- UCX_PROGRAM ARGS` (the UCX program from /usr/bin).
+fn ucx(name: &str, dev_node: bool, ucx_program: &str, args: &[&str]) -> Command {
+    stacks::softverbs_run(name, dev_node, program(ucx_program), args)
+}
+
+/// `command` as the device at `address`, counters on stderr.
+fn on_drop_in<'a>(command: &'a mut Command, address: &str) -> &'a mut Command {
     command
-        .env("LD_LIBRARY_PATH", lib)
         .env("SOFTVERBS_ADDR", address)
         .env("SOFTVERBS_STATS", "stderr")
         .env("UCX_NET_DEVICES", "softverbs0:1")
 }
 
 #[test]
-fn ucx_info_lists_rc_verbs_and_ud_verbs_on_softverbs0_given_its_device_node() {
-    let lib = common::library_dir("ucx-info");
-    let mut command = dev_node::with_device_node(&program("ucx_info"), &["-d"]);
-    on_drop_in(&mut command, &lib, "127.0.0.151");
-    let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
+fn ucx_info_lists_rc_verbs_and_ud_verbs_on_softverbs0_under_dev_node() {
+    let mut command = ucx("ucx-info", true, "ucx_info", &["-d"]);
+    on_drop_in(&mut command, "127.0.0.151");
+    let (status, stdout, stderr) = stacks::run_within(&mut command, LIMIT);
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(0),
@@ -65,20 +63,15 @@ fn ucx_info_lists_rc_verbs_and_ud_verbs_on_softverbs0_given_its_device_node() {
 }
 
 #[test]
-fn ucx_info_skips_softverbs0_without_a_dev_infiniband_node() {
-    // What a user sees without the namespace: the device opens, but UCX's access check on
+fn ucx_info_skips_softverbs0_without_dev_node() {
+    // What a user sees without --dev-node: the device opens, but UCX's access check on
     // /dev/infiniband/softverbs0 fails and no memory domain is listed.
-    if Path::new("/dev/infiniband")
-        .join(dev_node::DEV_NAME)
-        .exists()
-    {
+    if Path::new("/dev/infiniband/softverbs0").exists() {
         panic!("/dev/infiniband/softverbs0 exists on this host: this test pins its absence");
     }
-    let lib = common::library_dir("ucx-info-skip");
-    let mut command = Command::new(program("ucx_info"));
-    command.arg("-d");
-    on_drop_in(&mut command, &lib, "127.0.0.152");
-    let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
+    let mut command = ucx("ucx-info-skip", false, "ucx_info", &["-d"]);
+    on_drop_in(&mut command, "127.0.0.152");
+    let (status, stdout, stderr) = stacks::run_within(&mut command, LIMIT);
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
     assert!(
         !stdout.contains("Memory domain: softverbs0"),
@@ -96,28 +89,33 @@ fn perftest(
     (server, client): (&str, &str),
     port: u16,
 ) -> (String, String, String) {
-    let lib = common::library_dir(&format!("ucx-perftest-{port}"));
-    let perftest = program("ucx_perftest");
     let port_arg = port.to_string();
-    let mut server_command = dev_node::with_device_node(&perftest, &["-p", &port_arg]);
-    on_drop_in(&mut server_command, &lib, server).env("UCX_TLS", tls);
+    let mut server_command = ucx(
+        &format!("ucx-perftest-server-{port}"),
+        true,
+        "ucx_perftest",
+        &["-p", &port_arg],
+    );
+    on_drop_in(&mut server_command, server).env("UCX_TLS", tls);
     let mut server_child = server_command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the ucx_perftest server");
-    if let Err(why) = common::wait_until_listening(&mut server_child, port, LIMIT) {
-        let (_, out, err) = common::wait_bounded(server_child, Duration::from_secs(1));
+    if let Err(why) = stacks::wait_until_listening(&mut server_child, port, LIMIT) {
+        let (_, out, err) = stacks::wait_within(server_child, Duration::from_secs(1));
         panic!("ucx_perftest server ({tls}): {why}\n{out}\n{err}");
     }
-    let mut client_command = dev_node::with_device_node(
-        &perftest,
+    let mut client_command = ucx(
+        &format!("ucx-perftest-client-{port}"),
+        true,
+        "ucx_perftest",
         &["-p", &port_arg, "127.0.0.1", "-t", test, "-n", iterations],
     );
-    on_drop_in(&mut client_command, &lib, client).env("UCX_TLS", tls);
-    let (client_status, client_out, client_err) = common::run_bounded(&mut client_command, LIMIT);
-    let (server_status, server_out, server_err) = common::wait_bounded(server_child, LIMIT);
+    on_drop_in(&mut client_command, client).env("UCX_TLS", tls);
+    let (client_status, client_out, client_err) = stacks::run_within(&mut client_command, LIMIT);
+    let (server_status, server_out, server_err) = stacks::wait_within(server_child, LIMIT);
     let all = format!(
         "client ({client_status:?}):\n{client_out}\n{client_err}\nserver ({server_status:?}):\n{server_out}\n{server_err}"
     );
@@ -160,20 +158,19 @@ fn four_ucp_tests(tls: &str, (server, client): (&str, &str), first_port: u16) {
         // The messages travelled through the devices: a packet at least per iteration
         // from the client to the server, and packets back.
         let min = iterations.parse::<u64>().expect("a number");
-        let server_line = dev_node::assert_carried(&server_err, server, 1);
-        let client_line = dev_node::assert_carried(&client_err, client, 1);
+        let server_line = assert_carried(&server_err, server, 1);
+        let client_line = assert_carried(&client_err, client, 1);
         assert!(
-            dev_node::counter(client_line, "packets_sent") >= min
-                && dev_node::counter(server_line, "packets_received") >= min,
+            counter(client_line, "packets_sent") >= min
+                && counter(server_line, "packets_received") >= min,
             "{tls} {test}: fewer than {min} packets from the client:\n{client_line}\n{server_line}"
         );
         for line in [server_line, client_line] {
-            assert_eq!(dev_node::counter(line, "dropped_bad_icrc"), 0, "{line}");
+            assert_eq!(counter(line, "dropped_bad_icrc"), 0, "{line}");
         }
         if tls.starts_with("rc_verbs") {
             // RC carried them: the responder acknowledged.
-            let acks = dev_node::counter(server_line, "acks_sent")
-                + dev_node::counter(client_line, "acks_sent");
+            let acks = counter(server_line, "acks_sent") + counter(client_line, "acks_sent");
             assert!(
                 acks > 0,
                 "{tls} {test}: no RC acknowledgement:\n{server_line}\n{client_line}"

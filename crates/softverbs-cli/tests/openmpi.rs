@@ -1,18 +1,22 @@
 //! Open MPI 4.1 (Debian's `openmpi-bin`, `libopenmpi-dev`) on the drop-in: an MPI
 //! ping-pong over 2 ranks and `MPI_Allreduce` over 4 ranks, with the verbs path forced —
-//! `--mca pml ucx` (UCX over rc_verbs, in the namespace of `common/dev_node.rs` where UCX
-//! sees softverbs0) and `--mca pml cm --mca mtl ofi` with libfabric's `verbs;ofi_rxd` —
-//! and every rank's device counters showing that softverbs carried the messages.
+//! `--mca pml ucx` (UCX over rc_verbs) and `--mca pml cm --mca mtl ofi` with libfabric's
+//! `verbs;ofi_rxd` — and every rank's device counters showing that softverbs carried the
+//! messages.
 //!
-//! Each rank is its own process with its own device: `mpirun` starts a small wrapper that
-//! sets `SOFTVERBS_ADDR` to 127.0.0.(base + `OMPI_COMM_WORLD_RANK`) and execs the program.
+//! `mpirun` itself runs under `softverbs run`, so every rank inherits the drop-in on
+//! `LD_LIBRARY_PATH` (exported with `-x`) and, for `pml ucx`, the namespace of `--dev-node`
+//! where UCX sees softverbs0; the ranks keep the caller's identity, so `mpirun` needs
+//! `--allow-run-as-root` only when the caller is root. Each rank is its own process with
+//! its own device: `mpirun` starts a small wrapper that sets `SOFTVERBS_ADDR` to
+//! 127.0.0.(base + `OMPI_COMM_WORLD_RANK`) and execs the program.
 //! (The `btl openib` and `verbs;ofi_rxm` paths need the RDMA connection manager.)
 //!
 //! A missing program is a failure naming the Debian package, never a skip.
 
 mod common;
-#[path = "common/dev_node.rs"]
-mod dev_node;
+#[path = "common/stacks.rs"]
+mod stacks;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -104,18 +108,14 @@ export SOFTVERBS_ADDR=127.0.0.$((SOFTVERBS_RANK_BASE + OMPI_COMM_WORLD_RANK))\n\
 exec \"$@\"\n";
 
 fn build_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-capi-mpi");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("softverbs-mpi");
     std::fs::create_dir_all(&dir).expect("create the MPI build directory");
     dir
 }
 
 /// Compiles `source` with `mpicc` into `name`.
 fn mpicc(source: &str, name: &str) -> PathBuf {
-    let mpicc = Path::new("/usr/bin/mpicc");
-    assert!(
-        mpicc.exists(),
-        "/usr/bin/mpicc is missing: install the Debian package libopenmpi-dev"
-    );
+    let mpicc = stacks::program("mpicc", "libopenmpi-dev");
     let dir = build_dir();
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).expect("write the MPI program");
@@ -156,12 +156,7 @@ enum VerbsPath {
 /// ended well and every rank's device carried at least `min` packets each way; returns
 /// stdout.
 fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> String {
-    let mpirun = Path::new("/usr/bin/mpirun");
-    assert!(
-        mpirun.exists(),
-        "/usr/bin/mpirun is missing: install the Debian package openmpi-bin"
-    );
-    let lib = common::library_dir(&format!("mpi-{base}"));
+    let mpirun = stacks::program("mpirun", "openmpi-bin");
     let np = ranks.to_string();
     let wrapper = rank_wrapper();
     let mut args: Vec<String> = ["--oversubscribe", "-np", &np, "--mca", "btl", "self"]
@@ -200,30 +195,28 @@ fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> S
     args.push(wrapper.display().to_string());
     args.push(program.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut command = match path {
-        VerbsPath::PmlUcx => dev_node::with_device_node(mpirun, &args),
-        VerbsPath::MtlOfiRxd => {
-            let mut c = Command::new(mpirun);
-            c.args(&args);
-            c
-        }
-    };
+    // UCX needs the device node; libfabric's verbs provider does not.
+    let dev_node = matches!(path, VerbsPath::PmlUcx);
+    let mut command = stacks::softverbs_run(&format!("mpi-{base}"), dev_node, mpirun, &args);
     command
-        .env("LD_LIBRARY_PATH", &lib)
         .env("SOFTVERBS_STATS", "stderr")
-        .env("SOFTVERBS_RANK_BASE", base.to_string())
-        // mpirun refuses root (the namespace maps the user to root) unless told.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let (status, stdout, stderr) = common::run_bounded(&mut command, LIMIT);
+        .env("SOFTVERBS_RANK_BASE", base.to_string());
+    if rustix::process::geteuid().is_root() {
+        // mpirun refuses root unless told; --dev-node keeps the caller's uid, so a normal
+        // user needs nothing.
+        command
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    }
+    let (status, stdout, stderr) = stacks::run_within(&mut command, LIMIT);
     let all = format!("{path:?} ({status:?}):\n{stdout}\n{stderr}");
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{all}");
     for rank in 0..ranks {
         let address = format!("127.0.0.{}", base + rank);
-        let line = dev_node::assert_carried(&stderr, &address, min);
+        let line = stacks::assert_carried(&stderr, &address, min);
         if matches!(path, VerbsPath::PmlUcx) {
             assert!(
-                dev_node::counter(line, "acks_sent") > 0,
+                stacks::counter(line, "acks_sent") > 0,
                 "rank {rank} sent no RC acknowledgement: {line}"
             );
         }
