@@ -11,6 +11,9 @@
 #      and the best UDP stream two processes reach (udp-baseline)
 #   3. ib_send_lat -s 8 -e: the round trip when both sides sleep on completion events,
 #      against the same program busy polling (row 1)                 (no target)
+#   4. ib_send_lat -s 8 -R: the same program connected through the RDMA CM (the drop-in
+#      librdmacm.so.1), against row 1: connection set-up aside, the data path must be
+#      the same                                                     target <= 1.1x
 #
 # Usage: scripts/bench-dropin.sh [--json] [--reps N]
 #   --json    print the results as one JSON document on stdout (progress goes to stderr)
@@ -43,9 +46,12 @@ bench_parse_args "$@"
 bench_check_tools
 need_pkg ib_send_lat perftest
 need_pkg ib_write_bw perftest
-bench_build "softverbs, udp-baseline and the drop-in libibverbs.so.1" softverbs-capi softverbs-cli
+bench_build "softverbs, udp-baseline and the drop-ins libibverbs.so.1 and librdmacm.so.1" \
+    softverbs-capi softverbs-rdmacm softverbs-cli
 CDYLIB="$TARGET_DIR/release/libsoftverbs_capi.so"
+CMLIB="$TARGET_DIR/release/libsoftverbs_rdmacm.so"
 [ -f "$CDYLIB" ] || die "the drop-in $CDYLIB was not built"
+[ -f "$CMLIB" ] || die "the drop-in $CMLIB was not built"
 
 # ---------------------------------------------------------------------------- plumbing
 bench_setup
@@ -56,6 +62,7 @@ unset SOFTVERBS_ADDR SOFTVERBS_PCAP SOFTVERBS_FAULTS SOFTVERBS_STATS
 DROPIN_LIB="$WORK/lib"
 mkdir "$DROPIN_LIB"
 ln -s "$CDYLIB" "$DROPIN_LIB/libibverbs.so.1"
+ln -s "$CMLIB" "$DROPIN_LIB/librdmacm.so.1"
 
 # pick_addrs: two device addresses 127.0.0.N whose RoCEv2 port (UDP 4791) nothing holds
 # now, from 127.0.0.241-253 (the test suites bind fixed addresses up to .240 and .254),
@@ -78,6 +85,7 @@ pick_addrs() {
         log "    no two free 127.0.0.N:4791 left in 127.0.0.241-253"
         return 1
     fi
+    SERVER_IP=${found[0]}
     DEV_ENV_S=(env "SOFTVERBS_ADDR=${found[0]}")
     DEV_ENV_C=(env "SOFTVERBS_ADDR=${found[1]}")
 }
@@ -97,7 +105,7 @@ dropin_pair() {
     pick_addrs || return 1
     local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     pair "$name" "$PORT" -- "${DEV_ENV_S[@]}" "$lib" "$prog" "$@" -p "$PORT" \
-        -- "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" 127.0.0.1 || return 1
+        -- "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" "$SERVER_IP" || return 1
     if ! grep -Eq 'Device +: softverbs0' "$WORK/$name.out"; then
         log "    $name did not run on the drop-in's device softverbs0:"
         sed 's/^/      client: /' "$WORK/$name.out" "$WORK/$name.err" >&2
@@ -139,6 +147,12 @@ dropin_lat() {
     record dropin_lat_rtt_med "$(perftest_col "$WORK/dropin_lat.out" 't_typical[usec]' 2)" || return 1
     record dropin_lat_rtt_p99 "$(perftest_col "$WORK/dropin_lat.out" '99% percentile[usec]' 2)" || return 1
 }
+# The same connected through the RDMA CM (-R): the client resolves the server device's
+# address and connects with the CM's MADs on QP1 instead of perftest's TCP exchange.
+dropin_lat_cm() {
+    dropin_pair dropin_lat_cm ib_send_lat -s 8 -n "$LAT_ITERS" -F -R || return 1
+    record dropin_lat_cm_rtt_med "$(perftest_col "$WORK/dropin_lat_cm.out" 't_typical[usec]' 2)" || return 1
+}
 # The same with -e: each side sleeps in ibv_get_cq_event (completion channel) for every
 # completion instead of busy polling.
 dropin_lat_ev() {
@@ -174,6 +188,8 @@ for rep in $(seq "$REPS"); do
     try "UDP stream" udp_stream_best
     log "  3. 8-byte send latency sleeping on completion events (-e)"
     try "drop-in ib_send_lat -e" dropin_lat_ev
+    log "  4. 8-byte send latency connected through the RDMA CM (-R)"
+    try "drop-in ib_send_lat -R" dropin_lat_cm
 done
 bench_done
 
@@ -193,6 +209,7 @@ for s in SIZES:
     row(f"2. write bw {size_name(s)} vs safe API", f"dropin_bw_{s}", f"sv_xp_bw_{s}", "Gbit/s", False, ("ratio>=", 1 / 1.1), SAFE_BW)
     row(f"2. write bw {size_name(s)} vs UDP stream", f"dropin_bw_{s}", "udp_stream_best", "Gbit/s", False, None, UDP_STREAM)
 row("3. send 8 B RTT median, -e vs polling", "dropin_lat_ev_rtt_med", "dropin_lat_rtt_med", "us", True, None, "ib_send_lat busy-polling (drop-in, row 1)")
+row("4. send 8 B RTT median, -R vs TCP set-up", "dropin_lat_cm_rtt_med", "dropin_lat_rtt_med", "us", True, ("ratio<=", 1.1), "ib_send_lat set up over TCP (drop-in, row 1)")
 
 def ratio(a, b):
     return med[a] / med[b] if a in med and med.get(b) else None

@@ -27,51 +27,7 @@ const LIMIT: Duration = Duration::from_secs(180);
 
 /// Two ranks bounce an 8-byte message 1000 times (the reply carries the count plus one,
 /// checked), twice, and rank 0 prints the half round trip of the second pass.
-const PINGPONG: &str = r#"#include <mpi.h>
-#include <stdio.h>
-#include <string.h>
-
-int main(int argc, char **argv) {
-    int rank, size, iters = 1000;
-    char buf[8] = {0};
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != 2) {
-        fprintf(stderr, "needs 2 ranks\n");
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-    for (int pass = 0; pass < 2; pass++) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
-        for (int i = 0; i < iters; i++) {
-            int v;
-            if (rank == 0) {
-                memcpy(buf, &i, sizeof i);
-                MPI_Send(buf, 8, MPI_CHAR, 1, 7, MPI_COMM_WORLD);
-                MPI_Recv(buf, 8, MPI_CHAR, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                memcpy(&v, buf, sizeof v);
-                if (v != i + 1) {
-                    fprintf(stderr, "reply %d to %d\n", v, i);
-                    MPI_Abort(MPI_COMM_WORLD, 3);
-                }
-            } else {
-                MPI_Recv(buf, 8, MPI_CHAR, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                memcpy(&v, buf, sizeof v);
-                v++;
-                memcpy(buf, &v, sizeof v);
-                MPI_Send(buf, 8, MPI_CHAR, 0, 7, MPI_COMM_WORLD);
-            }
-        }
-        double t1 = MPI_Wtime();
-        if (rank == 0 && pass == 1)
-            printf("pingpong ok: %d round trips, half round trip %.2f us\n", iters,
-                   (t1 - t0) * 1e6 / iters / 2);
-    }
-    MPI_Finalize();
-    return 0;
-}
-"#;
+const PINGPONG: &str = include_str!("c/mpi_pingpong.c");
 
 /// Every rank contributes (rank + 1) * (i + round) to element i; 50 rounds of 1024 longs
 /// (8 KiB), each sum checked on every rank.
