@@ -69,7 +69,9 @@ fn device_attr(entry: &DeviceEntry) -> ibv_device_attr {
         max_qp_wr: clamp(d.max_qp_wr),
         device_cap_flags: IBV_DEVICE_PORT_ACTIVE_EVENT
             | IBV_DEVICE_SYS_IMAGE_GUID
-            | IBV_DEVICE_RC_RNR_NAK_GEN,
+            | IBV_DEVICE_RC_RNR_NAK_GEN
+            | IBV_DEVICE_MEM_WINDOW
+            | IBV_DEVICE_MEM_WINDOW_TYPE_2B,
         max_sge: clamp(d.max_sge),
         max_sge_rd: clamp(d.max_sge),
         max_cq: clamp(d.max_cq),
@@ -88,7 +90,7 @@ fn device_attr(entry: &DeviceEntry) -> ibv_device_attr {
         },
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: clamp(d.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,
@@ -286,7 +288,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         let ops = ibv_context_ops {
             _compat_query_device: Some(ibv_query_device),
             _compat_query_port: Some(ibv_query_port),
-            alloc_mw: None,
+            alloc_mw: Some(crate::mr::alloc_mw),
             bind_mw: Some(crate::mr::bind_mw),
             dealloc_mw: Some(crate::mr::dealloc_mw),
             poll_cq: Some(crate::cq::poll_cq),

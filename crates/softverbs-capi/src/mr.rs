@@ -8,12 +8,20 @@
 //! | `ibv_rereg_mr` | 1.1 | documented failure (`IBV_REREG_MR_ERR_INPUT`, errno `EOPNOTSUPP`): deregister and register again |
 //! | `ibv_reg_dmabuf_mr` | 1.12 | documented failure (no dma-buf) |
 //! | `ibv_import_mr`, `ibv_unimport_mr` | 1.10 | documented failure (no shared command fd) |
-//! | `ops.alloc_mw` | (ops) | NULL: the inline gives `EOPNOTSUPP` |
-//! | `ops.bind_mw`, `ops.dealloc_mw` | (ops) | `EOPNOTSUPP` (no memory windows); always non-NULL |
+//! | `ops.alloc_mw`, `ops.dealloc_mw` | (ops) | real: type 1 and type 2 windows (`ibv_alloc_mw(3)`) |
+//! | `ops.bind_mw` | (ops) | real: `ibv_bind_mw(3)` posts the bind of a type 1 window on the QP's send queue |
 //!
-//! Access flags: `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC` are
-//! enforced; `MW_BIND` and `HUGETLB` are accepted (no windows to bind; huge pages are only a
-//! hint); the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, e.g. `RELAXED_ORDERING`) is
+//! Memory windows: a window is allocated unbound; `ibv_bind_mw` (type 1) or
+//! `IBV_WR_BIND_MW` / `ibv_wr_bind_mw` (type 2) binds it to a range of a region registered
+//! with `IBV_ACCESS_MW_BIND`, and its R_Key then reaches that range with the window's own
+//! remote rights; `IBV_WR_LOCAL_INV` or a peer's SEND WITH INVALIDATE invalidates a type 2
+//! window. The rules (and their completion statuses, `IBV_WC_MW_BIND_ERR` for a refused
+//! bind) are the core's (`softverbs::core::engine::check_bind`); here `mw->rkey` takes the
+//! window's new R_Key when a bind is posted, as rxe's provider sets it. A zero-based window
+//! (`IBV_ACCESS_ZERO_BASED`) is refused with `EINVAL`, as rxe's provider refuses it.
+//!
+//! Access flags: `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`, `MW_BIND` are
+//! enforced; `HUGETLB` is accepted (huge pages are only a hint); the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, e.g. `RELAXED_ORDERING`) is
 //! ignored, as libibverbs drops optional flags a device does not support; `ON_DEMAND` and
 //! `ZERO_BASED` fail with `EOPNOTSUPP` (the device reports no ODP).
 //!
@@ -36,10 +44,13 @@ use crate::abi::*;
 use crate::boundary::{errno_code, errno_of, pointer, Errno};
 use crate::handles::{Block, ContextBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
+use crate::qp::{QpBlock, SEND_FLAGS_KNOWN};
 use crate::verbs_h::{
     IBV_ACCESS_HUGETLB, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_ZERO_BASED,
 };
-use softverbs::core::engine::AccessFlags;
+use softverbs::core::engine::{
+    AccessFlags, Gather, SendFlags, SendOp, SendWr, WindowBind, WindowType,
+};
 use std::ffi::{c_int, c_void};
 
 /// The library's part of a memory region.
@@ -217,12 +228,182 @@ unsupported! {
     void "IBVERBS_1.10" fn ibv_unimport_mr(*mut ibv_mr)
 }
 
-/// `ops.bind_mw` (`ibv_bind_mw(3)`): no memory windows, returns `EOPNOTSUPP`.
-pub extern "C" fn bind_mw(_: *mut ibv_qp, _: *mut ibv_mw, _: *mut ibv_mw_bind) -> c_int {
-    libc::EOPNOTSUPP
+/// The library's part of a memory window.
+pub struct MwState {
+    /// The device's handle of the window (`mw->handle`).
+    handle: u32,
+    /// Its type.
+    kind: WindowType,
+    /// The context (for its device).
+    context: *mut ibv_context,
+    _pd: PdUse,
 }
 
-/// `ops.dealloc_mw` (`ibv_dealloc_mw(3)`): no memory windows, returns `EOPNOTSUPP`.
-pub extern "C" fn dealloc_mw(_: *mut ibv_mw) -> c_int {
-    libc::EOPNOTSUPP
+impl Tagged for MwState {
+    const MAGIC: u64 = u64::from_be_bytes(*b"svmw\0\0\0\x01");
+}
+
+/// A memory window as C sees it, followed by its state.
+pub type MwBlock = Block<ibv_mw, MwState>;
+
+/// `ops.alloc_mw` (`ibv_alloc_mw(3)`): a window of `type_` (`IBV_MW_TYPE_1` or
+/// `IBV_MW_TYPE_2`) in `pd`, unbound; `NULL` with errno `EINVAL` for a bad PD or type,
+/// `ENOMEM` past `max_mw`.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD.
+pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, type_: u32) -> *mut ibv_mw {
+    pointer(|| {
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
+        let PdParent {
+            hold,
+            context,
+            ctx,
+            handle,
+        } = unsafe { PdUse::acquire(pd) }?;
+        let kind = WindowType::from_raw(type_).ok_or(libc::EINVAL)?;
+        let (mw_handle, rkey) = ctx.entry.device.alloc_mw(handle, kind).map_err(errno_of)?;
+        let mw = ibv_mw {
+            context,
+            pd,
+            rkey,
+            handle: mw_handle,
+            type_,
+        };
+        Ok(MwBlock::allocate(
+            mw,
+            MwState {
+                handle: mw_handle,
+                kind,
+                context,
+                _pd: hold,
+            },
+        ))
+    })
+}
+
+/// `ops.dealloc_mw` (`ibv_dealloc_mw(3)`): 0, or `EINVAL` for a pointer that is not a live
+/// window. A bound window is unbound: its R_Key is invalid from now on.
+///
+/// # Safety
+///
+/// `mw` is NULL or a live window, not used again after a successful call.
+pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    errno_code(|| {
+        // SAFETY: `mw` is NULL or a live window (this function's `# Safety`).
+        let state = unsafe { MwBlock::state(mw) }?;
+        // SAFETY: the context of a live window is open (libibverbs requires a context's
+        // objects to be destroyed before `ibv_close_device`).
+        let ctx = unsafe { ContextBlock::from_ptr(state.context) }?;
+        ctx.entry
+            .device
+            .dealloc_mw(state.handle)
+            .map_err(errno_of)?;
+        // SAFETY: `mw` passed `state` above, `state` is not used again, and the caller
+        // gives the window up with this call.
+        unsafe { MwBlock::free(mw) };
+        Ok(())
+    })
+}
+
+/// The engine's bind of `mw` for `info`, asking for R_Key `new_rkey`, by the verb that
+/// binds windows of type `kind`: `EINVAL` for a window or region pointer that is not live,
+/// a window of another type (`ibv_bind_mw` takes type 1 only, `IBV_WR_BIND_MW` type 2
+/// only), a NULL region with an address or length, or `IBV_ACCESS_ZERO_BASED`.
+///
+/// # Safety
+///
+/// `mw` and `info.mr` are NULL or live (the handle contract of [`crate::handles`]).
+pub(crate) unsafe fn window_bind(
+    mw: *mut ibv_mw,
+    new_rkey: u32,
+    info: &ibv_mw_bind_info,
+    kind: WindowType,
+) -> Result<WindowBind, Errno> {
+    // SAFETY: `mw` is NULL or live (this function's `# Safety`).
+    let state = unsafe { MwBlock::state(mw) }?;
+    if state.kind != kind || info.mw_access_flags & IBV_ACCESS_ZERO_BASED != 0 {
+        return Err(libc::EINVAL);
+    }
+    let mr_lkey = if info.mr.is_null() {
+        if info.addr != 0 || info.length != 0 {
+            return Err(libc::EINVAL);
+        }
+        0
+    } else {
+        // SAFETY: `info.mr` is live (this function's `# Safety`).
+        unsafe { MrBlock::state(info.mr) }?.lkey
+    };
+    // SAFETY: `mw` passed `state`: a live window whose `rkey` the library keeps.
+    let window_rkey = unsafe { (*mw).rkey };
+    Ok(WindowBind {
+        window_rkey,
+        new_rkey,
+        kind,
+        mr_lkey,
+        addr: info.addr,
+        length: info.length,
+        access: AccessFlags::from_bits_truncate(info.mw_access_flags),
+    })
+}
+
+/// Gives `mw` the R_Key its posted bind asked for (`mw->rkey`, which names the window in
+/// the next bind or invalidation the application posts).
+///
+/// # Safety
+///
+/// `mw` passed [`window_bind`] and is still live.
+pub(crate) unsafe fn set_window_rkey(mw: *mut ibv_mw, bind: &WindowBind) {
+    // SAFETY: a live window (this function's `# Safety`); C reads `rkey` only between
+    // verbs on the same thread (libibverbs' rules for a window being bound).
+    unsafe { (&raw mut (*mw).rkey).write(bind.bound_rkey()) };
+}
+
+/// `ops.bind_mw` (`ibv_bind_mw(3)`): posts the bind of a type 1 window on `qp`'s send
+/// queue and sets `mw->rkey` to the window's next R_Key (`ibv_inc_rkey`); 0, or an errno
+/// (`EINVAL` for a bad pointer, a type 2 window, flags or a bind `window_bind` refuses,
+/// `ENOMEM` for a full send queue). The bind completes with `IBV_WC_BIND_MW`, or
+/// `IBV_WC_MW_BIND_ERR` when a rule of the core refuses it.
+///
+/// # Safety
+///
+/// `qp`, `mw` and `mw_bind->bind_info.mr` are NULL or live; `mw_bind` is NULL or readable.
+pub unsafe extern "C" fn bind_mw(
+    qp: *mut ibv_qp,
+    mw: *mut ibv_mw,
+    mw_bind: *mut ibv_mw_bind,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: `qp` is NULL or live (this function's `# Safety`).
+        let state = unsafe { QpBlock::state(qp) }?;
+        if mw_bind.is_null() || mw.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: `mw_bind` is readable (this function's `# Safety`; NULL checked).
+        let request = unsafe { mw_bind.read() };
+        if request.send_flags & !SEND_FLAGS_KNOWN != 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: `mw` is live (checked non-NULL; this function's `# Safety`).
+        let rkey = unsafe { (&raw const (*mw).rkey).read() };
+        let next = (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff);
+        // SAFETY: `mw` and `bind_info.mr` are NULL or live (this function's `# Safety`).
+        let bind = unsafe { window_bind(mw, next, &request.bind_info, WindowType::One) }?;
+        let wr = SendWr {
+            wr_id: request.wr_id,
+            op: SendOp::BindMw(bind),
+            gather: Gather::Sges(Vec::new()),
+            flags: SendFlags::from_bits_truncate(request.send_flags),
+            ud: None,
+        };
+        state
+            .entry
+            .device
+            .post_send(state.qpn, wr)
+            .map_err(errno_of)?;
+        // SAFETY: `mw` passed `window_bind` and is live.
+        unsafe { set_window_rkey(mw, &bind) };
+        Ok(())
+    })
 }

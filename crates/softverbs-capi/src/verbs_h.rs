@@ -50,6 +50,14 @@ verbs_h! {
     IBV_DEVICE_SYS_IMAGE_GUID: u32 = 1 << 11;
     /// `IBV_DEVICE_RC_RNR_NAK_GEN` (`enum ibv_device_cap_flags`).
     IBV_DEVICE_RC_RNR_NAK_GEN: u32 = 1 << 12;
+    /// `IBV_DEVICE_MEM_WINDOW` (`enum ibv_device_cap_flags`).
+    IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B` (`enum ibv_device_cap_flags`).
+    IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    /// `IBV_MW_TYPE_1` (`enum ibv_mw_type`).
+    IBV_MW_TYPE_1: u32 = 1;
+    /// `IBV_MW_TYPE_2` (`enum ibv_mw_type`).
+    IBV_MW_TYPE_2: u32 = 2;
     /// `IBV_PORT_IP_BASED_GIDS` (`enum ibv_port_cap_flags`).
     IBV_PORT_IP_BASED_GIDS: u32 = 1 << 26;
 
@@ -153,6 +161,10 @@ verbs_h! {
     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
     /// `IBV_QP_EX_WITH_SEND_WITH_INV` (`enum ibv_qp_create_send_ops_flags`).
     IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+    /// `IBV_QP_EX_WITH_LOCAL_INV` (`enum ibv_qp_create_send_ops_flags`).
+    IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
+    /// `IBV_QP_EX_WITH_BIND_MW` (`enum ibv_qp_create_send_ops_flags`).
+    IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
 
     // ---------------------------------------------------------------- work requests
 
@@ -172,6 +184,10 @@ verbs_h! {
     IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
     /// `IBV_WR_SEND_WITH_INV` (`enum ibv_wr_opcode`).
     IBV_WR_SEND_WITH_INV: u32 = 9;
+    /// `IBV_WR_LOCAL_INV` (`enum ibv_wr_opcode`).
+    IBV_WR_LOCAL_INV: u32 = 7;
+    /// `IBV_WR_BIND_MW` (`enum ibv_wr_opcode`).
+    IBV_WR_BIND_MW: u32 = 8;
     /// `IBV_SEND_FENCE` (`enum ibv_send_flags`).
     IBV_SEND_FENCE: u32 = 1 << 0;
     /// `IBV_SEND_SIGNALED` (`enum ibv_send_flags`).

@@ -26,8 +26,8 @@ use crate::wr::{RecvWr, SendWr};
 /// - Feed every received RoCEv2 transport packet (BTH onward, ICRC included and already
 ///   verified by the caller) to [`handle_packet`](Self::handle_packet). For UD, pass the
 ///   40 bytes the receive buffer's GRH area must hold (reference §3.4).
-/// - After any input, drain the outputs: [`poll_transmit`](Self::poll_transmit) until
-///   `None` (each call writes one packet into the caller's buffer, which must hold
+/// - After any input, drain the outputs: [`execute_local_operations`](Self::execute_local_operations)
+///   and [`poll_transmit`](Self::poll_transmit) until neither does anything (each call of the latter writes one packet into the caller's buffer, which must hold
 ///   [`max_packet_len`](Self::max_packet_len) bytes), [`poll_completion`](Self::poll_completion),
 ///   [`poll_event`](Self::poll_event).
 /// - Call [`handle_timeout`](Self::handle_timeout) when the clock reaches
@@ -351,6 +351,18 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Executes the local operations (memory window binds, local invalidations) heading the
+    /// send queues, against `mem` (module `local.rs`); returns how many ran. The requester
+    /// sends nothing past a local operation, so after any input call this and
+    /// [`poll_transmit`](Self::poll_transmit) in turn until neither has anything to do.
+    pub fn execute_local_operations(&mut self, mem: &mut impl Memory) -> usize {
+        let mut ctx = ctx!(self);
+        self.qps
+            .values_mut()
+            .map(|qp| qp.execute_local_operations(mem, &mut ctx))
+            .sum()
     }
 
     /// Queues a management datagram (a MAD, 1..=[`MAD_LEN`](crate::MAD_LEN) bytes) to

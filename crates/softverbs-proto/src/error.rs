@@ -26,6 +26,8 @@ pub enum Object {
     Srq,
     /// An address handle.
     Ah,
+    /// A memory window.
+    Mw,
 }
 
 impl std::fmt::Display for Object {
@@ -39,6 +41,7 @@ impl std::fmt::Display for Object {
             Object::Qp => "QP",
             Object::Srq => "SRQ",
             Object::Ah => "address handle",
+            Object::Mw => "memory window",
         })
     }
 }
@@ -267,6 +270,15 @@ pub enum VerbsError {
         object: Object,
         /// Its number.
         id: u32,
+    },
+    /// A device holds `max` objects of this kind already (`ibv_alloc_mw(3)` past
+    /// `max_mw`).
+    #[error("the device holds {max} {object}s already")]
+    TooManyObjects {
+        /// The kind.
+        object: Object,
+        /// The device's limit.
+        max: u32,
     },
     /// The object is still used by others (`ibv_destroy_srq(3)` of an SRQ QPs use).
     #[error("the {object} is still used by {count} {by}(s)")]

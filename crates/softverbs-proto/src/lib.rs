@@ -67,6 +67,11 @@
 //!   and statuses). Receive WQEs from an SRQ are checked against the QP's PD, as rxe does.
 //!   A SEND WITH INVALIDATE naming a key of another PD is refused like an unknown key
 //!   (rdmavt checks the PD there; rxe does not).
+//! - Memory windows (`local.rs`, the rules in `memory.rs`): a bind or local invalidate
+//!   runs once every earlier work request of the send queue completed (rxe fences only
+//!   `LOCAL_INV` that way). A type 2 window answers only the QP that bound it, as rxe; a
+//!   SEND WITH INVALIDATE or `LOCAL_INV` naming a window of another PD is refused (rxe
+//!   does not check). Zero-based windows are not offered (rxe's provider refuses them).
 #![forbid(unsafe_code)]
 
 mod codec;
@@ -75,6 +80,7 @@ mod engine;
 mod error;
 mod gid;
 mod gsi;
+mod local;
 mod memory;
 mod output;
 mod psn;
@@ -90,7 +96,9 @@ pub use error::{Capacity, Object, PostVerb, Queue, VerbsError};
 pub use gid::{gid_address, link_local_gid};
 pub use gsi::{GsiMad, GSI_INBOX_LEN, GSI_OUTBOX_LEN, GSI_QKEY, GSI_QPN, MAD_LEN};
 pub use memory::{
-    access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
+    access_needed, atomic_result, check_access, check_bind, Accessor, AtomicOp, BindError,
+    MemError, MemKey, Memory, RegionInfo, WindowBind, WindowBinding, WindowInfo, WindowType,
+    WINDOW_ACCESS,
 };
 pub use output::{AsyncEvent, Completion, Counters, CqTarget, DropReason, Transmit};
 pub use srq::SrqInit;

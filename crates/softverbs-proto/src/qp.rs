@@ -64,6 +64,8 @@ pub(crate) fn send_wc_opcode(op: &SendOp) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::BindMw(_) => WcOpcode::BindMw,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
     }
 }
 
@@ -574,6 +576,8 @@ impl Qp {
             SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
                 qp_type == QpType::Rc
             }
+            // rxe takes binds and local invalidations on connected QPs.
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => qp_type != QpType::Ud,
         };
         if !allowed {
             return Err(VerbsError::OpcodeNotForQpType {
@@ -600,7 +604,8 @@ impl Qp {
             }
             _ => {}
         }
-        let len = wr.gather.len();
+        // A local operation has no payload: its scatter/gather list is ignored.
+        let len = if wr.op.is_local() { 0 } else { wr.gather.len() };
         if len > 1 << 31 {
             return Err(VerbsError::MessageTooLong { len });
         }

@@ -7,7 +7,7 @@
 use softverbs_cq::WcStatus;
 
 use crate::codec::{self, op, Aeth, AtomicEth, Bth, Deth, Headers, Reth, SYNDROME_ACK};
-use crate::memory::{traced, MemError, MemKey, Memory};
+use crate::memory::{traced, Accessor, MemError, MemKey, Memory};
 use crate::output::{AsyncEvent, Transmit};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, Qp, RespOut};
@@ -199,7 +199,7 @@ impl Qp {
                     let (start, len) = codec::emit_headers(&hdr, n as usize, buf)?;
                     if mem
                         .read(
-                            self.init.pd,
+                            Accessor::qp(self.init.pd, self.qpn),
                             MemKey::Remote(rkey),
                             va,
                             &mut buf[start..start + n as usize],
@@ -295,6 +295,11 @@ impl Qp {
             let k = self.req_pkt;
             let w = self.sq.get(index)?;
             if w.error.is_some() || (self.state == QpState::Sqd && !w.started) {
+                return None;
+            }
+            if w.wr.op.is_local() {
+                // Executed against memory by `Engine::execute_local_operations` once it
+                // heads the send queue; nothing after it is sent before.
                 return None;
             }
             let rd_atomic = w.wr.op.is_read_or_atomic();
@@ -477,6 +482,7 @@ impl Qp {
                     });
                     op::FETCH_ADD
                 }
+                SendOp::BindMw(_) | SendOp::LocalInv { .. } => return None,
             };
             match qp_type {
                 QpType::Rc => {}

@@ -19,7 +19,7 @@
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::codec::{self, Kind, Packet, SYNDROME_ACK, SYNDROME_RNR};
-use crate::memory::{traced, AtomicOp, MemKey, Memory};
+use crate::memory::{traced, Accessor, AtomicOp, MemKey, Memory};
 use crate::output::{AsyncEvent, Completion, CqTarget, DropReason};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, CurMsg, Qp, Resource, RespOut};
@@ -162,6 +162,7 @@ impl Qp {
     fn rc_request(&mut self, now: u64, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
         // Every key is checked against the QP's own PD (SRQ receives included).
         let pd = self.init.pd;
+        let by = Accessor::qp(pd, self.qpn);
         let psn = pkt.hdr.bth.psn;
         let d = psn::diff(psn, self.epsn);
         if d > 0 {
@@ -315,7 +316,7 @@ impl Qp {
                         && traced(
                             self.qpn,
                             "RDMA WRITE target",
-                            mem.check_remote(pd, reth.rkey, reth.va, total, need),
+                            mem.check_remote(by, reth.rkey, reth.va, total, need),
                         )
                         .is_err()
                     {
@@ -352,7 +353,7 @@ impl Qp {
                 }
                 if len > 0
                     && mem
-                        .write(pd, MemKey::Remote(*rkey), *va, pkt.payload)
+                        .write(by, MemKey::Remote(*rkey), *va, pkt.payload)
                         .is_err()
                 {
                     let fault = Fault {
@@ -397,7 +398,7 @@ impl Qp {
                     && traced(
                         self.qpn,
                         "RDMA READ source",
-                        mem.check_remote(pd, reth.rkey, reth.va, total, need),
+                        mem.check_remote(by, reth.rkey, reth.va, total, need),
                     )
                     .is_err()
                 {
@@ -439,7 +440,7 @@ impl Qp {
                 if traced(
                     self.qpn,
                     "atomic target",
-                    mem.check_remote(pd, a.rkey, a.va, 8, need),
+                    mem.check_remote(by, a.rkey, a.va, 8, need),
                 )
                 .is_err()
                 {
@@ -459,7 +460,7 @@ impl Qp {
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add }
                 };
-                let orig = match mem.atomic(pd, a.rkey, a.va, op) {
+                let orig = match mem.atomic(by, a.rkey, a.va, op) {
                     Ok(v) => v,
                     Err(_) => {
                         let fault = Fault {
@@ -630,6 +631,7 @@ impl Qp {
     fn uc_request(&mut self, pkt: &Packet<'_>, mem: &mut impl Memory, ctx: &mut Ctx<'_>) {
         // Every key is checked against the QP's own PD (SRQ receives included).
         let pd = self.init.pd;
+        let by = Accessor::qp(pd, self.qpn);
         let psn = pkt.hdr.bth.psn;
         let info = pkt.info;
         if psn != self.epsn {
@@ -762,7 +764,7 @@ impl Qp {
                         && (total == 0
                             || mem
                                 .check_remote(
-                                    pd,
+                                    by,
                                     reth.rkey,
                                     reth.va,
                                     total,
@@ -793,7 +795,7 @@ impl Qp {
                     || (info.last && len != *remaining)
                     || (len > 0
                         && mem
-                            .write(pd, MemKey::Remote(*rkey), *va, pkt.payload)
+                            .write(by, MemKey::Remote(*rkey), *va, pkt.payload)
                             .is_err())
                 {
                     drop_msg(self, ctx);

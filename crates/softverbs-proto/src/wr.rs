@@ -3,6 +3,7 @@
 
 use bitflags::bitflags;
 
+use crate::memory::WindowBind;
 use crate::types::AddressVector;
 
 /// One scatter/gather entry (`struct ibv_sge`).
@@ -93,6 +94,16 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// `IBV_WR_BIND_MW` (a type 2 window), or the work request `ibv_bind_mw(3)` posts (a
+    /// type 1 window; [`WindowBind::kind`] says which): a local operation, executed in
+    /// order once every earlier work request of the send queue completed.
+    BindMw(WindowBind),
+    /// `IBV_WR_LOCAL_INV`: invalidates a type 2 window's R_Key; a local operation, like
+    /// [`SendOp::BindMw`].
+    LocalInv {
+        /// The R_Key to invalidate.
+        invalidate_rkey: u32,
+    },
 }
 
 impl SendOp {
@@ -107,7 +118,15 @@ impl SendOp {
             SendOp::RdmaRead { .. } => "IBV_WR_RDMA_READ",
             SendOp::CompareSwap { .. } => "IBV_WR_ATOMIC_CMP_AND_SWP",
             SendOp::FetchAdd { .. } => "IBV_WR_ATOMIC_FETCH_AND_ADD",
+            SendOp::BindMw(_) => "IBV_WR_BIND_MW",
+            SendOp::LocalInv { .. } => "IBV_WR_LOCAL_INV",
         }
+    }
+
+    /// A local operation (bind, local invalidate): executed by the requester against
+    /// local memory, never sent.
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv { .. })
     }
 
     /// RDMA read or atomic: takes one unit of the `max_rd_atomic` budget.

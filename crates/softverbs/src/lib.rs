@@ -87,6 +87,7 @@ pub mod core;
 mod cq;
 pub mod error;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod srq;
@@ -99,6 +100,7 @@ pub use context::{devices, Context, DeviceInfo, NetworkKind, NETWORK_ENV};
 pub use cq::{AnyCq, CompChannel, Cq, CqBuilder, CqLinkHandle, LocalCq};
 pub use error::{Error, Object, RangeError, VerbsError};
 pub use mr::{Mr, MrSlice, ParseError, RemoteAddr, PAGE_SIZE};
+pub use mw::{inc_rkey, Mw};
 pub use pd::Pd;
 pub use qp::{InitAttr, Qp, QpBuilder, RemoteInfo, RtrAttr, RtsAttr};
 pub use srq::Srq;
@@ -114,5 +116,5 @@ pub use softverbs_device::{
     AsyncEvent, DeviceAttr, DeviceConfig, Gid, Network, PortAttr, UdpConfig,
 };
 pub use softverbs_proto::{
-    AccessFlags, AttrMask, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, SrqInit,
+    AccessFlags, AttrMask, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, SrqInit, WindowType,
 };

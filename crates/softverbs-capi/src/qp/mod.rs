@@ -38,6 +38,7 @@ mod state;
 
 pub use attr::{ibv_modify_qp, ibv_query_qp};
 pub use create::{create_qp_ex, ibv_create_qp, ibv_destroy_qp};
+pub(crate) use post::SEND_FLAGS_KNOWN;
 pub use post::{post_recv, post_send};
 pub use qp_ex::ibv_qp_to_qp_ex;
 pub use state::{QpBlock, QpState};

@@ -5,17 +5,19 @@ use super::state::{QpBlock, QpState};
 use crate::abi::*;
 use crate::ah::AhBlock;
 use crate::boundary::{errno_of, Errno};
+use crate::mr::{set_window_rkey, window_bind};
 use crate::verbs_h::{
     IBV_SEND_FENCE, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED,
-    IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE,
-    IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
+    IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD, IBV_WR_BIND_MW, IBV_WR_LOCAL_INV,
+    IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND,
+    IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, post_list, post_recv_list, sges};
-use softverbs::core::engine::{Gather, QpType, SendFlags, SendOp, SendWr, UdDest};
+use softverbs::core::engine::{Gather, QpType, SendFlags, SendOp, SendWr, UdDest, WindowType};
 use std::ffi::c_int;
 
 /// The `enum ibv_send_flags` the device honours (`0xf`).
-pub(super) const SEND_FLAGS_KNOWN: u32 =
+pub(crate) const SEND_FLAGS_KNOWN: u32 =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
 
 /// The engine's work request for a C one.
@@ -23,8 +25,9 @@ pub(super) const SEND_FLAGS_KNOWN: u32 =
 /// # Safety
 ///
 /// `wr`'s pointers are valid as `ibv_post_send(3)` requires: its scatter/gather list is
-/// readable (and, with `IBV_SEND_INLINE`, the buffers it names), and for a UD QP its AH is
-/// NULL or live (the handle contract of [`crate::handles`]).
+/// readable (and, with `IBV_SEND_INLINE`, the buffers it names), for a UD QP its AH is
+/// NULL or live, and for `IBV_WR_BIND_MW` its window and region are NULL or live (the
+/// handle contract of [`crate::handles`]).
 unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, Errno> {
     // SAFETY: `wr.sg_list` has `wr.num_sge` readable entries (this function's `# Safety`).
     let list = unsafe { sges(wr.sg_list, wr.num_sge, state.caps.max_send_sge) }?;
@@ -65,9 +68,23 @@ unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, Errno> {
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            invalidate_rkey: wr.imm_data,
+        },
+        IBV_WR_BIND_MW => {
+            // SAFETY: the member `IBV_WR_BIND_MW` selects (plain data).
+            let bind = unsafe { wr.ext.bind_mw };
+            // SAFETY: the window and region are NULL or live (this function's `# Safety`).
+            let bind =
+                unsafe { window_bind(bind.mw, bind.rkey, &bind.bind_info, WindowType::Two) }?;
+            SendOp::BindMw(bind)
+        }
         _ => return Err(libc::EINVAL),
     };
-    let gather = if flags.contains(SendFlags::INLINE) && op.is_read_or_atomic() {
+    let gather = if op.is_local() {
+        // A bind or local invalidate has no payload: its list is ignored, as rxe does.
+        Gather::Sges(Vec::new())
+    } else if flags.contains(SendFlags::INLINE) && op.is_read_or_atomic() {
         // `ibv_post_send(3)`: IBV_SEND_INLINE is "valid only for Send and RDMA Write"; the
         // engine refuses the flag on a READ or atomic (EINVAL), so it gets the flag, not
         // the buffers (which a READ writes, not reads).
@@ -121,11 +138,20 @@ pub unsafe extern "C" fn post_send(
         // SAFETY: every request of the list is valid as `ibv_post_send(3)` requires (this
         // function's `# Safety`), which is what `send_wr` asks.
         let request = unsafe { send_wr(w, state) }?;
+        let bind = match request.op {
+            SendOp::BindMw(bind) => Some(bind),
+            _ => None,
+        };
         state
             .entry
             .device
             .post_send(state.qpn, request)
-            .map_err(errno_of)
+            .map_err(errno_of)?;
+        if let Some(bind) = bind {
+            // SAFETY: the request's window passed `window_bind` in `send_wr` and is live.
+            unsafe { set_window_rkey(w.ext.bind_mw.mw, &bind) };
+        }
+        Ok(())
     };
     // SAFETY: the list and `bad_wr` are valid as `ibv_post_send(3)` requires (this
     // function's `# Safety`).

@@ -17,16 +17,18 @@ use super::state::{Batch, QpBlock, QpState};
 use crate::abi::*;
 use crate::ah::AhBlock;
 use crate::boundary::{errno_of, Errno};
+use crate::mr::{set_window_rkey, window_bind};
 use crate::verbs_h::{
-    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
-    IBV_QP_EX_WITH_RDMA_READ, IBV_QP_EX_WITH_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
-    IBV_QP_EX_WITH_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM, IBV_QP_EX_WITH_SEND_WITH_INV,
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, IBV_QP_EX_WITH_BIND_MW,
+    IBV_QP_EX_WITH_LOCAL_INV, IBV_QP_EX_WITH_RDMA_READ, IBV_QP_EX_WITH_RDMA_WRITE,
+    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, IBV_QP_EX_WITH_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM,
+    IBV_QP_EX_WITH_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, sges};
-use softverbs::core::engine::{Gather, SendFlags, SendOp, SendWr, Sge, UdDest};
+use softverbs::core::engine::{Gather, SendFlags, SendOp, SendWr, Sge, UdDest, WindowType};
 use std::ffi::{c_int, c_void};
 
-/// What the device offers (no local invalidate, memory windows, TSO, atomic write).
+/// What the device offers (no TSO, atomic write).
 pub(super) const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
     | IBV_QP_EX_WITH_SEND
@@ -34,7 +36,9 @@ pub(super) const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW;
 
 /// The `ibv_qp_ex` of a QP: the builders of the operations in `send_ops` (the others stay
 /// NULL: the application did not ask for them).
@@ -50,8 +54,8 @@ pub(super) fn builders(qp_base: ibv_qp, send_ops: u64) -> ibv_qp_ex {
             .then_some(wr_atomic_cmp_swp as _),
         wr_atomic_fetch_add: with(IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
             .then_some(wr_atomic_fetch_add as _),
-        wr_bind_mw: None,
-        wr_local_inv: None,
+        wr_bind_mw: with(IBV_QP_EX_WITH_BIND_MW).then_some(wr_bind_mw as _),
+        wr_local_inv: with(IBV_QP_EX_WITH_LOCAL_INV).then_some(wr_local_inv as _),
         wr_rdma_read: with(IBV_QP_EX_WITH_RDMA_READ).then_some(wr_rdma_read as _),
         wr_rdma_write: with(IBV_QP_EX_WITH_RDMA_WRITE).then_some(wr_rdma_write as _),
         wr_rdma_write_imm: with(IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM)
@@ -182,6 +186,41 @@ unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm_data: u32) {
             imm: u32::from_be(imm_data),
         },
     );
+}
+
+/// `ibv_wr_local_inv`.
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    begin(qpx, SendOp::LocalInv { invalidate_rkey });
+}
+
+/// `ibv_wr_bind_mw`: binds type 2 window `mw` with R_Key `rkey`; `mw->rkey` takes the new
+/// key when the request is built (the batch fails with `EINVAL` for a bad window, region
+/// or flags, as `ibv_post_send` refuses them).
+unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    let bind = if info.is_null() {
+        Err(libc::EINVAL)
+    } else {
+        // SAFETY: `info` is readable, `mw` and `info.mr` NULL or live (the builder
+        // contract).
+        unsafe { window_bind(mw, rkey, &info.read(), WindowType::Two) }
+    };
+    match bind {
+        Ok(bind) => {
+            begin(qpx, SendOp::BindMw(bind));
+            // SAFETY: `mw` passed `window_bind` and is live.
+            unsafe { set_window_rkey(mw, &bind) };
+        }
+        Err(e) => {
+            with_batch(qpx, |_, batch| {
+                batch.error.get_or_insert(e);
+            });
+        }
+    }
 }
 
 unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, invalidate_rkey: u32) {

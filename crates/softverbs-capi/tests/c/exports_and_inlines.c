@@ -159,8 +159,14 @@ int main(void)
 	errno = 0;
 	CHECK(ibv_reg_mr(pd2, region, sizeof(region), IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
 	CHECK(ibv_dereg_mr(mr) == 0);
+	/* ibv_alloc_mw(3): a window of either type; a type that is neither is EINVAL; the
+	 * PD is busy while the window is in it (ibv_alloc_pd(3)) */
+	struct ibv_mw *mw = ibv_alloc_mw(pd2, IBV_MW_TYPE_1);
+	CHECK(mw != NULL && mw->pd == pd2 && mw->type == IBV_MW_TYPE_1 && mw->rkey != 0);
 	errno = 0;
-	CHECK(ibv_alloc_mw(pd2, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP);
+	CHECK(ibv_alloc_mw(pd2, (enum ibv_mw_type)3) == NULL && errno == EINVAL);
+	CHECK(ibv_dealloc_pd(pd2) == EBUSY);
+	CHECK(ibv_dealloc_mw(mw) == 0);
 	errno = 0;
 	CHECK(ibv_reg_dmabuf_mr(pd2, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP);
 	CHECK(ibv_dealloc_pd(pd2) == 0);

@@ -54,6 +54,9 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Memory regions.
     pub max_mr: u32,
+    /// Memory windows (type 1 and type 2B, as rxe: `IBV_DEVICE_MEM_WINDOW`,
+    /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`).
+    pub max_mw: u32,
     /// Protection domains.
     pub max_pd: u32,
     /// Incoming reads/atomics per QP.

@@ -70,14 +70,14 @@ use runtime::progress_loop;
 
 use crate::events::{AsyncEvent, AsyncEventQueue};
 use crate::fault::FaultTransport;
-use crate::memory::{MemoryTable, Region};
+use crate::memory::{MemoryTable, Region, Window};
 use crate::pcap::{Capture, PcapTransport};
 use crate::transport::{Endpoint, Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
     AccessFlags, AddressVector, AttrMask, Completion, Engine, GsiMad, Mtu, Object, QpAttr, QpInit,
-    QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
+    QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError, WindowType,
 };
 use stats::CqSummary as RetiredCqs;
 use std::collections::{HashMap, VecDeque};
@@ -91,6 +91,9 @@ use std::time::Duration;
 
 /// Empty polls of a UDP device's application thread between two `sched_yield`s.
 const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
+
+/// Memory windows per device (`max_mw`): rxe's `RXE_MAX_MW`.
+const MAX_MW: u32 = 1 << 20;
 
 /// The engine and everything a run of it touches, behind the device's state lock.
 struct State {
@@ -383,6 +386,7 @@ impl Device {
             max_cq: 1 << 20,
             max_cqe: MAX_CQE,
             max_mr: 1 << 20,
+            max_mw: MAX_MW,
             max_pd: 1 << 20,
             max_qp_rd_atom: config.max_qp_rd_atom,
             max_qp_init_rd_atom: config.max_qp_init_rd_atom,
@@ -501,14 +505,71 @@ impl Device {
     }
 
     /// Deregisters the region with local key `lkey`; the device never touches it again.
+    /// Refused while a memory window is bound to it (`ibv_dereg_mr(3)`: "fails if any
+    /// memory window is still bound to this MR"; rxe's `rxe_dereg_mr`, IBA 10.6.7.2.6),
+    /// as [`VerbsError::InUse`].
     pub fn dereg_mr(&self, lkey: u32) -> Result<Region, DeviceError> {
         let mut st = lock(&self.inner.state);
+        let windows = st.memory.bound_windows(lkey);
+        if windows > 0 {
+            return Err(VerbsError::InUse {
+                object: Object::Mr,
+                by: Object::Mw,
+                count: windows,
+            }
+            .into());
+        }
         let region = st.memory.deregister(lkey).ok_or(VerbsError::NoSuchObject {
             object: Object::Mr,
             id: lkey,
         })?;
         st.objects.release(region.pd, Object::Mr);
         Ok(region)
+    }
+
+    /// Allocates a memory window of `kind` in `pd` (`ibv_alloc_mw(3)`); returns its handle
+    /// and R_Key. The window is unbound: its R_Key reaches nothing until a bind
+    /// (`ibv_bind_mw(3)` for type 1, `IBV_WR_BIND_MW` for type 2) executes. It holds the PD
+    /// until [`Device::dealloc_mw`]. Refused for a PD not allocated
+    /// ([`VerbsError::NoSuchObject`]) and past [`DeviceAttr::max_mw`]
+    /// ([`VerbsError::TooManyObjects`]).
+    pub fn alloc_mw(&self, pd: u32, kind: WindowType) -> Result<(u32, u32), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        st.objects.check_pd(pd)?;
+        if st.memory.window_count() >= MAX_MW as usize {
+            return Err(VerbsError::TooManyObjects {
+                object: Object::Mw,
+                max: MAX_MW,
+            }
+            .into());
+        }
+        let window = st.memory.alloc_window(pd, kind)?;
+        st.objects.hold(pd, Object::Mw);
+        Ok(window)
+    }
+
+    /// Frees the memory window `handle` (`ibv_dealloc_mw(3)`), bound or not (rxe's
+    /// `rxe_dealloc_mw`): its R_Key is invalid from now on, its region may be deregistered
+    /// again, its PD loses a user. [`VerbsError::NoSuchObject`] for an unknown handle.
+    pub fn dealloc_mw(&self, handle: u32) -> Result<(), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        let window = st
+            .memory
+            .dealloc_window(handle)
+            .ok_or(VerbsError::NoSuchObject {
+                object: Object::Mw,
+                id: handle,
+            })?;
+        st.objects.release(window.pd, Object::Mw);
+        Ok(())
+    }
+
+    /// The memory window `handle`: its PD, type, current R_Key and binding.
+    pub fn query_mw(&self, handle: u32) -> Option<Window> {
+        lock(&self.inner.state)
+            .memory
+            .window_by_handle(handle)
+            .copied()
     }
 
     /// How many accesses to registered memory faulted because the application unmapped

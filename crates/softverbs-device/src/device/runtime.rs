@@ -28,6 +28,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, Weak};
 use std::time::Duration;
 
+/// Rounds of local operations and transmission one drain runs at most.
+const MAX_DRAIN_ROUNDS: usize = 1 << 16;
+
 /// How long the progress thread sleeps at most before looking at its timers again.
 const PROGRESS_TICK: Duration = Duration::from_millis(5);
 
@@ -114,15 +117,27 @@ impl DeviceInner {
             scratch,
             ..
         } = st;
-        while let Some(tx) = engine.poll_transmit(now, scratch, memory) {
-            // The peer's address as the path check reads it (a link-local GID is the
-            // address it was made from).
-            let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
-            outgoing.push(Outgoing {
-                to,
-                src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
-                bytes: scratch[..tx.len].to_vec(),
-            });
+        // Local operations (binds, local invalidations) and packets in turn: a local
+        // operation runs once it heads its send queue, and what follows it is sent only
+        // after. Every round retires work requests or sends packets, so the send queues
+        // bound it; the cap is a guard.
+        for _ in 0..MAX_DRAIN_ROUNDS {
+            let ran = engine.execute_local_operations(memory);
+            let mut sent = 0usize;
+            while let Some(tx) = engine.poll_transmit(now, scratch, memory) {
+                // The peer's address as the path check reads it (a link-local GID is the
+                // address it was made from).
+                let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
+                outgoing.push(Outgoing {
+                    to,
+                    src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
+                    bytes: scratch[..tx.len].to_vec(),
+                });
+                sent += 1;
+            }
+            if ran == 0 && sent == 0 {
+                break;
+            }
         }
         // Completions: retry what a back-pressure CQ refused first, to keep order.
         let mut failed_cqs: Vec<u32> = Vec::new();

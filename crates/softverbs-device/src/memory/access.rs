@@ -9,12 +9,12 @@
 use super::shared::{copy_from_shared, copy_to_shared};
 use super::{MemoryTable, Slot};
 use crate::guarded::{self, Faulted};
-use softverbs_proto::{AtomicOp, MemError, MemKey, Memory, RegionInfo};
+use softverbs_proto::{AtomicOp, MemError, MemKey, Memory, RegionInfo, WindowBinding, WindowInfo};
 use std::sync::atomic::Ordering;
 
 impl MemoryTable {
-    /// The slot at `index` and the offset of `[offset, offset + len)` in its memory as an
-    /// address, if the range is inside the region. The range was checked already
+    /// The slot at `index` and the address of `[offset, offset + len)` of its memory, if
+    /// the range is inside the region (`offset` counts from the region's first byte). The range was checked already
     /// ([`softverbs_proto::check_access`]) when the index comes from [`Memory::lookup`]:
     /// checking it again (one comparison) keeps the raw accesses, safe methods, sound for
     /// any index and offset.
@@ -30,6 +30,26 @@ impl MemoryTable {
             return Err(MemError::OutOfBounds);
         }
         Ok((slot, slot.region.addr.wrapping_add(offset)))
+    }
+
+    /// The region a bound memory window's R_Key reaches, as the window narrows it: its
+    /// PD, range, rights and (type 2) QP, the faults of the region under it.
+    fn window_region(&self, rkey: u32) -> Option<((usize, usize), RegionInfo)> {
+        let window = self
+            .window_by_handle(rkey >> 8)
+            .filter(|w| w.rkey == rkey)?;
+        let (index, binding) = window.binding?;
+        let slot = self.regions.get(index)?.as_ref()?;
+        let base = usize::try_from(binding.addr.checked_sub(slot.region.iova)?).ok()?;
+        let info = RegionInfo {
+            pd: window.pd,
+            start: binding.addr,
+            len: binding.length,
+            access: binding.access,
+            faulted: slot.faulted.load(Ordering::Relaxed),
+            qp: binding.qp,
+        };
+        Some(((index, base), info))
     }
 
     /// Records that an access to `slot`'s memory faulted.
@@ -56,12 +76,21 @@ impl MemoryTable {
 /// asking, IBTA ch. 10 protection domains, which [`softverbs_proto::check_access`] applies)
 /// and moves the bytes.
 impl Memory for MemoryTable {
-    /// The index of the slot in `regions`.
-    type Handle = usize;
+    /// The index of the slot in `regions`, and where in the region offset 0 is: 0 for a
+    /// region's own key, the window's first byte for a memory window's R_Key.
+    type Handle = (usize, usize);
 
     #[inline]
-    fn lookup(&self, key: MemKey) -> Result<(usize, RegionInfo), MemError> {
-        let (index, slot) = self.slot(key)?;
+    fn lookup(&self, key: MemKey) -> Result<((usize, usize), RegionInfo), MemError> {
+        let (index, slot) = match self.slot(key) {
+            Ok(found) => found,
+            Err(e) => {
+                return match key {
+                    MemKey::Remote(rkey) => self.window_region(rkey).ok_or(e),
+                    MemKey::Local(_) => Err(e),
+                }
+            }
+        };
         let region = &slot.region;
         let info = RegionInfo {
             pd: region.pd,
@@ -69,12 +98,40 @@ impl Memory for MemoryTable {
             len: region.len,
             access: region.access,
             faulted: slot.faulted.load(Ordering::Relaxed),
+            qp: None,
         };
-        Ok((index, info))
+        Ok(((index, 0), info))
+    }
+
+    fn window(&self, rkey: u32) -> Option<WindowInfo> {
+        let window = self
+            .window_by_handle(rkey >> 8)
+            .filter(|w| w.rkey == rkey)?;
+        Some(WindowInfo {
+            pd: window.pd,
+            kind: window.kind,
+            rkey,
+            bound: window.binding().is_some(),
+        })
+    }
+
+    fn set_window(
+        &mut self,
+        rkey: u32,
+        new_rkey: u32,
+        binding: Option<WindowBinding>,
+    ) -> Result<(), MemError> {
+        self.rebind(rkey, new_rkey, binding)
     }
 
     #[inline]
-    fn read_region(&self, index: usize, offset: usize, buf: &mut [u8]) -> Result<(), MemError> {
+    fn read_region(
+        &self,
+        (index, base): (usize, usize),
+        offset: usize,
+        buf: &mut [u8],
+    ) -> Result<(), MemError> {
+        let offset = offset.checked_add(base).ok_or(MemError::OutOfBounds)?;
         let (slot, src) = self.target(index, offset, buf.len())?;
         // SAFETY: `target` proved `[offset, offset + buf.len())` lies inside the region,
         // whose memory the registration contract keeps readable and accessed only
@@ -86,7 +143,13 @@ impl Memory for MemoryTable {
     }
 
     #[inline]
-    fn write_region(&mut self, index: usize, offset: usize, data: &[u8]) -> Result<(), MemError> {
+    fn write_region(
+        &mut self,
+        (index, base): (usize, usize),
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), MemError> {
+        let offset = offset.checked_add(base).ok_or(MemError::OutOfBounds)?;
         let (slot, dst) = self.target(index, offset, data.len())?;
         // SAFETY: as in `read_region`: the range is inside a registered region whose memory
         // the registration keeps valid (a fault is reported, not fatal); `data` is engine
@@ -96,10 +159,11 @@ impl Memory for MemoryTable {
 
     fn atomic_region(
         &mut self,
-        index: usize,
+        (index, base): (usize, usize),
         offset: usize,
         op: AtomicOp,
     ) -> Result<u64, MemError> {
+        let offset = offset.checked_add(base).ok_or(MemError::OutOfBounds)?;
         let (slot, target) = self.target(index, offset, 8)?;
         if !target.is_multiple_of(8) {
             return Err(MemError::Misaligned);
@@ -120,7 +184,7 @@ impl Memory for MemoryTable {
         result.map_err(|f| self.faulted(slot, "atomic", f))
     }
 
-    fn invalidate_region(&mut self, _: usize) -> Result<(), MemError> {
+    fn invalidate_region(&mut self, _: (usize, usize)) -> Result<(), MemError> {
         // Every region of this table comes from `ibv_reg_mr`; only memory windows and
         // fast-registered regions can be invalidated (IBTA 10.6.6; rxe's
         // `rxe_invalidate_mr` refuses any other type), so the R_Key stays valid and the

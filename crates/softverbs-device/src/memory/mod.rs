@@ -46,7 +46,7 @@ pub use shared::{copy_from_shared, copy_to_shared};
 
 use crate::guarded;
 use crate::mappings::{self, Pinned};
-use softverbs_proto::{AccessFlags, MemError, MemKey};
+use softverbs_proto::{AccessFlags, MemError, MemKey, WindowBinding, WindowType};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -78,6 +78,30 @@ struct Slot {
     faulted: AtomicBool,
     /// Its pages in the process's pinned count.
     pinned: Pinned,
+    /// Memory windows bound to it: it cannot be deregistered while any is
+    /// (`ibv_dereg_mr(3)`).
+    windows: u32,
+}
+
+/// A memory window (`ibv_alloc_mw(3)`): its protection domain, type, current R_Key and
+/// binding. Its handle is the R_Key's upper 24 bits, which no bind changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The protection domain it was allocated in.
+    pub pd: u32,
+    /// Its type.
+    pub kind: WindowType,
+    /// Its R_Key now.
+    pub rkey: u32,
+    /// Its binding, and the index of the region it is bound to; `None` while unbound.
+    binding: Option<(usize, WindowBinding)>,
+}
+
+impl Window {
+    /// The binding (`None`: unbound, or invalidated).
+    pub fn binding(&self) -> Option<WindowBinding> {
+        self.binding.map(|(_, b)| b)
+    }
 }
 
 /// The table of registered regions of one device.
@@ -86,6 +110,9 @@ pub struct MemoryTable {
     regions: Vec<Option<Slot>>,
     by_lkey: HashMap<u32, usize>,
     by_rkey: HashMap<u32, usize>,
+    /// Memory windows by handle (the upper 24 bits of their R_Keys, which no region's
+    /// R_Key shares).
+    windows: HashMap<u32, Window>,
     /// Accesses that faulted (the application unmapped registered memory).
     faulted_accesses: AtomicU64,
 }
@@ -163,6 +190,7 @@ impl MemoryTable {
             region,
             faulted: AtomicBool::new(false),
             pinned,
+            windows: 0,
         };
         let index = match self.regions.iter().position(Option::is_none) {
             Some(free) => {
@@ -185,7 +213,7 @@ impl MemoryTable {
             let taken = if local {
                 self.by_lkey.contains_key(&key)
             } else {
-                self.by_rkey.contains_key(&key)
+                self.by_rkey.contains_key(&key) || self.windows.contains_key(&(key >> 8))
             };
             if key != 0 && !taken {
                 return Ok(key);
@@ -202,6 +230,101 @@ impl MemoryTable {
         self.by_rkey.remove(&slot.region.rkey);
         mappings::release_pages(slot.pinned);
         Some(slot.region)
+    }
+
+    /// How many memory windows are bound to the region with local key `lkey`.
+    pub fn bound_windows(&self, lkey: u32) -> u32 {
+        self.by_lkey
+            .get(&lkey)
+            .and_then(|&i| self.regions[i].as_ref())
+            .map_or(0, |slot| slot.windows)
+    }
+
+    /// Allocates an unbound memory window of `kind` in `pd` (`ibv_alloc_mw(3)`); returns
+    /// its handle and R_Key (random, as region keys, its upper 24 bits the handle and
+    /// shared with no region's R_Key).
+    pub fn alloc_window(&mut self, pd: u32, kind: WindowType) -> Result<(u32, u32), RegisterError> {
+        for _ in 0..64 {
+            let rkey = random_u32()?;
+            let handle = rkey >> 8;
+            let taken =
+                self.windows.contains_key(&handle) || self.by_rkey.keys().any(|k| k >> 8 == handle);
+            if handle != 0 && !taken {
+                self.windows.insert(
+                    handle,
+                    Window {
+                        pd,
+                        kind,
+                        rkey,
+                        binding: None,
+                    },
+                );
+                return Ok((handle, rkey));
+            }
+        }
+        Err(RegisterError::NoRandomness)
+    }
+
+    /// Frees the memory window `handle` (`ibv_dealloc_mw(3)`), bound or not: its R_Key is
+    /// invalid from now on and its region no longer counts it.
+    pub fn dealloc_window(&mut self, handle: u32) -> Option<Window> {
+        let window = self.windows.remove(&handle)?;
+        if let Some((index, _)) = window.binding {
+            self.unbind_from(index);
+        }
+        Some(window)
+    }
+
+    /// The memory window `handle`.
+    pub fn window_by_handle(&self, handle: u32) -> Option<&Window> {
+        self.windows.get(&handle)
+    }
+
+    /// The number of memory windows.
+    pub fn window_count(&self) -> usize {
+        self.windows.len()
+    }
+
+    fn unbind_from(&mut self, index: usize) {
+        if let Some(slot) = self.regions.get_mut(index).and_then(Option::as_mut) {
+            slot.windows = slot.windows.saturating_sub(1);
+        }
+    }
+
+    /// Records a window's new key and binding ([`softverbs_proto::Memory::set_window`]).
+    fn rebind(
+        &mut self,
+        rkey: u32,
+        new_rkey: u32,
+        binding: Option<WindowBinding>,
+    ) -> Result<(), MemError> {
+        let handle = rkey >> 8;
+        let current = self
+            .windows
+            .get(&handle)
+            .filter(|w| w.rkey == rkey)
+            .ok_or(MemError::InvalidKey)?
+            .binding;
+        let target = match binding {
+            Some(b) => Some((
+                *self.by_lkey.get(&b.mr_lkey).ok_or(MemError::InvalidKey)?,
+                b,
+            )),
+            None => None,
+        };
+        if let Some((index, _)) = current {
+            self.unbind_from(index);
+        }
+        if let Some((index, _)) = target {
+            if let Some(slot) = self.regions.get_mut(index).and_then(Option::as_mut) {
+                slot.windows += 1;
+            }
+        }
+        if let Some(window) = self.windows.get_mut(&handle) {
+            window.rkey = new_rkey;
+            window.binding = target;
+        }
+        Ok(())
     }
 
     /// The region with local key `lkey`.

@@ -86,7 +86,14 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Verbs(e) => match e {
-                VerbsError::QueueFull { .. } => libc::ENOMEM,
+                VerbsError::QueueFull { .. } | VerbsError::TooManyObjects { .. } => libc::ENOMEM,
+                // ibv_dereg_mr(3) of a region a memory window is bound to: rxe's
+                // rxe_dereg_mr answers EINVAL (IBA 10.6.7.2.6).
+                VerbsError::InUse {
+                    object: Object::Mr,
+                    by: Object::Mw,
+                    ..
+                } => libc::EINVAL,
                 VerbsError::InUse { .. } => libc::EBUSY,
                 // ibv_modify_qp(3), ibv_create_qp(3), ibv_post_send(3), ...: EINVAL for an
                 // attribute, a state, a capacity, a request or a handle the device does
