@@ -19,6 +19,7 @@
 //! | [`ah`] | address handles |
 //! | [`misc`] | string tables, fork support, sysfs, rate conversions, kernel-struct copies, async events, import/ECE |
 //! | [`private`] | `IBVERBS_PRIVATE_34` provider symbols: inert stubs so libmlx5/libefa/librdmacm load |
+//! | [`gsi`] | `SOFTVERBS_PRIVATE_1.0`: QP1 management datagrams (`softverbs_gsi_send` / `_recv` / `_fd`), a private ABI for softverbs' own librdmacm |
 //!
 //! # Symbol versions
 //!
@@ -154,6 +155,7 @@ macro_rules! unsupported {
 pub mod ah;
 pub mod cq;
 pub mod device;
+pub mod gsi;
 pub mod misc;
 pub mod mr;
 pub mod pd;

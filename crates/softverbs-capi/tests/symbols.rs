@@ -1,8 +1,10 @@
 //! The dynamic symbol table of the built library: every symbol a target program or one of
 //! its rdma libraries imports (reference `verbs-abi.md` §2; here: every default-version
 //! public symbol of Debian's rdma-core 44 libibverbs, plus the 62 `IBVERBS_PRIVATE_34`
-//! names libmlx5/libefa/ibv_devinfo import) at its version node, nothing else exported, the
-//! 13 version nodes defined, and the SONAME `libibverbs.so.1`.
+//! names libmlx5/libefa/ibv_devinfo import) at its version node, softverbs' three private
+//! `softverbs_gsi_*` functions at `SOFTVERBS_PRIVATE_1.0` (for its librdmacm, found by
+//! `dlvsym`), nothing else exported, the 14 version nodes defined, and the SONAME
+//! `libibverbs.so.1`.
 //!
 //! Reads the library with `objdump` (Debian package binutils); a missing tool is a
 //! failure, never a skip.
@@ -12,8 +14,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::process::Command;
 
-/// (symbol, version node): 75 public + 62 provider-private.
-const EXPECTED: [(&str, &str); 137] = [
+/// (symbol, version node): 75 public + 62 provider-private + 3 softverbs-private.
+const EXPECTED: [(&str, &str); 140] = [
     ("ibv_copy_path_rec_from_kern", "IBVERBS_1.0"),
     ("ibv_copy_path_rec_to_kern", "IBVERBS_1.0"),
     ("ibv_copy_qp_attr_from_kern", "IBVERBS_1.0"),
@@ -151,9 +153,12 @@ const EXPECTED: [(&str, &str); 137] = [
     ("verbs_register_driver_34", "IBVERBS_PRIVATE_34"),
     ("verbs_set_ops", "IBVERBS_PRIVATE_34"),
     ("verbs_uninit_context", "IBVERBS_PRIVATE_34"),
+    ("softverbs_gsi_send", "SOFTVERBS_PRIVATE_1.0"),
+    ("softverbs_gsi_recv", "SOFTVERBS_PRIVATE_1.0"),
+    ("softverbs_gsi_fd", "SOFTVERBS_PRIVATE_1.0"),
 ];
 
-const NODES: [&str; 13] = [
+const NODES: [&str; 14] = [
     "IBVERBS_1.0",
     "IBVERBS_1.1",
     "IBVERBS_1.5",
@@ -167,6 +172,7 @@ const NODES: [&str; 13] = [
     "IBVERBS_1.13",
     "IBVERBS_1.14",
     "IBVERBS_PRIVATE_34",
+    "SOFTVERBS_PRIVATE_1.0",
 ];
 
 fn objdump(flag: &str) -> String {

@@ -3,7 +3,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread; [`DeviceStats`], the `SOFTVERBS_STATS` line |
+//! | [`device`] | [`Device`]: the engine, registered memory, CQ routing, in-process delivery, the progress thread, QP1's management datagrams behind a pollable fd; [`DeviceStats`], the `SOFTVERBS_STATS` line |
 //! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd, of [`AsyncEvent`]s (the engine's type, re-exported) |
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |

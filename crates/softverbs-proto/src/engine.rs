@@ -2,11 +2,11 @@
 //! demultiplexer, and the `poll_*` outputs.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Bound;
 
 use crate::codec::{self, ParseError};
 use crate::error::{Capacity, Object, Queue, VerbsError};
+use crate::gsi::{Gsi, GsiMad, GSI_QPN};
 use crate::memory::Memory;
 use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
 use crate::qp::{Ctx, Qp};
@@ -46,6 +46,8 @@ pub struct Engine {
     counters: Counters,
     /// Round-robin position of `poll_transmit`.
     cursor: u32,
+    /// QP1: management datagrams in and out (`gsi.rs`).
+    gsi: Gsi,
 }
 
 macro_rules! ctx {
@@ -73,6 +75,7 @@ impl Engine {
             events: VecDeque::new(),
             counters: Counters::default(),
             cursor: 0,
+            gsi: Gsi::default(),
         }
     }
 
@@ -86,7 +89,8 @@ impl Engine {
         12 + 28 + 16 + self.config.port_mtu.bytes() as usize + 4
     }
 
-    /// `ibv_create_qp`: a new QP in RESET; returns its number.
+    /// `ibv_create_qp`: a new QP in RESET; returns its number, never 0 or 1 (QP0 and QP1
+    /// are the management QPs, IBTA 13.5; QP1 is the engine's own, [`Engine::poll_gsi`]).
     pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
         let c = &init.caps;
         let limits = [
@@ -286,6 +290,10 @@ impl Engine {
                 .drop_packet(DropReason::BadPkey, pkt.hdr.bth.dest_qp, pkt.hdr.bth.psn);
             return;
         }
+        if pkt.hdr.bth.dest_qp == GSI_QPN {
+            self.gsi.handle_packet(&pkt, grh, &mut self.counters);
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
             self.counters
                 .drop_packet(DropReason::UnknownQp, pkt.hdr.bth.dest_qp, pkt.hdr.bth.psn);
@@ -313,14 +321,18 @@ impl Engine {
         }
     }
 
-    /// Writes the next packet to send into `buf` (round robin over QPs; responses before
-    /// requests within a QP). `mem` is read for payloads (gather, read responses).
+    /// Writes the next packet to send into `buf`: queued management datagrams first
+    /// ([`Engine::gsi_send`]), then round robin over QPs (responses before requests within
+    /// a QP). `mem` is read for payloads (gather, read responses).
     pub fn poll_transmit(
         &mut self,
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
     ) -> Option<Transmit> {
+        if let Some(t) = self.gsi.poll_transmit(buf, &mut self.counters) {
+            return Some(t);
+        }
         let start = self.cursor;
         let mut ctx = ctx!(self);
         let after = self
@@ -339,6 +351,43 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Queues a management datagram (a MAD, 1..=[`MAD_LEN`](crate::MAD_LEN) bytes) to
+    /// send from QP1 to QP1 of the port whose GID is `dgid`, from the local GID at
+    /// `sgid_index`. [`poll_transmit`](Self::poll_transmit) writes it as a UD SEND ONLY
+    /// with BTH DestQP 1, P_Key 0xFFFF, DETH Q_Key 0x80010000 and SrcQP 1 (IBTA 13.5),
+    /// its [`Transmit`] saying `src_qpn` 1, `dest_qpn` 1 and an address vector towards
+    /// `dgid`. Refused with [`VerbsError::MadLength`], [`VerbsError::BadSgidIndex`], or
+    /// [`VerbsError::QueueFull`] when [`GSI_OUTBOX_LEN`](crate::GSI_OUTBOX_LEN) MADs
+    /// already wait.
+    pub fn gsi_send(
+        &mut self,
+        dgid: [u8; 16],
+        sgid_index: u8,
+        bytes: &[u8],
+    ) -> Result<(), VerbsError> {
+        if u32::from(sgid_index) >= self.config.gid_table_len {
+            return Err(VerbsError::BadSgidIndex {
+                index: sgid_index.into(),
+                table_len: self.config.gid_table_len,
+            });
+        }
+        self.gsi.send(dgid, sgid_index, bytes)
+    }
+
+    /// The next management datagram QP1 received, in arrival order. Packets to DestQP 1
+    /// are accepted only as UD SEND ONLY with the GSI Q_Key, a GRH and at most a MAD's
+    /// length of payload (dropped and counted otherwise: `WrongTransport`,
+    /// `QkeyMismatch`, `Malformed`), and at most
+    /// [`GSI_INBOX_LEN`](crate::GSI_INBOX_LEN) wait (then `GsiInboxFull`).
+    pub fn poll_gsi(&mut self) -> Option<GsiMad> {
+        self.gsi.poll()
+    }
+
+    /// How many received management datagrams wait for [`poll_gsi`](Self::poll_gsi).
+    pub fn gsi_pending(&self) -> usize {
+        self.gsi.pending()
     }
 
     /// The next completion, in the order the engine produced them.
@@ -378,31 +427,8 @@ impl Engine {
 /// the device the packet was sent to ([`gid_address`](crate::gid_address): a port's
 /// link-local GID names the address it was made from).
 fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
-    let (source, local) = if grh[0] >> 4 == 6 {
-        let mut source = [0u8; 16];
-        let mut local = [0u8; 16];
-        source.copy_from_slice(&grh[8..24]);
-        local.copy_from_slice(&grh[24..40]);
-        (
-            IpAddr::V6(Ipv6Addr::from(source)),
-            IpAddr::V6(Ipv6Addr::from(local)),
-        )
-    } else {
-        let ipv4 = |at: usize| {
-            IpAddr::V4(Ipv4Addr::new(
-                grh[at],
-                grh[at + 1],
-                grh[at + 2],
-                grh[at + 3],
-            ))
-        };
-        (ipv4(32), ipv4(36))
-    };
-    let source_gid = match source {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    };
-    &source_gid == dgid || crate::gid_address(dgid, local) == source
+    let (source, local) = crate::gsi::grh_addresses(grh);
+    &crate::gsi::grh_source_gid(grh) == dgid || crate::gid_address(dgid, local) == source
 }
 
 /// The error for a QP number the engine does not know.
@@ -432,6 +458,7 @@ mod tests {
     use crate::memory::{AtomicOp, MemError, MemKey, RegionInfo};
     use crate::types::{AccessFlags, AddressVector, Mtu, QpType};
     use crate::wr::{SendOp, Sge};
+    use std::net::{IpAddr, Ipv6Addr};
 
     /// Flat memory: one region, key 1, in protection domain 0, every access allowed.
     struct Flat(Vec<u8>);

@@ -80,6 +80,9 @@ pub enum Queue {
     Receive,
     /// A shared receive queue (`max_wr` outstanding).
     Srq,
+    /// The MADs waiting to be sent through QP1
+    /// ([`GSI_OUTBOX_LEN`](crate::GSI_OUTBOX_LEN)).
+    Gsi,
 }
 
 /// A verb that posts work, for the errors that depend on the QP's state.
@@ -222,6 +225,15 @@ pub enum VerbsError {
     MessageTooLong {
         /// Its length.
         len: u64,
+    },
+    /// A management datagram to send through QP1 that is empty or longer than a MAD
+    /// (IBTA 13.4: 256 bytes).
+    #[error("a management datagram is 1..={max} bytes, not {len}")]
+    MadLength {
+        /// Its length.
+        len: usize,
+        /// [`MAD_LEN`](crate::MAD_LEN).
+        max: usize,
     },
     /// An atomic whose local buffer is not 8 bytes.
     #[error("an atomic needs exactly 8 bytes of local buffer, not {len}")]

@@ -6,13 +6,13 @@
 //! fences), the responder (receive queues, RDMA write / read / atomics with key,
 //! protection-domain and access checks, RNR NAK, duplicate replay, invalidate), the
 //! completer (cumulative ACKs, go-back-N, `retry_cnt` / `rnr_retry`, error statuses) and
-//! the error/flush path, and it produces `ibv_wc`-layout completions
+//! the error/flush path, QP1's management datagrams (IBTA 13.5), and it produces `ibv_wc`-layout completions
 //! ([`softverbs_cq::WorkCompletion`]).
 //!
 //! There is no clock, socket, thread or global RNG: inputs are
 //! [`Engine::handle_packet`] / [`Engine::handle_timeout`] with an explicit `now`, and
 //! the verbs; outputs are [`Engine::poll_transmit`], [`Engine::poll_completion`],
-//! [`Engine::poll_event`] and [`Engine::poll_timeout`]. Memory is reached only through
+//! [`Engine::poll_event`], [`Engine::poll_gsi`] and [`Engine::poll_timeout`]. Memory is reached only through
 //! the [`Memory`] trait the device implements. The calling contract is on [`Engine`].
 //!
 //! | module | holds |
@@ -23,6 +23,7 @@
 //! | `completer` | ACK / NAK / response handling, go-back-N, timers, error statuses |
 //! | `responder` | request checks and execution, duplicates, RNR, UC and UD receive |
 //! | `codec` | the only user of `softverbs-wire`: packets to and from bytes |
+//! | `gsi` | QP1, the General Services Interface: management datagrams in and out, bounded ([`GsiMad`]) |
 //! | `gid` | GIDs as addresses: the address a GID names, the link-local GID of a port |
 //! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
 //!
@@ -73,6 +74,7 @@ mod completer;
 mod engine;
 mod error;
 mod gid;
+mod gsi;
 mod memory;
 mod output;
 mod psn;
@@ -86,6 +88,7 @@ mod wr;
 pub use engine::Engine;
 pub use error::{Capacity, Object, PostVerb, Queue, VerbsError};
 pub use gid::{gid_address, link_local_gid};
+pub use gsi::{GsiMad, GSI_INBOX_LEN, GSI_OUTBOX_LEN, GSI_QKEY, GSI_QPN, MAD_LEN};
 pub use memory::{
     access_needed, atomic_result, check_access, AtomicOp, MemError, MemKey, Memory, RegionInfo,
 };

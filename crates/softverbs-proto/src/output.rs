@@ -195,11 +195,14 @@ pub enum DropReason {
     /// destination GID): only the connected peer may talk to a connected QP (IBTA 9.6.1.5
     /// header validation; rxe's `check_addr`).
     OffPath,
+    /// A management datagram for QP1 while the GSI inbox already holds
+    /// [`GSI_INBOX_LEN`](crate::GSI_INBOX_LEN) MADs nobody has taken.
+    GsiInboxFull,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::Malformed,
         DropReason::UnknownOpcode,
         DropReason::BadPkey,
@@ -218,6 +221,7 @@ impl DropReason {
         DropReason::DuplicateNotFound,
         DropReason::BadSyndrome,
         DropReason::OffPath,
+        DropReason::GsiInboxFull,
     ];
 
     fn index(self) -> usize {
@@ -288,6 +292,10 @@ pub struct Counters {
     /// ([`EngineConfig::duplicate_reply_window_ns`](crate::EngineConfig)) or already
     /// queued.
     pub duplicate_replies_suppressed: u64,
+    /// Management datagrams QP1 received and queued for the GSI user (IBTA 13.5).
+    pub gsi_received: u64,
+    /// Management datagrams QP1 sent (part of `packets_sent`).
+    pub gsi_sent: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -322,6 +330,8 @@ impl Counters {
                 "duplicate_replies_suppressed",
                 self.duplicate_replies_suppressed,
             ),
+            ("gsi_received", self.gsi_received),
+            ("gsi_sent", self.gsi_sent),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))

@@ -22,7 +22,7 @@
 //!
 //! | file | holds |
 //! |---|---|
-//! | `mod.rs` | [`Device`] and its verbs (open, PD, MR, QP, SRQ, counters, capture), the state behind it |
+//! | `mod.rs` | [`Device`] and its verbs (open, PD, MR, QP, SRQ, counters, capture), QP1's management datagrams (`gsi_send`, `gsi_recv`, `gsi_fd`), the state behind it |
 //! | `config.rs` | [`DeviceConfig`], [`Network`], [`FaultSetup`]; the `SOFTVERBS_*` environment ([`PCAP_ENV`], [`FAULTS_ENV`], [`parse_faults`]) |
 //! | `attr.rs` | [`DeviceAttr`], [`PortAttr`], [`VENDOR_ID`]: what `query_device` / `query_port` report; the GID table (link-local GID, then the address, as rxe lays it out) |
 //! | `error.rs` | [`DeviceError`] and the errno the C side reports for it |
@@ -76,13 +76,14 @@ use crate::transport::{Endpoint, Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
-    AccessFlags, AddressVector, AttrMask, Completion, Engine, Mtu, Object, QpAttr, QpInit, QpState,
-    RecvWr, SendWr, SrqId, SrqInit, VerbsError,
+    AccessFlags, AddressVector, AttrMask, Completion, Engine, GsiMad, Mtu, Object, QpAttr, QpInit,
+    QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError,
 };
 use stats::CqSummary as RetiredCqs;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::IpAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -105,6 +106,9 @@ struct State {
     cqs: HashMap<u64, CqProducer>,
     /// The figures of the CQs destroyed so far.
     retired_cqs: RetiredCqs,
+    /// How many received management datagrams waited after the last run or
+    /// [`Device::gsi_recv`]: a run that leaves more signals [`DeviceInner::gsi_fd`].
+    gsi_seen: usize,
 }
 
 /// What an open device shares with its progress thread and with the devices of this
@@ -139,6 +143,10 @@ pub(crate) struct DeviceInner {
     /// The fault-injection layer of the transport, for its counters.
     fault_layer: Option<Arc<FaultTransport<Box<dyn Transport>>>>,
     events: AsyncEventQueue,
+    /// Readable while management datagrams wait for [`Device::gsi_recv`]: an eventfd
+    /// (non-blocking, not a semaphore) written, under the state lock, by the run that
+    /// queued a MAD, and emptied, under it too, by the `gsi_recv` that took the last one.
+    gsi_fd: OwnedFd,
     /// Wakes an in-process device's progress thread when its deadlines change.
     wake: Condvar,
     shutdown: AtomicBool,
@@ -273,6 +281,7 @@ impl Device {
                 scratch: vec![0u8; 16 * 1024],
                 cqs: HashMap::new(),
                 retired_cqs: RetiredCqs::default(),
+                gsi_seen: 0,
             }),
             transport,
             tap,
@@ -281,6 +290,11 @@ impl Device {
             rx: Mutex::new(()),
             fault_layer,
             events: AsyncEventQueue::new()?,
+            gsi_fd: rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .map_err(io::Error::from)?,
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             shortcut: AtomicBool::new(true),
@@ -665,6 +679,49 @@ impl Device {
     pub fn readiness_fd(&self) -> Option<std::os::fd::OwnedFd> {
         let transport = self.inner.transport.as_ref()?;
         transport.readiness_fd()?.try_clone_to_owned().ok()
+    }
+
+    /// Sends a management datagram (a MAD, 1..=256 bytes) from QP1 of this port to QP1 of
+    /// the port whose GID is `dgid` (IBTA 13.5: UD SEND ONLY, P_Key 0xFFFF, Q_Key
+    /// 0x80010000, SrcQP 1; [`Engine::gsi_send`]), from the GID of the device's address.
+    /// It leaves now, over UDP or handed to a device of this process, through the capture
+    /// and faults if configured. Refused with [`VerbsError::MadLength`] or, while 256 MADs
+    /// wait to leave, [`VerbsError::QueueFull`] (`ENOMEM`).
+    pub fn gsi_send(&self, dgid: [u8; 16], mad: &[u8]) -> Result<(), DeviceError> {
+        // The address's GID: the last entry of the table (`attr::gid_table`).
+        let sgid_index = self.inner.gids.len().saturating_sub(1) as u8;
+        self.inner
+            .run(|st| st.engine.gsi_send(dgid, sgid_index, mad))?;
+        Ok(())
+    }
+
+    /// The next management datagram QP1 received, in arrival order, with the sender's GID
+    /// and QP ([`Engine::poll_gsi`]); `None` when none waits. Whoever received the packet
+    /// (the progress thread, or an application thread in [`Device::progress`] or a verb)
+    /// queued it, so MADs arrive while the application polls no CQ.
+    pub fn gsi_recv(&self) -> Option<GsiMad> {
+        let mut st = lock(&self.inner.state);
+        let mad = st.engine.poll_gsi();
+        st.gsi_seen = st.engine.gsi_pending();
+        if st.gsi_seen == 0 {
+            // Empties the eventfd (non-blocking: nothing to read is fine).
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(&self.inner.gsi_fd, &mut count);
+        }
+        mad
+    }
+
+    /// How many received management datagrams wait for [`Device::gsi_recv`].
+    pub fn gsi_pending(&self) -> usize {
+        lock(&self.inner.state).engine.gsi_pending()
+    }
+
+    /// A file descriptor that polls readable exactly while management datagrams wait for
+    /// [`Device::gsi_recv`] (an eventfd owned by the device). Poll it, then call
+    /// `gsi_recv` until it returns `None`; do not read it (a read empties it while MADs
+    /// may still wait, until the next one arrives).
+    pub fn gsi_fd(&self) -> BorrowedFd<'_> {
+        self.inner.gsi_fd.as_fd()
     }
 
     /// Whether packets for devices of this process are handed over directly (the

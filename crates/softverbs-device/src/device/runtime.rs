@@ -141,6 +141,13 @@ impl DeviceInner {
         while let Some(event) = st.engine.poll_event() {
             self.events.push(event);
         }
+        // Management datagrams received: the GSI fd is readable while any wait.
+        let gsi_pending = st.engine.gsi_pending();
+        if gsi_pending > st.gsi_seen {
+            // Fails only on counter overflow (2^64 - 2 signals).
+            let _ = rustix::io::write(&self.gsi_fd, &1u64.to_ne_bytes());
+        }
+        st.gsi_seen = gsi_pending;
         // A CQ that overran is in error: every QP completing into it goes to error too
         // (reference §3.7: "never drop a CQE silently").
         for qpn in failed_cqs {

@@ -8,8 +8,8 @@
 //!
 //! | module | holds | rules it owns |
 //! |---|---|---|
-//! | [`device`] | [`device::Device`]: the verbs objects of one device (protection domains and what holds them, memory regions, QPs, SRQs, address handles), registered memory, the runtime | registration (mapped range, access, `RLIMIT_MEMLOCK`), a PD's users (`ibv_dealloc_pd`: `EBUSY`), unknown PDs (`EINVAL`), the GID table, faults in registered memory |
-//! | [`engine`] | the sans-IO queue-pair engine | QP states, transitions and attribute values, capacities against the device's limits, which opcodes and flags a QP type takes, address vectors (`sgid_index`, port), SRQ sizes and use, every completion status |
+//! | [`device`] | [`device::Device`]: QP1's management datagrams for the drop-in's private `softverbs_gsi_*` exports ([`device::Device::gsi_send`], [`device::Device::gsi_recv`], [`device::Device::gsi_fd`]); the verbs objects of one device (protection domains and what holds them, memory regions, QPs, SRQs, address handles), registered memory, the runtime | registration (mapped range, access, `RLIMIT_MEMLOCK`), a PD's users (`ibv_dealloc_pd`: `EBUSY`), unknown PDs (`EINVAL`), the GID table, faults in registered memory |
+//! | [`engine`] | the sans-IO queue-pair engine | QP states, transitions and attribute values, capacities against the device's limits, which opcodes and flags a QP type takes, address vectors (`sgid_index`, port), SRQ sizes and use, every completion status; what QP1 takes as a management datagram ([`engine::GsiMad`], IBTA 13.5) |
 //! | [`cq`] | the completion queue | `ibv_poll_cq`, notification, channels, overrun, resize, moderation, a CQ in use (`EBUSY`) |
 //!
 //! Every refusal is one [`Error`]: the layers below state causes ([`engine::VerbsError`],
