@@ -15,13 +15,20 @@ use std::collections::VecDeque;
 
 /// Makes a channel (also the private channel of a synchronous id).
 pub(crate) fn new_channel() -> Result<*mut rdma_event_channel, Errno> {
+    new_channel_locked(&mut lock())
+}
+
+/// [`new_channel`] with the state already locked.
+pub(crate) fn new_channel_locked(
+    st: &mut crate::state::State,
+) -> Result<*mut rdma_event_channel, Errno> {
     // SAFETY: eventfd with valid flags.
     let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
     if fd < 0 {
         return Err(boundary::errno());
     }
     let p = Box::into_raw(Box::new(rdma_event_channel { fd }));
-    lock().channels.insert(
+    st.channels.insert(
         p as usize,
         Channel {
             ptr: Ptr(p),

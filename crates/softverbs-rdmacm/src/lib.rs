@@ -20,7 +20,8 @@
 //! | [`channel`] | event channels, `rdma_get_cm_event`, `rdma_ack_cm_event`, `rdma_event_str` |
 //! | [`id`] | ids, binding, address and route resolution, listening, options, migration |
 //! | [`qp`] | QPs, SRQs and `rdma_init_qp_attr` |
-//! | [`cm`] | the CM thread and connections: connect, accept, reject, disconnect, SIDR |
+//! | [`cm`] | the CM thread: softverbs-cm driven over the GSI, its events turned into rdma_cm events |
+//! | [`conn`] | connect, get_request, accept, reject, disconnect, establish, notify, ECE |
 //! | [`devices`] | `rdma_get_devices` / `rdma_free_devices` |
 //! | [`getaddrinfo`] | `rdma_getaddrinfo`, `rdma_create_ep` and their frees |
 //! | [`unsupported`] | multicast and rsockets: documented refusals |
@@ -37,6 +38,7 @@ pub mod addr;
 pub mod boundary;
 pub mod channel;
 pub mod cm;
+pub mod conn;
 pub mod devices;
 pub mod getaddrinfo;
 pub mod id;

@@ -144,7 +144,6 @@ pub(crate) fn modify(st: &mut State, p: *mut rdma_cm_id, state: u32) -> Result<(
 }
 
 /// Moves id `p`'s QP to the error state (disconnect), if it has one.
-#[allow(dead_code)] // the CM thread uses it (connections come with softverbs-cm)
 pub(crate) fn to_error(p: *mut rdma_cm_id) {
     // SAFETY: callers pass a live id.
     let qp = unsafe { (*p).qp };
