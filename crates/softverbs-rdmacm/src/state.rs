@@ -368,8 +368,12 @@ impl State {
         let Some(id) = self.ids.get(&key) else {
             return;
         };
-        let ch_key = id.channel;
         let listen_id = id.listener.filter(|_| kind == event::CONNECT_REQUEST);
+        // A connection request goes to its listener's channel (the new id of a
+        // synchronous listener has a channel of its own for its later events).
+        let Some(ch_key) = self.ids.get(&counted_on).map(|i| i.channel) else {
+            return;
+        };
         let Some(ch) = self.channels.get_mut(&ch_key) else {
             return;
         };
