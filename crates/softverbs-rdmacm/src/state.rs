@@ -334,6 +334,12 @@ impl State {
         if self.devices.is_empty() {
             return Err(libc::ENODEV);
         }
+        // As the kernel's CM, each device answers requests from the start (a REQ for a
+        // port nobody listens on gets REJ 8); without softverbs' GSI exports this waits
+        // until a connection needs it and fails there.
+        for dev in 0..self.devices.len() {
+            let _ = crate::cm::ensure_cm(self, dev);
+        }
         Ok(())
     }
 
