@@ -168,3 +168,27 @@ impl Running {
 
 /// Programs run one pair at a time (the machine is small and each side busy-polls).
 pub static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Waits for a started child (stdout/stderr piped), killing it after `timeout`: status
+/// (`None` when killed), stdout, stderr.
+pub fn spawn_wait(mut child: Child, timeout: Duration) -> (Option<ExitStatus>, String, String) {
+    let out = collect(child.stdout.take().expect("piped stdout"));
+    let err = collect(child.stderr.take().expect("piped stderr"));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status,
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
