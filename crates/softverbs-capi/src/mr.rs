@@ -5,7 +5,7 @@
 //! | `ibv_reg_mr`, `ibv_dereg_mr` | 1.1 | real |
 //! | `ibv_reg_mr_iova` | 1.7 | real |
 //! | `ibv_reg_mr_iova2` | 1.8 | real (perftest's registration path: remote peers address the region by `iova`) |
-//! | `ibv_rereg_mr` | 1.1 | documented failure (`IBV_REREG_MR_ERR_INPUT`, errno `EOPNOTSUPP`): deregister and register again |
+//! | `ibv_rereg_mr` | 1.1 | real: every flag (`CHANGE_TRANSLATION`, `CHANGE_PD`, `CHANGE_ACCESS`), keys kept |
 //! | `ibv_reg_dmabuf_mr` | 1.12 | documented failure (no dma-buf) |
 //! | `ibv_import_mr`, `ibv_unimport_mr` | 1.10 | documented failure (no shared command fd) |
 //! | `ops.alloc_mw`, `ops.dealloc_mw` | (ops) | real: type 1 and type 2 windows (`ibv_alloc_mw(3)`) |
@@ -19,6 +19,19 @@
 //! bind) are the core's (`softverbs::core::engine::check_bind`); here `mw->rkey` takes the
 //! window's new R_Key when a bind is posted, as rxe's provider sets it. A zero-based window
 //! (`IBV_ACCESS_ZERO_BASED`) is refused with `EINVAL`, as rxe's provider refuses it.
+//!
+//! Re-registration (`ibv_rereg_mr(3)`) is the core's
+//! (`softverbs::core::device::Device::rereg_mr`): the changes happen at once under the
+//! device's lock, the lkey and rkey stay (rxe keeps them for a PD or access change; a
+//! translation change keeps them too, as mlx5 does where it can), and a refusal changes
+//! nothing. Here only its return codes: `IBV_REREG_MR_ERR_INPUT` for what libibverbs
+//! refuses before the kernel (no flag, an unknown flag, a translation with a NULL address
+//! or zero length, a bad MR or PD pointer) and for a region with a memory window bound;
+//! `IBV_REREG_MR_ERR_CMD` for what the kernel would refuse (the new range not mapped or
+//! not writable, `RLIMIT_MEMLOCK`, access flags), each with the core's errno. Unlike a
+//! kernel device after `IBV_REREG_MR_ERR_CMD`, the region stays registered as it was.
+//! `IBV_REREG_MR_ERR_DONT_FORK_NEW`, `_DO_FORK_OLD` and `_CMD_AND_DO_FORK_NEW` never
+//! arise: `ibv_dontfork_range` and `ibv_dofork_range` have nothing to protect here.
 //!
 //! Access flags: `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`, `MW_BIND` are
 //! enforced; `HUGETLB` is accepted (huge pages are only a hint); the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, e.g. `RELAXED_ORDERING`) is
@@ -41,13 +54,14 @@
 //! (or to the default action).
 
 use crate::abi::*;
-use crate::boundary::{errno_code, errno_of, pointer, Errno};
+use crate::boundary::{errno_code, errno_of, infallible, pointer, set_errno, Errno};
 use crate::handles::{Block, ContextBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
 use crate::qp::{QpBlock, SEND_FLAGS_KNOWN};
 use crate::verbs_h::{
     IBV_ACCESS_HUGETLB, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_ZERO_BASED,
 };
+use softverbs::core::device::Rereg;
 use softverbs::core::engine::{
     AccessFlags, Gather, SendFlags, SendOp, SendWr, WindowBind, WindowType,
 };
@@ -214,11 +228,168 @@ unsupported! {
     /// `ibv_reg_dmabuf_mr(3)`.
     null "IBVERBS_1.12" fn ibv_reg_dmabuf_mr(*mut ibv_pd, u64, usize, u64, c_int, c_int) -> *mut ibv_mr
 }
-unsupported! {
-    /// `ibv_rereg_mr(3)` (returns an `enum ibv_rereg_mr_err_code` on failure in rdma-core;
-    /// with `errno` set, `EOPNOTSUPP` here).
-    errno "IBVERBS_1.1" fn ibv_rereg_mr(*mut ibv_mr, c_int, *mut ibv_pd, *mut c_void, usize, c_int)
+/// `enum ibv_rereg_mr_flags` (`verbs.h`).
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+/// `enum ibv_rereg_mr_flags`.
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+/// `enum ibv_rereg_mr_flags`.
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+/// `IBV_REREG_MR_FLAGS_SUPPORTED`.
+pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (IBV_REREG_MR_CHANGE_ACCESS << 1) - 1;
+/// `enum ibv_rereg_mr_err_code`: the old MR is valid, an input error was detected.
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+/// `enum ibv_rereg_mr_err_code`: the command failed.
+pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+/// A refused re-registration: its `enum ibv_rereg_mr_err_code` and errno.
+struct ReregRefusal {
+    code: c_int,
+    errno: Errno,
 }
+
+impl ReregRefusal {
+    fn input(errno: Errno) -> Self {
+        ReregRefusal {
+            code: IBV_REREG_MR_ERR_INPUT,
+            errno,
+        }
+    }
+
+    /// A refusal of the core: the input checks libibverbs makes before the kernel (and a
+    /// window bound, which the region's user must undo first) are `ERR_INPUT`, the
+    /// rest the kernel command's (`ERR_CMD`).
+    fn of(e: softverbs::core::Error) -> Self {
+        use softverbs::core::device::RegisterError;
+        use softverbs::core::engine::{Object, VerbsError};
+        use softverbs::core::Error;
+        let input = matches!(
+            e,
+            Error::Register(RegisterError::NothingToChange | RegisterError::EmptyTranslation)
+                | Error::Verbs(VerbsError::InUse {
+                    object: Object::Mr,
+                    ..
+                })
+        );
+        ReregRefusal {
+            code: if input {
+                IBV_REREG_MR_ERR_INPUT
+            } else {
+                IBV_REREG_MR_ERR_CMD
+            },
+            errno: e.errno(),
+        }
+    }
+}
+
+/// The re-registration of `ibv_rereg_mr`.
+///
+/// # Safety
+///
+/// As [`ibv_rereg_mr`].
+unsafe fn rereg(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> Result<(), ReregRefusal> {
+    // SAFETY: `mr` is NULL or a live MR (this function's `# Safety`).
+    let state = unsafe { MrBlock::state(mr) }.map_err(ReregRefusal::input)?;
+    if flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+        return Err(ReregRefusal::input(libc::EINVAL));
+    }
+    // SAFETY: the context of a live region is open (libibverbs requires a context's
+    // objects to be destroyed before `ibv_close_device`).
+    let ctx = unsafe { ContextBlock::from_ptr(state.context) }.map_err(ReregRefusal::input)?;
+    let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
+        let parent = unsafe { PdUse::acquire(pd) }.map_err(ReregRefusal::input)?;
+        if parent.context != state.context {
+            return Err(ReregRefusal::input(libc::EINVAL));
+        }
+        Some(parent.handle)
+    } else {
+        None
+    };
+    let new_access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        Some(access_flags(access as u32).map_err(|errno| ReregRefusal {
+            code: IBV_REREG_MR_ERR_CMD,
+            errno,
+        })?)
+    } else {
+        None
+    };
+    let translation = (flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0).then_some((
+        addr as usize,
+        length as u64,
+        addr as u64,
+    ));
+    let change = Rereg {
+        translation,
+        pd: new_pd,
+        access: new_access,
+    };
+    // SAFETY: a new range is memory of this process that stays mapped until the region
+    // is deregistered (this function's `# Safety`), which is what `rereg_mr` asks.
+    let region = unsafe { ctx.entry.device.rereg_mr(state.lkey, change) }
+        .map_err(|e| ReregRefusal::of(e.into()))?;
+    // SAFETY: `mr` passed `state`: a live region whose C fields libibverbs updates after
+    // a re-registration (rdma-core's `ibv_rereg_mr` sets `pd`, `addr` and `length`), read
+    // by C only between verbs. The PD hold is the device's count, which `rereg_mr` moved
+    // to the new PD; `state._pd` only records the registration's.
+    unsafe {
+        if new_pd.is_some() {
+            (&raw mut (*mr).pd).write(pd);
+        }
+        if translation.is_some() {
+            (&raw mut (*mr).addr).write(addr);
+            (&raw mut (*mr).length).write(length);
+        }
+        (&raw mut (*mr).lkey).write(region.lkey);
+        (&raw mut (*mr).rkey).write(region.rkey);
+    }
+    Ok(())
+}
+
+/// `ibv_rereg_mr(3)`: changes the region's translation (`IBV_REREG_MR_CHANGE_TRANSLATION`:
+/// `addr`, `length`, registered as `ibv_reg_mr` registers), PD (`IBV_REREG_MR_CHANGE_PD`)
+/// and access (`IBV_REREG_MR_CHANGE_ACCESS`), keeping `lkey` and `rkey`. 0, or an
+/// `enum ibv_rereg_mr_err_code` with errno set: `IBV_REREG_MR_ERR_INPUT` (`EINVAL`: no
+/// flag, an unknown flag, a NULL address or zero length with a new translation, a bad
+/// MR or PD, a memory window bound to the region), `IBV_REREG_MR_ERR_CMD` (the errno
+/// `ibv_reg_mr` gives for the same range and access: `EFAULT`, `ENOMEM`, `EPERM`,
+/// `EINVAL`, `EOPNOTSUPP`). A refused call leaves the region as it was.
+///
+/// # Safety
+///
+/// As `ibv_rereg_mr(3)`: `mr` is NULL or live, `pd` NULL or live; with a new translation
+/// the new range stays mapped until the region is deregistered, and the old range is
+/// the application's again once the call returns 0.
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let panicked = Err(ReregRefusal {
+        code: IBV_REREG_MR_ERR_CMD,
+        errno: crate::boundary::PANIC_ERRNO,
+    });
+    // SAFETY: forwarded contract (this function's `# Safety`).
+    match infallible(panicked, || unsafe {
+        rereg(mr, flags, pd, addr, length, access)
+    }) {
+        Ok(()) => 0,
+        Err(refusal) => {
+            set_errno(refusal.errno);
+            refusal.code
+        }
+    }
+}
+symver!(ibv_rereg_mr, "IBVERBS_1.1");
 unsupported! {
     /// `ibv_import_mr(3)`.
     null "IBVERBS_1.10" fn ibv_import_mr(*mut ibv_pd, u32) -> *mut ibv_mr

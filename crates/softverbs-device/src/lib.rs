@@ -74,7 +74,9 @@ pub use device::{
 pub use events::{AsyncEvent, AsyncEventQueue, EventCounts};
 pub use fault::{FaultConfig, FaultCounters, FaultTransport};
 pub use loopback::{LoopbackNetwork, LoopbackTransport};
-pub use memory::{copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError, Window};
+pub use memory::{
+    copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError, Rereg, Window,
+};
 pub use pcap::{Capture, CaptureFormat, CaptureRecord, Direction, PcapTransport};
 pub use transport::{Endpoint, Gid, Received, Sent, Transport, TransportCounters};
 pub use udp::{UdpConfig, UdpTransport};

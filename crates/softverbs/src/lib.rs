@@ -99,7 +99,7 @@ pub use ah::{Ah, AhAttr};
 pub use context::{devices, Context, DeviceInfo, NetworkKind, NETWORK_ENV};
 pub use cq::{AnyCq, CompChannel, Cq, CqBuilder, CqLinkHandle, LocalCq};
 pub use error::{Error, Object, RangeError, VerbsError};
-pub use mr::{Mr, MrSlice, ParseError, RemoteAddr, PAGE_SIZE};
+pub use mr::{Mr, MrChange, MrSlice, ParseError, RemoteAddr, PAGE_SIZE};
 pub use mw::{inc_rkey, Mw};
 pub use pd::Pd;
 pub use qp::{InitAttr, Qp, QpBuilder, RemoteInfo, RtrAttr, RtsAttr};

@@ -23,14 +23,20 @@
 //! returned nothing touches the buffer: a work request still naming it fails with a
 //! protection error completion (`IBV_WC_LOC_PROT_ERR`), and a remote access with a NAK.
 //!
+//! A region is re-registered in place (`ibv_rereg_mr(3)`) with [`Mr::rereg`] and its
+//! shorthands [`Mr::rereg_access`], [`Mr::rereg_pd`] and [`Mr::rereg_len`] (a new buffer,
+//! the translation change): they take `&mut self`, so no [`MrSlice`] — and no memory
+//! window bound through one ([`crate::Mw`]) — can be alive meanwhile, and the keys stay.
+//! A refused re-registration changes nothing: the region stays registered as it was.
+//!
 //! Work requests name memory as [`MrSlice`]s (`mr.slice(range)`), checked against the
 //! region when they are made, and remote memory as a [`RemoteAddr`].
 
 use crate::error::{Error, RangeError};
 use crate::pd::Pd;
-use softverbs_device::{DeviceError, Region};
-use softverbs_proto::VerbsError;
+use softverbs_device::{DeviceError, Region, Rereg};
 use softverbs_proto::{AccessFlags, Sge};
+use softverbs_proto::{Object, VerbsError};
 use std::fmt;
 use std::ops::{Bound, RangeBounds};
 use std::str::FromStr;
@@ -153,7 +159,7 @@ impl Mr {
         self.region.iova
     }
 
-    /// The access rights the region was registered with.
+    /// The access rights the region was registered (or last re-registered) with.
     pub fn access(&self) -> AccessFlags {
         self.region.access
     }
@@ -474,6 +480,116 @@ impl FromStr for RemoteAddr {
         Ok(RemoteAddr {
             addr: u64::from_str_radix(addr, 16).map_err(|_| err())?,
             rkey: u32::from_str_radix(rkey, 16).map_err(|_| err())?,
+        })
+    }
+}
+
+/// What [`Mr::rereg`] changes, one field per `ibv_rereg_mr(3)` flag; `None` keeps what the
+/// region has, and at least one field must be set.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MrChange<'a> {
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: a new zeroed, page-aligned buffer of this many
+    /// bytes replaces the region's (the old one is freed once the device no longer
+    /// reaches it); the region's address changes, its keys do not.
+    pub len: Option<usize>,
+    /// `IBV_REREG_MR_CHANGE_PD`: the protection domain the region moves to (of the
+    /// same context).
+    pub pd: Option<&'a Pd>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`: the new access rights.
+    pub access: Option<AccessFlags>,
+}
+
+impl Mr {
+    /// Re-registers the region (`ibv_rereg_mr(3)`), changing what `change` sets at once,
+    /// keeping the lkey and rkey. Refused, leaving the region registered as it was: an
+    /// empty change ([`RegisterError::NothingToChange`](crate::error::RegisterError), `EINVAL`), a
+    /// PD of another context ([`Error::ForeignObject`]), a zero length, access rights
+    /// [`Pd::reg_mr`] would refuse, or a new buffer past `RLIMIT_MEMLOCK` (as
+    /// [`Pd::reg_mr`] refuses them). A memory window bound to the region (which the
+    /// kernel's verbs refuse too) cannot be: a window borrows the region it is bound to.
+    ///
+    /// ```
+    /// use softverbs::{AccessFlags, Context, DeviceConfig, MrChange};
+    /// let ctx = Context::open_with(DeviceConfig::in_process())?;
+    /// let pd = ctx.alloc_pd();
+    /// let mut mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE)?;
+    /// let (lkey, rkey) = (mr.lkey(), mr.rkey());
+    /// let other = ctx.alloc_pd();
+    /// mr.rereg(MrChange { len: Some(8192), pd: Some(&other), access: Some(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ) })?;
+    /// assert_eq!((mr.len(), mr.lkey(), mr.rkey()), (8192, lkey, rkey));
+    /// assert!(mr.rereg(MrChange::default()).is_err()); // an error, never a panic
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn rereg(&mut self, change: MrChange<'_>) -> Result<(), Error> {
+        if let Some(pd) = change.pd {
+            if !pd.inner.ctx.same(&self.pd.inner.ctx) {
+                return Err(Error::ForeignObject { object: Object::Pd });
+            }
+        }
+        let pages = match change.len {
+            Some(len) => Some(allocate(len.max(1)).ok_or(Error::NoMemory { bytes: len })?),
+            None => None,
+        };
+        let translation = match (&pages, change.len) {
+            (Some(pages), Some(len)) => {
+                let addr = pages.as_ptr().expose_provenance();
+                Some((addr, len as u64, addr as u64))
+            }
+            _ => None,
+        };
+        let rereg = Rereg {
+            translation,
+            pd: change.pd.map(Pd::handle),
+            access: change.access,
+        };
+        // SAFETY: a new translation lies in `pages`, a heap allocation this `Mr` takes
+        // below and keeps, never moved or resized, until deregistration has returned (as
+        // `Mr::register`); it is made of `AtomicU64`s the application reaches only by
+        // relaxed atomic copies. The old buffer is dropped only after the device has
+        // confirmed (`Ok`) that it no longer reaches it; on a refusal the new buffer,
+        // never registered, is the one dropped.
+        #[allow(unsafe_code)]
+        let region = unsafe {
+            self.pd
+                .inner
+                .ctx
+                .inner
+                .device
+                .rereg_mr(self.region.lkey, rereg)
+        }?;
+        self.region = region;
+        if let (Some(pages), Some(len)) = (pages, change.len) {
+            self.pages = pages;
+            self.len = len;
+        }
+        if let Some(pd) = change.pd {
+            self.pd = pd.clone();
+        }
+        Ok(())
+    }
+
+    /// [`Mr::rereg`] changing the access rights only (`IBV_REREG_MR_CHANGE_ACCESS`).
+    pub fn rereg_access(&mut self, access: AccessFlags) -> Result<(), Error> {
+        self.rereg(MrChange {
+            access: Some(access),
+            ..MrChange::default()
+        })
+    }
+
+    /// [`Mr::rereg`] moving the region to `pd` only (`IBV_REREG_MR_CHANGE_PD`).
+    pub fn rereg_pd(&mut self, pd: &Pd) -> Result<(), Error> {
+        self.rereg(MrChange {
+            pd: Some(pd),
+            ..MrChange::default()
+        })
+    }
+
+    /// [`Mr::rereg`] giving the region a new zeroed buffer of `len` bytes only
+    /// (`IBV_REREG_MR_CHANGE_TRANSLATION`).
+    pub fn rereg_len(&mut self, len: usize) -> Result<(), Error> {
+        self.rereg(MrChange {
+            len: Some(len),
+            ..MrChange::default()
         })
     }
 }

@@ -12,10 +12,10 @@
 //! | `ibv_qp_ex` builders (`ibv_wr_start` … `ibv_wr_complete`) | (ops) | real for the operations above and every `set_*` but XRC; a builder's error is returned by `ibv_wr_complete`, which then posts nothing |
 //!
 //! Work requests: `SEND`, `SEND_WITH_IMM`, `SEND_WITH_INV`, `RDMA_WRITE`,
-//! `RDMA_WRITE_WITH_IMM`, `RDMA_READ`, `ATOMIC_CMP_AND_SWP`, `ATOMIC_FETCH_AND_ADD`; flags
-//! `FENCE`, `SIGNALED`, `SOLICITED`, `INLINE` (the payload is copied at post time, the
-//! lkeys are ignored). Other opcodes (`LOCAL_INV`, `BIND_MW`, `TSO`, …) are `EINVAL`, as
-//! for a device without them.
+//! `RDMA_WRITE_WITH_IMM`, `RDMA_READ`, `ATOMIC_CMP_AND_SWP`, `ATOMIC_FETCH_AND_ADD`,
+//! `LOCAL_INV`, `BIND_MW` (type 2 windows); flags `FENCE`, `SIGNALED`, `SOLICITED`,
+//! `INLINE` (the payload is copied at post time, the lkeys are ignored). Other opcodes
+//! (`TSO`, …) are `EINVAL`, as for a device without them.
 //!
 //! | file | holds |
 //! |---|---|

@@ -70,7 +70,7 @@ use runtime::progress_loop;
 
 use crate::events::{AsyncEvent, AsyncEventQueue};
 use crate::fault::FaultTransport;
-use crate::memory::{MemoryTable, Region, Window};
+use crate::memory::{MemoryTable, Region, Rereg, Window};
 use crate::pcap::{Capture, PcapTransport};
 use crate::transport::{Endpoint, Gid, Transport};
 use crate::udp::UdpTransport;
@@ -524,6 +524,53 @@ impl Device {
             id: lkey,
         })?;
         st.objects.release(region.pd, Object::Mr);
+        Ok(region)
+    }
+
+    /// Re-registers the region with local key `lkey` (`ibv_rereg_mr(3)`), keeping its
+    /// keys; returns the region as it now is. Refused, changing nothing, for an unknown
+    /// lkey or new PD ([`VerbsError::NoSuchObject`]), while a memory window is bound to
+    /// the region ([`VerbsError::InUse`], as [`Device::dereg_mr`]: a window's bounds and
+    /// rights were checked against the region as it was), and as
+    /// [`MemoryTable::reregister`] refuses it. A new PD takes the region from the old one
+    /// (`ibv_dealloc_pd` of the old PD no longer counts it).
+    ///
+    /// # Safety
+    ///
+    /// With a new translation, as [`Device::reg_mr`] for the new range; the device never
+    /// touches the old range again once this returns `Ok`.
+    pub unsafe fn rereg_mr(&self, lkey: u32, change: Rereg) -> Result<Region, DeviceError> {
+        let mut st = lock(&self.inner.state);
+        let old_pd = st
+            .memory
+            .by_lkey(lkey)
+            .ok_or(VerbsError::NoSuchObject {
+                object: Object::Mr,
+                id: lkey,
+            })?
+            .pd;
+        let windows = st.memory.bound_windows(lkey);
+        if windows > 0 {
+            return Err(VerbsError::InUse {
+                object: Object::Mr,
+                by: Object::Mw,
+                count: windows,
+            }
+            .into());
+        }
+        if let Some(pd) = change.pd {
+            st.objects.check_pd(pd)?;
+        }
+        // SAFETY: forwarded contract.
+        let region =
+            unsafe { st.memory.reregister(lkey, change) }.ok_or(VerbsError::NoSuchObject {
+                object: Object::Mr,
+                id: lkey,
+            })??;
+        if region.pd != old_pd {
+            st.objects.release(old_pd, Object::Mr);
+            st.objects.hold(region.pd, Object::Mr);
+        }
         Ok(region)
     }
 

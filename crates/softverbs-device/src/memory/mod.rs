@@ -42,6 +42,7 @@ mod shared;
 mod tests;
 
 pub use registration::RegisterError;
+
 pub use shared::{copy_from_shared, copy_to_shared};
 
 use crate::guarded;
@@ -68,6 +69,26 @@ pub struct Region {
     pub lkey: u32,
     /// Remote key.
     pub rkey: u32,
+}
+
+/// What a re-registration changes (`ibv_rereg_mr(3)`: one field per flag); `None` keeps
+/// what the region has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rereg {
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: the new range, `(addr, len, iova)`
+    /// (`ibv_rereg_mr` passes the address as the iova, as `ibv_reg_mr` does).
+    pub translation: Option<(usize, u64, u64)>,
+    /// `IBV_REREG_MR_CHANGE_PD`: the new protection domain.
+    pub pd: Option<u32>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`: the new access rights.
+    pub access: Option<AccessFlags>,
+}
+
+impl Rereg {
+    /// Whether it changes nothing (no flag).
+    pub fn is_empty(&self) -> bool {
+        self.translation.is_none() && self.pd.is_none() && self.access.is_none()
+    }
 }
 
 /// A region in the table, with what the table keeps about it.
@@ -230,6 +251,72 @@ impl MemoryTable {
         self.by_rkey.remove(&slot.region.rkey);
         mappings::release_pages(slot.pinned);
         Some(slot.region)
+    }
+
+    /// Re-registers the region with local key `lkey` (`ibv_rereg_mr(3)`): "conceptually a
+    /// deregistration followed by a registration", done at once under the caller's
+    /// exclusive borrow, so every access sees either the old region or the new one, each
+    /// checked against its own bounds. The keys stay (rxe keeps them for a PD or access
+    /// change; so does a translation change here, as mlx5 keeps them where it can), so
+    /// work requests and peers keep naming the region; a peer's access in flight from
+    /// before a translation change lands inside the new range or is refused by its
+    /// bounds, never outside both ranges.
+    ///
+    /// The new translation passes every check of [`MemoryTable::register`], with the new
+    /// access, and is charged to `RLIMIT_MEMLOCK` before the old pages are released (as
+    /// the kernel pins the new range before it lets the old go); new access rights alone
+    /// are checked against the pages the region holds. Refused, changing nothing:
+    /// [`RegisterError::NothingToChange`], [`RegisterError::EmptyTranslation`] (a NULL
+    /// address or zero length), and the registration's refusals. `None` for an unknown
+    /// lkey. The caller checks the new PD exists and no window is bound
+    /// ([`crate::Device::rereg_mr`]).
+    ///
+    /// # Safety
+    ///
+    /// With a new translation, as [`MemoryTable::register`] for the new range; the old
+    /// range is never touched again once this returns `Ok`.
+    pub unsafe fn reregister(
+        &mut self,
+        lkey: u32,
+        change: Rereg,
+    ) -> Option<Result<Region, RegisterError>> {
+        let index = *self.by_lkey.get(&lkey)?;
+        let slot = self.regions.get_mut(index)?.as_mut()?;
+        Some(Self::reregister_slot(slot, change))
+    }
+
+    fn reregister_slot(slot: &mut Slot, change: Rereg) -> Result<Region, RegisterError> {
+        if change.is_empty() {
+            return Err(RegisterError::NothingToChange);
+        }
+        let old = slot.region;
+        let access = change.access.unwrap_or(old.access);
+        let mut region = Region {
+            access,
+            pd: change.pd.unwrap_or(old.pd),
+            ..old
+        };
+        match change.translation {
+            Some((addr, len, iova)) => {
+                if addr == 0 || len == 0 {
+                    return Err(RegisterError::EmptyTranslation);
+                }
+                let pinned = registration::check_registration(addr, len, iova, access)?;
+                mappings::release_pages(std::mem::replace(&mut slot.pinned, pinned));
+                // New memory: the old range's faults say nothing about it.
+                slot.faulted.store(false, Ordering::Relaxed);
+                region.addr = addr;
+                region.len = len;
+                region.iova = iova;
+            }
+            None => {
+                if change.access.is_some() {
+                    registration::check_new_access(old.addr, old.len, access)?;
+                }
+            }
+        }
+        slot.region = region;
+        Ok(region)
     }
 
     /// How many memory windows are bound to the region with local key `lkey`.

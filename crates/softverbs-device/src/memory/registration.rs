@@ -65,6 +65,14 @@ pub enum RegisterError {
     /// The operating system gave no randomness for a key.
     #[error("no randomness for a memory key")]
     NoRandomness,
+    /// `ibv_rereg_mr(3)` asked to change nothing (no flag; libibverbs and the kernel's
+    /// `ib_uverbs_rereg_mr` refuse it with `EINVAL`).
+    #[error("a re-registration must change the translation, the PD or the access")]
+    NothingToChange,
+    /// `ibv_rereg_mr(3)` with `IBV_REREG_MR_CHANGE_TRANSLATION` and a NULL address or a
+    /// zero length (libibverbs refuses it, `EINVAL`, before the kernel sees it).
+    #[error("a new translation needs a non-NULL address and a non-zero length")]
+    EmptyTranslation,
 }
 
 impl From<MappingError> for RegisterError {
@@ -127,15 +135,39 @@ pub(super) fn check_registration(
     // The kernel (ib_umem_get) charges the pages to RLIMIT_MEMLOCK before it pins
     // them: over the limit is ENOMEM even when the pages are not there.
     let pinned = mappings::reserve_pages(addr, size)?;
-    let writable = access.intersects(
-        AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_ATOMIC
-            | AccessFlags::MW_BIND,
-    );
-    if let Err(e) = mappings::check_mapped(addr, size, writable) {
+    if let Err(e) = mappings::check_mapped(addr, size, asks_writing(access)) {
         mappings::release_pages(pinned);
         return Err(e.into());
     }
     Ok(pinned)
+}
+
+/// Whether a region with `access` is pinned for writing (the kernel's `FOLL_WRITE`), so
+/// every page must be writable.
+fn asks_writing(access: AccessFlags) -> bool {
+    access.intersects(
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::MW_BIND,
+    )
+}
+
+/// Checks new access rights for the pages a region already holds (a re-registration
+/// that keeps the translation): consistent (`EINVAL`), and every page still mapped,
+/// writable when the new rights write (`EFAULT`), as a registration of the same range
+/// with those rights would be checked. Charges nothing: the pages are charged already.
+pub(super) fn check_new_access(
+    addr: usize,
+    len: u64,
+    access: AccessFlags,
+) -> Result<(), RegisterError> {
+    if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !access.contains(AccessFlags::LOCAL_WRITE)
+    {
+        return Err(RegisterError::MissingLocalWrite);
+    }
+    let size = usize::try_from(len).map_err(|_| RegisterError::BadRange)?;
+    mappings::check_mapped(addr, size, asks_writing(access))?;
+    Ok(())
 }

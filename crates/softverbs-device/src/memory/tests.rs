@@ -376,3 +376,107 @@ fn a_write_over_a_partly_unmapped_region_changes_only_the_mapped_part_of_the_reg
     unmap(addr, 1);
     unmap(addr + 2 * 4096, 1);
 }
+
+/// `ibv_rereg_mr(3)` with `IBV_REREG_MR_CHANGE_TRANSLATION`: the keys stay and reach the
+/// new range only. A write at the old address, or past the new range's end, is refused
+/// and neither the old buffer nor the bytes around the new range change — a peer whose
+/// access was in flight across the re-registration writes inside the new range or not
+/// at all.
+#[test]
+fn rereg_translation_keeps_the_keys_and_reaches_only_the_new_range() {
+    let mut old = vec![0u8; 256];
+    // The new range is the middle of `arena`: its two ends are canaries.
+    let mut arena = vec![0xeeu8; 3 * 64];
+    let (mut t, r) = table_with(
+        &mut old,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    let new_addr = arena.as_mut_ptr() as usize + 64;
+    let change = Rereg {
+        translation: Some((new_addr, 64, new_addr as u64)),
+        ..Rereg::default()
+    };
+    // SAFETY: `arena` outlives `t`.
+    let now = unsafe { t.reregister(r.lkey, change) }.unwrap().unwrap();
+    assert_eq!(
+        (now.lkey, now.rkey, now.addr, now.len),
+        (r.lkey, r.rkey, new_addr, 64)
+    );
+    assert_eq!(
+        t.write(1, MemKey::Remote(r.rkey), 0x1000 + 8, &[1; 8]),
+        Err(MemError::OutOfBounds)
+    );
+    let base = new_addr as u64;
+    assert_eq!(
+        t.write(1, MemKey::Remote(r.rkey), base + 60, &[2; 8]),
+        Err(MemError::OutOfBounds)
+    );
+    assert!(t.write(1, MemKey::Remote(r.rkey), base, &[3; 64]).is_ok());
+    drop(t);
+    assert!(old.iter().all(|&b| b == 0), "the old range was written");
+    assert!(arena[..64].iter().all(|&b| b == 0xee));
+    assert!(arena[64..128].iter().all(|&b| b == 3));
+    assert!(arena[128..].iter().all(|&b| b == 0xee));
+}
+
+/// `ibv_rereg_mr(3)` with `IBV_REREG_MR_CHANGE_ACCESS`: the new rights apply to the next
+/// access; remote write without local write is refused as at registration
+/// (`ibv_reg_mr(3)`), leaving the region as it was.
+#[test]
+fn rereg_access_applies_to_the_next_access_and_refuses_what_registration_refuses() {
+    let mut buf = [0u8; 64];
+    let (mut t, r) = table_with(
+        &mut buf,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    assert!(t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1]).is_ok());
+    let to = |access| Rereg {
+        access: Some(access),
+        ..Rereg::default()
+    };
+    // SAFETY: no new translation.
+    let refused = unsafe { t.reregister(r.lkey, to(AccessFlags::REMOTE_WRITE)) };
+    assert_eq!(refused, Some(Err(RegisterError::MissingLocalWrite)));
+    assert_eq!(t.by_lkey(r.lkey), Some(&r));
+    // SAFETY: no new translation.
+    let now = unsafe { t.reregister(r.lkey, to(AccessFlags::REMOTE_READ)) };
+    assert_eq!(now.unwrap().unwrap().access, AccessFlags::REMOTE_READ);
+    assert_eq!(
+        t.write(1, MemKey::Remote(r.rkey), 0x1000, &[1]),
+        Err(MemError::AccessDenied)
+    );
+}
+
+/// `ibv_rereg_mr(3)` refusals that libibverbs makes before the kernel (no flag; a new
+/// translation with a NULL address or zero length): `EINVAL`, nothing changed. An
+/// unknown lkey is `None`.
+#[test]
+fn rereg_of_nothing_or_of_an_empty_translation_is_refused() {
+    let mut buf = [0u8; 64];
+    let (mut t, r) = table_with(&mut buf, AccessFlags::LOCAL_WRITE);
+    // SAFETY: refused before anything changes.
+    unsafe {
+        assert_eq!(
+            t.reregister(r.lkey, Rereg::default()),
+            Some(Err(RegisterError::NothingToChange))
+        );
+        let null = Rereg {
+            translation: Some((0, 64, 0)),
+            ..Rereg::default()
+        };
+        assert_eq!(
+            t.reregister(r.lkey, null),
+            Some(Err(RegisterError::EmptyTranslation))
+        );
+        let empty = Rereg {
+            translation: Some((buf.as_ptr() as usize, 0, 0)),
+            ..Rereg::default()
+        };
+        assert_eq!(
+            t.reregister(r.lkey, empty),
+            Some(Err(RegisterError::EmptyTranslation))
+        );
+        assert_eq!(t.reregister(r.lkey ^ 1, Rereg::default()), None);
+    }
+    assert_eq!(t.by_lkey(r.lkey), Some(&r));
+}

@@ -103,7 +103,9 @@ impl Error {
             Error::Register(e) => match e {
                 RegisterError::MissingLocalWrite
                 | RegisterError::ZeroLength
-                | RegisterError::BadRange => libc::EINVAL,
+                | RegisterError::BadRange
+                | RegisterError::NothingToChange
+                | RegisterError::EmptyTranslation => libc::EINVAL,
                 // get_user_pages: a page not mapped with the access asked.
                 RegisterError::Unmapped { .. }
                 | RegisterError::NotReadable { .. }
