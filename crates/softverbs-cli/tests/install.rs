@@ -58,7 +58,12 @@ fn install(prefix: &Path, runtime: &Path) -> String {
     let lib_dir = prefix.join("lib/softverbs");
     assert_eq!(
         entries(&lib_dir),
-        ["libibverbs.so.1", "libsoftverbs_capi.so"],
+        [
+            "libibverbs.so.1",
+            "librdmacm.so.1",
+            "libsoftverbs_capi.so",
+            "libsoftverbs_rdmacm.so"
+        ],
         "nothing else (no temporary file) is left"
     );
     assert_eq!(entries(&prefix.join("bin")), ["softverbs"]);
@@ -67,8 +72,15 @@ fn install(prefix: &Path, runtime: &Path) -> String {
         Path::new("libsoftverbs_capi.so"),
         "a relative link, so that the directory can move"
     );
-    let magic = fs::read(lib_dir.join("libsoftverbs_capi.so")).expect("installed library");
-    assert_eq!(magic.get(..4), Some(&b"\x7fELF"[..]));
+    assert_eq!(
+        fs::read_link(lib_dir.join("librdmacm.so.1")).expect("librdmacm.so.1 symlink"),
+        Path::new("libsoftverbs_rdmacm.so"),
+        "the connection manager's library goes with the verbs library"
+    );
+    for lib in ["libsoftverbs_capi.so", "libsoftverbs_rdmacm.so"] {
+        let magic = fs::read(lib_dir.join(lib)).expect("installed library");
+        assert_eq!(magic.get(..4), Some(&b"\x7fELF"[..]), "{lib}");
+    }
     stdout
 }
 
@@ -147,7 +159,12 @@ fn installing_again_with_the_installed_command_replaces_the_installation_in_plac
     );
     assert_eq!(
         entries(&prefix.join("lib/softverbs")),
-        ["libibverbs.so.1", "libsoftverbs_capi.so"]
+        [
+            "libibverbs.so.1",
+            "librdmacm.so.1",
+            "libsoftverbs_capi.so",
+            "libsoftverbs_rdmacm.so"
+        ]
     );
     let (stdout, _) = bounded_ok(command(&installed, &runtime, &root).args(["run", "env"]));
     assert_eq!(

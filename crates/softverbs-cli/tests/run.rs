@@ -135,6 +135,11 @@ fn the_program_gets_the_drop_in_first_on_ld_library_path_and_softverbs_variables
         fs::read_link(dir.join("libibverbs.so.1")).expect("libibverbs.so.1 symlink"),
         cargo_library()
     );
+    // The connection manager's drop-in, built beside the verbs library, goes with it.
+    assert_eq!(
+        fs::read_link(dir.join("librdmacm.so.1")).expect("librdmacm.so.1 symlink"),
+        cargo_library().with_file_name("libsoftverbs_rdmacm.so")
+    );
     let meta = fs::symlink_metadata(dir).expect("library directory");
     assert!(meta.is_dir());
     assert_eq!(meta.mode() & 0o777, 0o700, "mode {:o}", meta.mode());
@@ -367,11 +372,12 @@ fn concurrent_runs_share_one_library_directory_and_leave_nothing_else() {
     }
     let dirs = library_dirs(&runtime);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
-    let entries: Vec<_> = fs::read_dir(&dirs[0])
+    let mut entries: Vec<_> = fs::read_dir(&dirs[0])
         .expect("read library directory")
         .map(|e| e.expect("entry").file_name())
         .collect();
-    assert_eq!(entries, ["libibverbs.so.1"]);
+    entries.sort();
+    assert_eq!(entries, ["libibverbs.so.1", "librdmacm.so.1"]);
 }
 
 #[test]
@@ -416,4 +422,61 @@ fn without_a_usable_xdg_runtime_dir_the_library_directory_goes_in_tmpdir() {
         Some(dirs[0].to_str().expect("UTF-8 path"))
     );
     assert!(library_dirs(&runtime).is_empty());
+}
+
+#[test]
+fn rping_runs_through_the_drop_in_librdmacm_that_run_puts_beside_the_verbs_library() {
+    // rping(1): the client connects through the RDMA CM, both sides verify (-V) every ping.
+    require("rping", "rdmacm-utils");
+    let runtime = private_dir("rping");
+    let server_addr = "127.0.0.238";
+    let start_server = || {
+        softverbs(&runtime)
+            .args(["run", "--addr", server_addr, "--", "rping", "-s", "-a"])
+            .args([server_addr, "-p", "7471", "-V", "-C", "20"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the rping server")
+    };
+    // A client that comes before the server's rdma_listen is rejected (REJ 8, "connection
+    // refused" as the kernel's CM answers): try again, a bounded number of times.
+    let mut last = String::new();
+    for _attempt in 0..5 {
+        let mut server = start_server();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let (code, out, err) = bounded(softverbs(&runtime).args([
+            "run",
+            "--addr",
+            "127.0.0.239",
+            "--",
+            "rping",
+            "-c",
+            "-a",
+            server_addr,
+            "-p",
+            "7471",
+            "-V",
+            "-C",
+            "20",
+        ]));
+        if code != 0 {
+            // The server would wait for a client that gave up.
+            let _ = server.kill();
+        }
+        let served = finish(server);
+        if code == 0 && served.status.success() {
+            return;
+        }
+        last = format!(
+            "client exit {code}\n{out}{err}\nserver {:?}\n{}{}",
+            served.status,
+            String::from_utf8_lossy(&served.stdout),
+            String::from_utf8_lossy(&served.stderr)
+        );
+        if !last.contains("REJECTED") {
+            break;
+        }
+    }
+    panic!("rping over softverbs run failed:\n{last}");
 }
