@@ -174,6 +174,9 @@ static void client_no_listener(int server, int port)
 	struct rdma_cm_id *id = client_connect(server, port + 1, &ch);
 	struct rdma_cm_event *e = expect(ch, RDMA_CM_EVENT_REJECTED);
 	CHECK(e->status == 8);
+	/* rdma_get_cm_event(3): the event's id is the connecting id; listen_id is only set
+	 * for connection requests. */
+	CHECK(e->id == id && e->listen_id == NULL);
 	CHECK(rdma_ack_cm_event(e) == 0);
 	client_close(id, ch);
 }
