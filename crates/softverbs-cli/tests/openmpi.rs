@@ -1,7 +1,8 @@
 //! Open MPI 4.1 (Debian's `openmpi-bin`, `libopenmpi-dev`) on the drop-in: an MPI
 //! ping-pong over 2 ranks and `MPI_Allreduce` over 4 ranks, with the verbs path forced —
 //! `--mca pml ucx` (UCX over rc_verbs) and `--mca pml cm --mca mtl ofi` with libfabric's
-//! `verbs;ofi_rxd` — and every rank's device counters showing that softverbs carried the
+//! `verbs;ofi_rxd` and with `verbs;ofi_rxm` (RC connections through the drop-in
+//! librdmacm) — and every rank's device counters showing that softverbs carried the
 //! messages.
 //!
 //! `mpirun` itself runs under `softverbs run`, so every rank inherits the drop-in on
@@ -10,7 +11,10 @@
 //! `--allow-run-as-root` only when the caller is root. Each rank is its own process with
 //! its own device: `mpirun` starts a small wrapper that sets `SOFTVERBS_ADDR` to
 //! 127.0.0.(base + `OMPI_COMM_WORLD_RANK`) and execs the program.
-//! (The `btl openib` and `verbs;ofi_rxm` paths need the RDMA connection manager.)
+//! `--mca btl openib` is not among them: Debian's Open MPI 4.1.4 builds the openib BTL
+//! with the udcm connection scheme only (no rdmacm CPC: `mca_btl_openib.so` does not link
+//! librdmacm), udcm refuses a port whose link layer is not InfiniBand (softverbs is RoCE),
+//! and the BTL first wants `$(ibv_get_sysfs_path)/class/infiniband` to be a directory.
 //!
 //! A missing program is a failure naming the Debian package, never a skip.
 
@@ -106,6 +110,9 @@ enum VerbsPath {
     PmlUcx,
     /// `--mca pml cm --mca mtl ofi`, libfabric's `verbs;ofi_rxd`.
     MtlOfiRxd,
+    /// `--mca pml cm --mca mtl ofi`, libfabric's `verbs;ofi_rxm`: RC endpoints the verbs
+    /// provider connects through the drop-in librdmacm.
+    MtlOfiRxm,
 }
 
 /// Runs `program` over `ranks` ranks on `path`, rank r as 127.0.0.(base + r); asserts it
@@ -144,6 +151,19 @@ fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> S
             ]
             .map(String::from),
         ),
+        VerbsPath::MtlOfiRxm => args.extend(
+            [
+                "--mca",
+                "pml",
+                "cm",
+                "--mca",
+                "mtl",
+                "ofi",
+                "-x",
+                "FI_PROVIDER=verbs;ofi_rxm",
+            ]
+            .map(String::from),
+        ),
     }
     for name in ["LD_LIBRARY_PATH", "SOFTVERBS_STATS", "SOFTVERBS_RANK_BASE"] {
         args.extend(["-x".to_string(), name.to_string()]);
@@ -170,7 +190,7 @@ fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> S
     for rank in 0..ranks {
         let address = format!("127.0.0.{}", base + rank);
         let line = stacks::assert_carried(&stderr, &address, min);
-        if matches!(path, VerbsPath::PmlUcx) {
+        if matches!(path, VerbsPath::PmlUcx | VerbsPath::MtlOfiRxm) {
             assert!(
                 stacks::counter(line, "acks_sent") > 0,
                 "rank {rank} sent no RC acknowledgement: {line}"
@@ -207,5 +227,20 @@ fn mpi_pingpong_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
 fn mpi_allreduce_over_four_ranks_runs_over_mtl_ofi_on_verbs_ofi_rxd() {
     let exe = mpicc(ALLREDUCE, "allreduce-ofi");
     let out = mpirun(VerbsPath::MtlOfiRxd, &exe, 4, 168, 50);
+    assert!(out.contains("allreduce ok: 4 ranks"), "{out}");
+}
+
+#[test]
+fn mpi_pingpong_runs_over_mtl_ofi_on_verbs_ofi_rxm() {
+    let exe = mpicc(PINGPONG, "pingpong-rxm");
+    let out = mpirun(VerbsPath::MtlOfiRxm, &exe, 2, 190, 1000);
+    assert!(out.contains("pingpong ok: 1000 round trips"), "{out}");
+    eprintln!("mtl ofi verbs;ofi_rxm: {}", out.trim());
+}
+
+#[test]
+fn mpi_allreduce_over_four_ranks_runs_over_mtl_ofi_on_verbs_ofi_rxm() {
+    let exe = mpicc(ALLREDUCE, "allreduce-rxm");
+    let out = mpirun(VerbsPath::MtlOfiRxm, &exe, 4, 192, 50);
     assert!(out.contains("allreduce ok: 4 ranks"), "{out}");
 }

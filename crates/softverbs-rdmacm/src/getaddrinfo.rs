@@ -63,7 +63,7 @@ fn resolve(
 }
 
 /// `rdma_getaddrinfo(3)`: 0, -1 with errno (`EINVAL`: NULL `res`, neither node nor
-/// service), or the resolver's `EAI_*` code.
+/// service nor an address in the hints), or the resolver's `EAI_*` code.
 ///
 /// # Safety
 ///
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     match boundary::guarded(|| {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() {
             return Err(-libc::EINVAL);
         }
         // SAFETY: caller's contract.
@@ -112,37 +112,61 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
         if passive {
             ai_flags |= libc::AI_PASSIVE;
         }
-        let addrs = match node {
-            None if passive => {
-                let port = match service {
-                    Some(s) => resolve(
-                        Some(c"0.0.0.0"),
-                        Some(s),
-                        libc::AF_INET,
-                        libc::AI_NUMERICHOST,
-                    )
-                    .map_err(|e| e.abs())?
-                    .first()
-                    .map_or(0, |a| a.port()),
-                    None => 0,
-                };
-                let ip: IpAddr = if family == libc::AF_INET6 {
-                    Ipv6Addr::UNSPECIFIED.into()
-                } else {
-                    Ipv4Addr::UNSPECIFIED.into()
-                };
-                vec![SocketAddr::new(ip, port)]
-            }
-            _ => resolve(node, service, family, ai_flags).map_err(|e| e.abs())?,
-        };
-        let src_hint = h.and_then(|h| {
-            (!h.ai_src_addr.is_null())
-                // SAFETY: the hints' address is a valid sockaddr (caller's contract).
-                .then(|| unsafe { addr::read(h.ai_src_addr) }.ok())
+        let hint_addr = |p: *mut libc::sockaddr| {
+            (!p.is_null())
+                // SAFETY: the hints' addresses are valid sockaddrs (caller's contract).
+                .then(|| unsafe { addr::read(p) }.ok())
                 .flatten()
-        });
+        };
+        let src_hint = h.and_then(|h| hint_addr(h.ai_src_addr));
+        let dst_hint = h.and_then(|h| hint_addr(h.ai_dst_addr));
+        // Each result: (source, destination).
+        let entries: Vec<(Option<SocketAddr>, Option<SocketAddr>)> =
+            if node.is_none() && service.is_none() {
+                // No name: the hints' own addresses, as rdma-core's resolves them (libfabric's
+                // verbs provider asks so with the peer's address in `ai_dst_addr`).
+                if src_hint.is_none() && dst_hint.is_none() {
+                    return Err(-libc::EINVAL);
+                }
+                vec![(src_hint, dst_hint)]
+            } else {
+                let addrs = match node {
+                    None if passive => {
+                        let port = match service {
+                            Some(s) => resolve(
+                                Some(c"0.0.0.0"),
+                                Some(s),
+                                libc::AF_INET,
+                                libc::AI_NUMERICHOST,
+                            )
+                            .map_err(|e| e.abs())?
+                            .first()
+                            .map_or(0, |a| a.port()),
+                            None => 0,
+                        };
+                        let ip: IpAddr = if family == libc::AF_INET6 {
+                            Ipv6Addr::UNSPECIFIED.into()
+                        } else {
+                            Ipv4Addr::UNSPECIFIED.into()
+                        };
+                        vec![SocketAddr::new(ip, port)]
+                    }
+                    _ => resolve(node, service, family, ai_flags).map_err(|e| e.abs())?,
+                };
+                addrs
+                    .into_iter()
+                    .map(|a| {
+                        if passive {
+                            (Some(a), None)
+                        } else {
+                            (src_hint, Some(a))
+                        }
+                    })
+                    .collect()
+            };
         let mut head: *mut rdma_addrinfo = std::ptr::null_mut();
-        for a in addrs.into_iter().rev() {
+        for (src, dst) in entries.into_iter().rev() {
+            let a = dst.or(src).ok_or(-libc::EINVAL)?;
             // SAFETY: plain allocation, freed by `rdma_freeaddrinfo`.
             let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
                 as *mut rdma_addrinfo;
@@ -163,20 +187,15 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             r.ai_port_space = ps as c_int;
             r.ai_next = head;
             head = ai;
-            let (slot, len) = if passive {
-                (&mut r.ai_src_addr, &mut r.ai_src_len)
-            } else {
-                (&mut r.ai_dst_addr, &mut r.ai_dst_len)
-            };
-            let (p, l) = addr::malloc_sockaddr(a).map_err(|e| -e)?;
-            *slot = p;
-            *len = l;
-            if !passive {
-                if let Some(s) = src_hint {
-                    let (p, l) = addr::malloc_sockaddr(s).map_err(|e| -e)?;
-                    r.ai_src_addr = p;
-                    r.ai_src_len = l;
-                }
+            if let Some(s) = src {
+                let (p, l) = addr::malloc_sockaddr(s).map_err(|e| -e)?;
+                r.ai_src_addr = p;
+                r.ai_src_len = l;
+            }
+            if let Some(d) = dst {
+                let (p, l) = addr::malloc_sockaddr(d).map_err(|e| -e)?;
+                r.ai_dst_addr = p;
+                r.ai_dst_len = l;
             }
         }
         if head.is_null() {

@@ -230,10 +230,27 @@ pub(crate) fn complete_sync(p: *mut rdma_cm_id) -> Result<(), Errno> {
 pub(crate) fn bind(st: &mut State, p: *mut rdma_cm_id, a: SocketAddr) -> Result<(), Errno> {
     let key = p as usize;
     st.open_devices()?;
+    let mut a = a;
     let dev = if a.ip().is_unspecified() {
         None
+    } else if let Some(d) = st.device_of_ip(a.ip()) {
+        Some(d)
+    } else if a.ip().is_loopback()
+        && st
+            .devices
+            .first()
+            .and_then(|d| d.ip())
+            .map(|ip| ip.is_ipv4())
+            == Some(a.is_ipv4())
+    {
+        // A loopback address no device holds (`localhost`, as libfabric's verbs provider
+        // binds when given no address) stands for this host: the first device, as the
+        // kernel's CM binds loopback to its first active port; the id takes that device's
+        // address, so a peer told it (`rdma_get_local_addr`) reaches this process.
+        a.set_ip(st.devices[0].ip().ok_or(libc::EADDRNOTAVAIL)?);
+        Some(0)
     } else {
-        Some(st.device_of_ip(a.ip()).ok_or(libc::EADDRNOTAVAIL)?)
+        return Err(libc::EADDRNOTAVAIL);
     };
     let id = st.id(p)?;
     if id.phase != Phase::Idle {
@@ -261,8 +278,8 @@ pub(crate) fn bind(st: &mut State, p: *mut rdma_cm_id, a: SocketAddr) -> Result<
 }
 
 /// `rdma_bind_addr(3)`: 0, or -1 with errno (`EINVAL` bad id or already bound,
-/// `EAFNOSUPPORT` not IPv4/IPv6, `EADDRNOTAVAIL` no device holds the address,
-/// `EADDRINUSE` the port is taken in the id's port space).
+/// `EAFNOSUPPORT` not IPv4/IPv6, `EADDRNOTAVAIL` no device holds the address (a loopback
+/// address none holds binds to the first device, with its address), `EADDRINUSE` the port is taken in the id's port space).
 ///
 /// # Safety
 ///
@@ -468,6 +485,19 @@ pub extern "C" fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_
         st.id(id)?;
         if !channel.is_null() && !st.channels.contains_key(&(channel as usize)) {
             return Err(libc::EINVAL);
+        }
+        let i = st.id(id)?;
+        if i.sync {
+            // A synchronous id holds its last event (`id->event`) until its next call:
+            // this is that call, so the event is acknowledged here, not waited for.
+            let p = i.ptr.0;
+            // SAFETY: a live id (found in the table).
+            let last = unsafe { std::mem::replace(&mut (*p).event, std::ptr::null_mut()) };
+            if !last.is_null() {
+                drop(st);
+                let _ = ack_event(last);
+                st = lock();
+            }
         }
         loop {
             let i = st.id(id)?;

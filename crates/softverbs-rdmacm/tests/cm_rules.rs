@@ -158,3 +158,11 @@ fn a_disconnect_by_the_active_side_reaches_both() {
 fn a_disconnect_by_the_passive_side_reaches_both() {
     scenario("passive_disconnects", 171, 172, 7401);
 }
+
+/// What libfabric's verbs provider calls: rdma_getaddrinfo(3) with only the hints'
+/// addresses, rdma_bind_addr(3) to 127.0.0.1 (bound to the device, its address as the
+/// source), rdma_migrate_id(3) of a synchronous id holding its last event.
+#[test]
+fn libfabric_style_getaddrinfo_loopback_bind_and_sync_migrate_work() {
+    scenario("libfabric_calls", 189, 0, 0);
+}

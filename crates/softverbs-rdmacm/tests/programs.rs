@@ -239,10 +239,14 @@ fn cmtime_connects_and_disconnects_20_ids() {
 /// perftest opens two connections: a control one for its parameter exchange, then, as soon
 /// as that exchange ends, the data one, for which the server creates a new listening id.
 /// When the client's data REQ beats the server's new `rdma_listen`, the rejection (REJ 8,
-/// as the kernel's CM gives) is right, and perftest's own retry then fails on
-/// `rdma_destroy_id` of a pointer that is no id (an unaligned address it never got from
-/// `rdma_create_id`). Such a run is started again, at most 3 times in all; any other
-/// failure fails the test.
+/// as the kernel's CM gives; the REJECTED event's `id` is the connecting id, pinned in
+/// `cm_rules.rs`) is right, and Debian's perftest 4.5-0.17 then breaks its own retry:
+/// `rdma_cm_client_connection` calls `rdma_cm_destroy_cma` (every node's id destroyed,
+/// `free(ctx->cma_master.nodes)`) and retries on the freed `nodes`, so the next
+/// `rdma_destroy_id` gets whatever the reused memory holds. perftest fixed that upstream
+/// (commit 3d9d8d0, "Fix crashes and logical flaws in RDMA CM connection retry", first in
+/// 26.04.17: the nodes are allocated again before each retry). Until Debian ships it, such
+/// a run is started again, at most 3 times in all; any other failure fails the test.
 #[test]
 fn ib_send_lat_connects_through_rdma_cm() {
     let mut runs = Vec::new();

@@ -174,6 +174,9 @@ static void client_no_listener(int server, int port)
 	struct rdma_cm_id *id = client_connect(server, port + 1, &ch);
 	struct rdma_cm_event *e = expect(ch, RDMA_CM_EVENT_REJECTED);
 	CHECK(e->status == 8);
+	/* rdma_get_cm_event(3): the event's id is the connecting id; listen_id is only set
+	 * for connection requests. */
+	CHECK(e->id == id && e->listen_id == NULL);
 	CHECK(rdma_ack_cm_event(e) == 0);
 	client_close(id, ch);
 }
@@ -346,6 +349,52 @@ static void bad_arguments(int own)
 	rdma_destroy_event_channel(ch);
 }
 
+/* What libfabric's verbs provider relies on: rdma_getaddrinfo(3) with no name resolves
+ * the hints' own addresses; rdma_bind_addr(3) to the loopback address binds to the
+ * device, with its address as the id's source; rdma_migrate_id(3) of a synchronous id
+ * (NULL channel) acknowledges the event the id holds instead of waiting for it. */
+static void libfabric_calls(int server)
+{
+	struct rdma_addrinfo hints, *res = NULL;
+	struct sockaddr_in dst = sin_of(server, 7501), lo = sin_of(1, 0), *got;
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	set_addr(server);
+	alarm(60);
+
+	memset(&hints, 0, sizeof hints);
+	hints.ai_port_space = RDMA_PS_TCP;
+	hints.ai_dst_addr = (struct sockaddr *)&dst;
+	hints.ai_dst_len = sizeof dst;
+	CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == 0);
+	CHECK(res && res->ai_dst_addr && res->ai_dst_len == sizeof dst && !res->ai_src_addr);
+	CHECK(memcmp(res->ai_dst_addr, &dst, sizeof dst) == 0);
+	CHECK(res->ai_family == AF_INET);
+	rdma_freeaddrinfo(res);
+	memset(&hints, 0, sizeof hints);
+	errno = 0;
+	CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &res) == -1 && errno == EINVAL);
+
+	CHECK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(id, (struct sockaddr *)&lo) == 0);
+	CHECK(id->verbs != NULL);
+	got = (struct sockaddr_in *)rdma_get_local_addr(id);
+	CHECK(got->sin_family == AF_INET && got->sin_addr.s_addr == dst.sin_addr.s_addr);
+	CHECK(rdma_destroy_id(id) == 0);
+
+	CHECK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0);
+	CHECK(id->event && id->event->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+	CHECK((ch = rdma_create_event_channel()) != NULL);
+	CHECK(rdma_migrate_id(id, ch) == 0);
+	CHECK(id->channel == ch);
+	CHECK(rdma_resolve_route(id, 2000) == 0);
+	CHECK(rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED)) == 0);
+	CHECK(rdma_destroy_id(id) == 0);
+	rdma_destroy_event_channel(ch);
+	alarm(0);
+}
+
 int main(int argc, char **argv)
 {
 	int server, client, port, r = 0;
@@ -370,6 +419,8 @@ int main(int argc, char **argv)
 		destroy_waits_for_ack(server);
 	else if (!strcmp(scenario, "nonblocking_channel"))
 		nonblocking_channel(server);
+	else if (!strcmp(scenario, "libfabric_calls"))
+		libfabric_calls(server);
 	else if (!strcmp(scenario, "bad_arguments"))
 		bad_arguments(server);
 	else {
