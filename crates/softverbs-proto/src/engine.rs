@@ -62,6 +62,10 @@ macro_rules! ctx {
     };
 }
 
+/// The size of one scatter/gather entry in a send WQE (`struct ibv_sge`), the unit of the
+/// room a WQE has for inline data.
+const SGE_BYTES: u32 = 16;
+
 impl Engine {
     /// A new engine with no QPs.
     pub fn new(config: EngineConfig) -> Self {
@@ -91,7 +95,13 @@ impl Engine {
 
     /// `ibv_create_qp`: a new QP in RESET; returns its number, never 0 or 1 (QP0 and QP1
     /// are the management QPs, IBTA 13.5; QP1 is the engine's own, [`Engine::poll_gsi`]).
-    pub fn create_qp(&mut self, init: QpInit) -> Result<u32, VerbsError> {
+    ///
+    /// The capacities the QP gets may exceed those asked for (`ibv_create_qp(3)`: "the
+    /// actual values … may be greater"): as rxe, a send WQE has room for at least
+    /// `max_send_sge` scatter/gather entries of 16 bytes, and that room carries inline data
+    /// too, so `max_inline_data` is raised to `16 × max_send_sge` (within the device's
+    /// limit). The front doors report the capacities the QP got.
+    pub fn create_qp(&mut self, mut init: QpInit) -> Result<u32, VerbsError> {
         let c = &init.caps;
         let limits = [
             (
@@ -122,6 +132,11 @@ impl Engine {
         if let Some(id) = init.srq {
             self.srqs.get_mut(&id.0).ok_or(no_srq(id))?.users += 1;
         }
+        let wqe_room = init.caps.max_send_sge.saturating_mul(SGE_BYTES);
+        init.caps.max_inline_data = init
+            .caps
+            .max_inline_data
+            .max(wqe_room.min(self.config.max_inline_data));
         let mut qpn = self.next_qpn;
         while !(2..0xFF_FFFF).contains(&qpn) || self.qps.contains_key(&qpn) {
             qpn = if qpn >= 0xFF_FFFE { 2 } else { qpn + 1 };

@@ -292,3 +292,34 @@ fn a_cq_polled_from_four_threads_delivers_each_completion_once() {
     ids.sort_unstable();
     assert_eq!(ids, (0..N).collect::<Vec<_>>());
 }
+
+/// `ibv_create_qp(3)`: "the actual values … may be greater" than the capacities asked
+/// for. As rxe, a send WQE has room for `max_send_sge` scatter/gather entries of 16 bytes
+/// and that room carries inline data: a QP asking for no inline data still takes 16 bytes
+/// per entry (rdma_xclient posts 16 inline bytes on such a QP), the capacity reported is
+/// the one the QP got, and a request above it is still refused.
+#[test]
+fn max_inline_data_grows_to_the_send_wqes_scatter_gather_room() {
+    let ctx = in_process();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.cq_builder(16).build().unwrap();
+    for (sges, inline, got) in [(1, 0, 16), (4, 0, 64), (4, 100, 100), (2, 8, 32)] {
+        let qp = pd
+            .qp_builder(QpType::Rc, &cq, &cq)
+            .max_send_sge(sges)
+            .max_inline_data(inline)
+            .build()
+            .unwrap();
+        let (_, init) = qp.query().unwrap();
+        assert_eq!(
+            init.caps.max_inline_data, got,
+            "max_send_sge {sges}, max_inline_data {inline}"
+        );
+    }
+    let (a, _b) = rc_pair(in_process(), in_process());
+    let too_long = [0u8; 2048];
+    assert!(
+        a.qp.post_send(SendRequest::send_inline(1, &too_long)).is_err(),
+        "inline data beyond the QP's capacity is refused"
+    );
+}
