@@ -76,6 +76,7 @@ pub(crate) fn qp_attr(
             let r = id.remote.ok_or(libc::EINVAL)?;
             let dev = id.dev.ok_or(libc::EINVAL)?;
             let tos = id.tos;
+            let local_psn = id.local_psn;
             let sgid_index = st.devices[dev]
                 .gids
                 .iter()
@@ -98,7 +99,10 @@ pub(crate) fn qp_attr(
             };
             attr.path_mtu = r.mtu;
             attr.dest_qp_num = r.qpn;
-            attr.rq_psn = r.psn;
+            // The Starting PSN a side puts in its REQ or REP is the PSN it will receive
+            // from (IBTA 12.7.39; the kernel's cm.c sets the peer's send PSN from it):
+            // this side receives from its own, and sends from the peer's.
+            attr.rq_psn = local_psn;
             m |= mask::AV | mask::PATH_MTU | mask::DEST_QPN | mask::RQ_PSN;
             if qp_type == IBV_QPT_RC {
                 attr.max_dest_rd_atomic = r.responder_resources.min(MAX_RD_ATOMIC);
@@ -107,7 +111,11 @@ pub(crate) fn qp_attr(
             }
         }
         IBV_QPS_RTS => {
-            attr.sq_psn = if ud { 0 } else { id.local_psn };
+            attr.sq_psn = match (ud, id.remote) {
+                (true, _) => 0,
+                (false, Some(r)) => r.psn,
+                (false, None) => return Err(libc::EINVAL),
+            };
             m |= mask::SQ_PSN;
             if qp_type == IBV_QPT_RC {
                 let r = id.remote.ok_or(libc::EINVAL)?;
