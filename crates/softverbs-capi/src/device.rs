@@ -36,6 +36,16 @@ use crate::verbs_h::{
     IBV_DEVICE_SYS_IMAGE_GUID, IBV_GID_TYPE_ROCE_V2, IBV_GID_TYPE_SYSFS_ROCE_V2,
     IBV_LINK_LAYER_ETHERNET, IBV_PORT_ACTIVE, IBV_PORT_IP_BASED_GIDS, IBV_VALUES_MASK_RAW_CLOCK,
 };
+
+// `enum ib_uverbs_device_cap_flags` bits of `device_cap_flags_ex` (`rdma/ib_user_ioctl_verbs.h`
+// of kernel ≥ 6.2 / rdma-core ≥ 45); Debian 12's rdma-core 44 headers do not name them, so
+// they are not in `verbs_h.rs` (whose constants a test checks against the installed headers).
+/// `IB_UVERBS_DEVICE_FLUSH_GLOBAL`.
+const IB_UVERBS_DEVICE_FLUSH_GLOBAL: u64 = 1 << 38;
+/// `IB_UVERBS_DEVICE_FLUSH_PERSISTENT`.
+const IB_UVERBS_DEVICE_FLUSH_PERSISTENT: u64 = 1 << 39;
+/// `IB_UVERBS_DEVICE_ATOMIC_WRITE`.
+const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 use softverbs::core::cq::DeviceClock;
 use std::ffi::{c_char, c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
@@ -116,7 +126,13 @@ fn device_attr_ex(entry: &DeviceEntry) -> ibv_device_attr_ex {
         odp_caps: ibv_odp_caps::default(),
         completion_timestamp_mask: d.completion_timestamp_mask,
         hca_core_clock: d.hca_core_clock_khz,
-        device_cap_flags_ex: u64::from(device_attr(entry).device_cap_flags),
+        // IBTA 1.5 (the kernel's IB_UVERBS_DEVICE_FLUSH_GLOBAL / _PERSISTENT /
+        // _ATOMIC_WRITE, bits 38–40, as rxe reports them): FLUSH of both placement types
+        // (persistent = a memory fence: there is no persistent memory) and ATOMIC WRITE.
+        device_cap_flags_ex: u64::from(device_attr(entry).device_cap_flags)
+            | IB_UVERBS_DEVICE_FLUSH_GLOBAL
+            | IB_UVERBS_DEVICE_FLUSH_PERSISTENT
+            | IB_UVERBS_DEVICE_ATOMIC_WRITE,
         tso_caps: ibv_tso_caps::default(),
         rss_caps: ibv_rss_caps::default(),
         max_wq_type_rq: 0,

@@ -165,6 +165,8 @@ verbs_h! {
     IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
     /// `IBV_QP_EX_WITH_BIND_MW` (`enum ibv_qp_create_send_ops_flags`).
     IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+    /// `IBV_QP_EX_WITH_ATOMIC_WRITE` (`enum ibv_qp_create_send_ops_flags`, rdma-core 44).
+    IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 
     // ---------------------------------------------------------------- work requests
 

@@ -111,6 +111,22 @@ mod imp {
         "    mov eax, 1",
         "    ret",
         ".size softverbs_guarded_xadd, . - softverbs_guarded_xadd",
+        // u32 softverbs_guarded_xchg(word: *mut u64 (rdi), value: u64 (rsi)) -> 0 | 1
+        // (xchg with a memory operand is locked: one atomic 8-byte store.)
+        ".balign 16",
+        ".globl softverbs_guarded_xchg",
+        ".hidden softverbs_guarded_xchg",
+        ".type softverbs_guarded_xchg,@function",
+        "softverbs_guarded_xchg:",
+        "    mov rax, rsi",
+        ".Lsoftverbs_xchg_access:",
+        "    xchg qword ptr [rdi], rax",
+        "    xor eax, eax",
+        "    ret",
+        ".Lsoftverbs_xchg_fixup:",
+        "    mov eax, 1",
+        "    ret",
+        ".size softverbs_guarded_xchg, . - softverbs_guarded_xchg",
         ".popsection",
         // The exception table: (faulting instruction, recovery code) pairs.
         ".pushsection .data.rel.ro.softverbs_guarded,\"aw\",@progbits",
@@ -121,11 +137,12 @@ mod imp {
         "    .quad .Lsoftverbs_copy_access, .Lsoftverbs_copy_fixup",
         "    .quad .Lsoftverbs_cas_access, .Lsoftverbs_cas_fixup",
         "    .quad .Lsoftverbs_xadd_access, .Lsoftverbs_xadd_fixup",
+        "    .quad .Lsoftverbs_xchg_access, .Lsoftverbs_xchg_fixup",
         ".popsection",
     );
 
     /// Entries of `softverbs_guarded_fixups`.
-    const FIXUPS: usize = 3;
+    const FIXUPS: usize = 4;
 
     extern "C" {
         fn softverbs_guarded_copy(dst: *mut u8, src: *const u8, len: usize) -> usize;
@@ -136,6 +153,7 @@ mod imp {
             original: *mut u64,
         ) -> u32;
         fn softverbs_guarded_xadd(word: *mut u64, add: u64, original: *mut u64) -> u32;
+        fn softverbs_guarded_xchg(word: *mut u64, value: u64) -> u32;
         static softverbs_guarded_fixups: [[usize; 2]; FIXUPS];
     }
 
@@ -292,6 +310,20 @@ mod imp {
             _ => Err(Faulted { moved: 0 }),
         }
     }
+
+    /// See [`super::store`].
+    ///
+    /// # Safety
+    ///
+    /// See [`super::store`].
+    pub unsafe fn store(word: *mut u64, value: u64) -> Result<(), Faulted> {
+        ensure_installed();
+        // SAFETY: forwarded contract; the routine touches only the word.
+        match unsafe { softverbs_guarded_xchg(word, value) } {
+            0 => Ok(()),
+            _ => Err(Faulted { moved: 0 }),
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -354,6 +386,15 @@ mod imp {
         // SAFETY: per the contract.
         Ok(unsafe { AtomicU64::from_ptr(word) }.fetch_add(add, Ordering::SeqCst))
     }
+
+    /// # Safety
+    ///
+    /// `word` is valid, aligned, accessed only atomically.
+    pub unsafe fn store(word: *mut u64, value: u64) -> Result<(), Faulted> {
+        // SAFETY: per the contract.
+        unsafe { AtomicU64::from_ptr(word) }.store(value, Ordering::SeqCst);
+        Ok(())
+    }
 }
 
 /// Whether accesses through this module survive unmapped memory on this architecture.
@@ -405,6 +446,18 @@ pub unsafe fn compare_swap(word: *mut u64, compare: u64, swap: u64) -> Result<u6
 pub unsafe fn fetch_add(word: *mut u64, add: u64) -> Result<u64, Faulted> {
     // SAFETY: forwarded contract.
     unsafe { imp::fetch_add(word, add) }
+}
+
+/// Stores `value` in the 8-byte word at `word` at once (sequentially consistent, a single
+/// locked store no reader sees half of: IBTA 1.5's ATOMIC WRITE), or returns [`Faulted`]
+/// if the word is not mapped writable (x86-64).
+///
+/// # Safety
+///
+/// As [`compare_swap`].
+pub unsafe fn store(word: *mut u64, value: u64) -> Result<(), Faulted> {
+    // SAFETY: forwarded contract.
+    unsafe { imp::store(word, value) }
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -504,6 +557,9 @@ mod tests {
             // SAFETY: as above.
             let added = unsafe { fetch_add(word, 1) };
             assert_eq!(added, Err(Faulted { moved: 0 }));
+            // SAFETY: as above (the ATOMIC WRITE store).
+            let stored = unsafe { store(word, 1) };
+            assert_eq!(stored, Err(Faulted { moved: 0 }));
         }
         let mut value = 5u64;
         // SAFETY: a local aligned word.
@@ -513,6 +569,9 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { compare_swap(&mut value, 8, 7) }, Ok(42));
         assert_eq!(value, 42);
+        // SAFETY: as above.
+        assert_eq!(unsafe { store(&mut value, 0x0102_0304_0506_0708) }, Ok(()));
+        assert_eq!(value, 0x0102_0304_0506_0708);
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! needs the IP header), with the payload gathered in place.
 
 use softverbs_wire::{
-    bth, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, OpKind,
-    Opcode, PacketRepr, Position, Psn, Qpn, RethRepr, WireError,
+    bth, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr,
+    OpKind, Opcode, PacketRepr, Position, Psn, Qpn, RethRepr, WireError,
 };
 
 /// BTH length.
@@ -39,6 +39,8 @@ pub(crate) enum Kind {
     AtomicAck,
     CompareSwap,
     FetchAdd,
+    Flush,
+    AtomicWrite,
 }
 
 /// Static facts about one opcode (reference §1.5).
@@ -55,6 +57,7 @@ pub(crate) struct OpInfo {
     pub ieth: bool,
     pub atomic_eth: bool,
     pub atomic_ack: bool,
+    pub feth: bool,
     pub payload: bool,
 }
 
@@ -78,6 +81,8 @@ impl OpInfo {
                 OpKind::AtomicAcknowledge => Kind::AtomicAck,
                 OpKind::CompareSwap => Kind::CompareSwap,
                 OpKind::FetchAdd => Kind::FetchAdd,
+                OpKind::Flush => Kind::Flush,
+                OpKind::AtomicWrite => Kind::AtomicWrite,
             },
             first: matches!(w.position, Position::First | Position::Only),
             last: matches!(w.position, Position::Last | Position::Only),
@@ -88,6 +93,7 @@ impl OpInfo {
             ieth: w.has_ieth,
             atomic_eth: w.has_atomic_eth,
             atomic_ack: w.has_atomic_ack_eth,
+            feth: w.has_feth,
             payload: w.has_payload,
         })
     }
@@ -103,6 +109,9 @@ impl OpInfo {
         let mut n = 0;
         if self.deth {
             n += 8;
+        }
+        if self.feth {
+            n += 4;
         }
         if self.reth {
             n += 16;
@@ -151,6 +160,8 @@ pub(crate) mod op {
     pub const FETCH_ADD: u8 = 0x14;
     pub const SEND_LAST_INV: u8 = 0x16;
     pub const SEND_ONLY_INV: u8 = 0x17;
+    pub const FLUSH: u8 = 0x1C;
+    pub const ATOMIC_WRITE: u8 = 0x1D;
     pub const UC_BASE: u8 = 0x20;
     pub const UD_SEND_ONLY: u8 = 0x64;
     pub const UD_SEND_ONLY_IMM: u8 = 0x65;
@@ -182,6 +193,13 @@ pub(crate) struct AtomicEth {
     pub rkey: u32,
     pub swap_add: u64,
     pub compare: u64,
+}
+
+/// FLUSH extended transport header (IBTA 1.5): placement type and selectivity level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Feth {
+    pub placement: u8,
+    pub selectivity: u8,
 }
 
 /// AETH: syndrome byte and MSN.
@@ -223,6 +241,7 @@ pub(crate) struct Headers {
     pub ieth: Option<u32>,
     pub atomic_eth: Option<AtomicEth>,
     pub atomic_ack: Option<u64>,
+    pub feth: Option<Feth>,
 }
 
 /// A parsed packet: headers, opcode facts and the payload (pad and ICRC removed).
@@ -282,6 +301,10 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Packet<'_>, ParseError> {
             compare: a.compare,
         }),
         atomic_ack: repr.atomic_ack_eth.map(|a| a.orig),
+        feth: repr.feth.map(|f| Feth {
+            placement: f.placement_type,
+            selectivity: f.selectivity_level,
+        }),
     };
     Ok(Packet { hdr, info, payload })
 }
@@ -319,6 +342,10 @@ fn to_repr(hdr: &Headers) -> PacketRepr {
             compare: a.compare,
         }),
         atomic_ack_eth: hdr.atomic_ack.map(|orig| AtomicAckEthRepr { orig }),
+        feth: hdr.feth.map(|f| FethRepr {
+            placement_type: f.placement,
+            selectivity_level: f.selectivity,
+        }),
     }
 }
 
@@ -401,6 +428,10 @@ mod tests {
                     compare: 3,
                 }),
                 atomic_ack: info.atomic_ack.then_some(0x0102_0304_0506_0708),
+                feth: info.feth.then_some(Feth {
+                    placement: 2,
+                    selectivity: 1,
+                }),
             };
             let payload: &[u8] = if info.payload { b"abc" } else { b"" };
             let mut buf = [0u8; 128];

@@ -344,7 +344,10 @@ impl Qp {
             return false;
         }
         let in_range = psn::diff(psn, w.first_psn) >= 0 && psn::diff(psn, w.last_psn()) <= 0;
-        if !matches!(w.wr.op, SendOp::RdmaRead { .. }) || !in_range {
+        // An ATOMIC WRITE or FLUSH is answered by a zero-length READ RESPONSE ONLY (IBTA
+        // 1.5; rxe's `send_read_response_ack`).
+        let read_like = matches!(w.wr.op, SendOp::RdmaRead { .. }) || w.wr.op.is_placement();
+        if !read_like || !in_range {
             self.complete_head(WcStatus::BadRespErr, 0, ctx);
             return true;
         }

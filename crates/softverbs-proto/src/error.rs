@@ -238,6 +238,16 @@ pub enum VerbsError {
         /// [`MAD_LEN`](crate::MAD_LEN).
         max: usize,
     },
+    /// A FLUSH whose placement type is empty or has bits `ibv_wr_post(3)` does not name
+    /// (`IBV_FLUSH_GLOBAL`, `IBV_FLUSH_PERSISTENT`), or whose selectivity level is neither
+    /// `IBV_FLUSH_RANGE` nor `IBV_FLUSH_MR`.
+    #[error("a FLUSH with placement type {placement:#x} and selectivity level {selectivity} is not one ibv_wr_flush names")]
+    BadFlush {
+        /// The placement type asked for.
+        placement: u8,
+        /// The selectivity level asked for.
+        selectivity: u8,
+    },
     /// An atomic whose local buffer is not 8 bytes.
     #[error("an atomic needs exactly 8 bytes of local buffer, not {len}")]
     AtomicLength {

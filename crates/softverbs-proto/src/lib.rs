@@ -106,4 +106,6 @@ pub use types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
     QpType, SrqId,
 };
-pub use wr::{Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use wr::{
+    FlushPlacement, FlushSelectivity, Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
+};

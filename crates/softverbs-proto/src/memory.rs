@@ -19,6 +19,7 @@
 //! invalid key (the same NAK or completion status).
 
 use crate::types::AccessFlags;
+use crate::wr::{FlushPlacement, FlushSelectivity};
 
 /// Why a memory access was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
@@ -300,6 +301,39 @@ pub trait Memory {
         op: AtomicOp,
     ) -> Result<u64, MemError>;
 
+    /// Writes the 8 bytes of `value` at `offset` of the region at once (a single 8-byte
+    /// store no reader sees half of), after every earlier write: IBTA 1.5's ATOMIC WRITE.
+    /// Called by [`atomic_write`](Memory::atomic_write) once the address is aligned and
+    /// the word passed [`check_access`]. The provided body is a plain
+    /// [`write_region`](Memory::write_region), right for an implementation no other thread
+    /// reads (the simulator); the device overrides it with one atomic store.
+    fn atomic_write_region(
+        &mut self,
+        region: Self::Handle,
+        offset: usize,
+        value: [u8; 8],
+    ) -> Result<(), MemError> {
+        self.write_region(region, offset, &value)
+    }
+
+    /// Makes every write placed so far in the region reach `placement` (IBTA 1.5's FLUSH):
+    /// called by [`flush`](Memory::flush) once the range passed [`check_access`]. The
+    /// provided body is a full memory fence: a device that places data with the CPU on
+    /// receipt has placed every earlier write already, and the fence makes it globally
+    /// visible. There is no persistent memory here, so a persistent flush is the same
+    /// fence (the data is as persistent as the host's memory).
+    fn flush_region(
+        &mut self,
+        region: Self::Handle,
+        offset: usize,
+        len: u64,
+        placement: FlushPlacement,
+    ) -> Result<(), MemError> {
+        let _ = (region, offset, len, placement);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Invalidates the region (its R_Key): [`invalidate`](Memory::invalidate) found it in
     /// the right PD. [`MemError::NotInvalidatable`] if it is not a memory window or a
     /// fast-registered region.
@@ -410,6 +444,57 @@ pub trait Memory {
         let need = AccessFlags::REMOTE_ATOMIC;
         let (region, offset) = self.checked(by, MemKey::Remote(rkey), va, 8, need)?;
         self.atomic_region(region, offset, op)
+    }
+
+    /// ATOMIC WRITE (IBTA 1.5): writes the 8 bytes of `value` at once at the 8-byte-aligned
+    /// `va` of the region of `rkey` in `pd`. The region must grant `REMOTE_WRITE` (rxe's
+    /// `check_rkey` asks for `IB_ACCESS_REMOTE_WRITE`); the alignment is checked first,
+    /// as for [`atomic`](Memory::atomic).
+    #[inline]
+    fn atomic_write(
+        &mut self,
+        by: impl Into<Accessor>,
+        rkey: u32,
+        va: u64,
+        value: [u8; 8],
+    ) -> Result<(), MemError> {
+        if !va.is_multiple_of(8) {
+            return Err(MemError::Misaligned);
+        }
+        let need = AccessFlags::REMOTE_WRITE;
+        let (region, offset) = self.checked(by, MemKey::Remote(rkey), va, 8, need)?;
+        self.atomic_write_region(region, offset, value)
+    }
+
+    /// FLUSH (IBTA 1.5): the region of `rkey` in `pd` must grant the `FLUSH_*` rights of
+    /// `placement` (rxe's `check_rkey`); for [`FlushSelectivity::Range`] `[va, va + len)`
+    /// must be inside it (a zero length flushes nothing but still needs the key), for
+    /// [`FlushSelectivity::Mr`] the whole region is flushed and `va`, `len` are not looked
+    /// at (rxe skips its range check).
+    #[inline]
+    fn flush(
+        &mut self,
+        by: impl Into<Accessor>,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        selectivity: FlushSelectivity,
+        placement: FlushPlacement,
+    ) -> Result<(), MemError> {
+        let mut need = AccessFlags::empty();
+        if placement.contains(FlushPlacement::GLOBAL) {
+            need |= AccessFlags::FLUSH_GLOBAL;
+        }
+        if placement.contains(FlushPlacement::PERSISTENT) {
+            need |= AccessFlags::FLUSH_PERSISTENT;
+        }
+        let (region, info) = self.lookup(MemKey::Remote(rkey))?;
+        let (addr, len) = match selectivity {
+            FlushSelectivity::Range => (va, len),
+            FlushSelectivity::Mr => (info.start, info.len),
+        };
+        let offset = check_access(&info, by, addr, len, need)?;
+        self.flush_region(region, offset, len, placement)
     }
 
     /// The memory window whose R_Key is `rkey` (exactly: a window's key changes with each

@@ -15,7 +15,7 @@ use crate::srq::Srq;
 use crate::types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType,
 };
-use crate::wr::{Gather, RecvWr, SendOp, SendWr};
+use crate::wr::{FlushSelectivity, Gather, RecvWr, SendOp, SendWr};
 
 /// The parts of the engine a QP writes to while it runs.
 pub(crate) struct Ctx<'a> {
@@ -64,6 +64,8 @@ pub(crate) fn send_wc_opcode(op: &SendOp) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+        SendOp::Flush { .. } => WcOpcode::Flush,
         SendOp::BindMw(_) => WcOpcode::BindMw,
         SendOp::LocalInv { .. } => WcOpcode::LocalInv,
     }
@@ -102,6 +104,11 @@ pub(crate) enum Resource {
         psn: u32,
         orig: u64,
     },
+    /// An ATOMIC WRITE or FLUSH executed at `psn`: a duplicate is answered again, never
+    /// executed again (IBTA 1.5 oA19-14, oA19-15; rxe's `res->replay`).
+    Placed {
+        psn: u32,
+    },
 }
 
 /// Packets the responder still has to send.
@@ -111,6 +118,9 @@ pub(crate) enum RespOut {
     Ack { psn: u32, syndrome: u8, msn: u32 },
     /// Atomic acknowledge with the original value.
     AtomicAck { psn: u32, orig: u64, msn: u32 },
+    /// The answer to an ATOMIC WRITE or FLUSH: a zero-length RDMA READ RESPONSE ONLY, as
+    /// rxe sends it (`send_read_response_ack`).
+    Placed { psn: u32, msn: u32 },
     /// Read response packets still to send.
     Read {
         psn: u32,
@@ -496,7 +506,10 @@ impl Qp {
         let known = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC;
+            | AccessFlags::REMOTE_ATOMIC
+            // IBTA 1.5 (rxe's check_qp_attr_access): which FLUSH placements the QP takes.
+            | AccessFlags::FLUSH_GLOBAL
+            | AccessFlags::FLUSH_PERSISTENT;
         if m(AttrMask::ACCESS_FLAGS) && !(attr.qp_access_flags - known).is_empty() {
             return Err(VerbsError::UnknownAccessFlags {
                 bits: attr.qp_access_flags.bits(),
@@ -560,7 +573,7 @@ impl Qp {
     }
 
     /// `ibv_post_send`.
-    pub fn post_send(&mut self, wr: SendWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
+    pub fn post_send(&mut self, mut wr: SendWr, ctx: &mut Ctx<'_>) -> Result<(), VerbsError> {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::WrongState {
                 verb: PostVerb::Send,
@@ -573,9 +586,11 @@ impl Qp {
             SendOp::SendWithInv { .. }
             | SendOp::RdmaWrite { .. }
             | SendOp::RdmaWriteWithImm { .. } => qp_type != QpType::Ud,
-            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
-                qp_type == QpType::Rc
-            }
+            SendOp::RdmaRead { .. }
+            | SendOp::CompareSwap { .. }
+            | SendOp::FetchAdd { .. }
+            | SendOp::AtomicWrite { .. }
+            | SendOp::Flush { .. } => qp_type == QpType::Rc,
             // rxe takes binds and local invalidations on connected QPs.
             SendOp::BindMw(_) | SendOp::LocalInv { .. } => qp_type != QpType::Ud,
         };
@@ -584,6 +599,29 @@ impl Qp {
                 opcode: wr.op.name(),
                 qp_type,
             });
+        }
+        if let SendOp::Flush {
+            len,
+            placement,
+            selectivity,
+            ..
+        } = wr.op
+        {
+            // ibv_wr_post(3): the type is IBV_FLUSH_GLOBAL and / or IBV_FLUSH_PERSISTENT.
+            if placement.is_empty() {
+                return Err(VerbsError::BadFlush {
+                    placement: placement.bits(),
+                    selectivity: selectivity.to_raw(),
+                });
+            }
+            if selectivity == FlushSelectivity::Range && len > 1 << 31 {
+                return Err(VerbsError::MessageTooLong { len });
+            }
+        }
+        if wr.op.is_placement() {
+            // The operands travel in the request: no local buffer is read or written.
+            wr.gather = Gather::Sges(Vec::new());
+            wr.flags.remove(crate::wr::SendFlags::INLINE);
         }
         let caps = &self.init.caps;
         match &wr.gather {
@@ -744,7 +782,9 @@ impl Qp {
         if status == WcStatus::Success {
             if wqe.signaled {
                 let byte_len = match wqe.wr.op {
-                    SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+                    SendOp::CompareSwap { .. }
+                    | SendOp::FetchAdd { .. }
+                    | SendOp::AtomicWrite { .. } => 8,
                     _ => wqe.len as u32,
                 };
                 ctx.completions.push_back(Completion {

@@ -6,7 +6,7 @@
 
 use softverbs_cq::WcStatus;
 
-use crate::codec::{self, op, Aeth, AtomicEth, Bth, Deth, Headers, Reth, SYNDROME_ACK};
+use crate::codec::{self, op, Aeth, AtomicEth, Bth, Deth, Feth, Headers, Reth, SYNDROME_ACK};
 use crate::memory::{traced, Accessor, MemError, MemKey, Memory};
 use crate::output::{AsyncEvent, Transmit};
 use crate::psn;
@@ -107,7 +107,7 @@ fn for_each_piece(
 
 /// PSNs a message of `len` bytes consumes at `mtu` (reference §1.6).
 pub(crate) fn packets_for(op: &SendOp, len: u64, mtu: u32) -> u32 {
-    if op.is_atomic() {
+    if op.is_atomic() || op.is_placement() {
         1
     } else {
         len.div_ceil(u64::from(mtu)).max(1) as u32
@@ -170,6 +170,17 @@ impl Qp {
                         msn,
                     });
                     hdr.atomic_ack = Some(orig);
+                    ctx.counters.acks_sent += 1;
+                    codec::emit_headers(&hdr, 0, buf)?.1
+                }
+                RespOut::Placed { psn, msn } => {
+                    self.resp_out.pop_front();
+                    hdr.bth.opcode = op::READ_RESPONSE_ONLY;
+                    hdr.bth.psn = psn;
+                    hdr.aeth = Some(Aeth {
+                        syndrome: SYNDROME_ACK,
+                        msn,
+                    });
                     ctx.counters.acks_sent += 1;
                     codec::emit_headers(&hdr, 0, buf)?.1
                 }
@@ -345,7 +356,9 @@ impl Qp {
             let first = k == 0;
             let last = rd_atomic || k + 1 >= npkts;
             let offset = u64::from(k) * u64::from(mtu);
-            let payload_len = if rd_atomic {
+            let payload_len = if let SendOp::AtomicWrite { .. } = w.wr.op {
+                8
+            } else if rd_atomic {
                 0
             } else {
                 (w.len - offset.min(w.len)).min(u64::from(mtu))
@@ -482,6 +495,36 @@ impl Qp {
                     });
                     op::FETCH_ADD
                 }
+                SendOp::AtomicWrite {
+                    remote_addr, rkey, ..
+                } => {
+                    // IBTA 1.5 / rxe_req.c: RETH with length 8, the operand as payload.
+                    hdr.reth = Some(Reth {
+                        va: remote_addr,
+                        rkey,
+                        dma_len: 8,
+                    });
+                    op::ATOMIC_WRITE
+                }
+                SendOp::Flush {
+                    remote_addr,
+                    rkey,
+                    len,
+                    placement,
+                    selectivity,
+                } => {
+                    // IBTA 1.5 / rxe_req.c: FETH, then the RETH of the range.
+                    hdr.feth = Some(Feth {
+                        placement: placement.bits(),
+                        selectivity: selectivity.to_raw(),
+                    });
+                    hdr.reth = Some(Reth {
+                        va: remote_addr,
+                        rkey,
+                        dma_len: u32::try_from(len).unwrap_or(u32::MAX),
+                    });
+                    op::FLUSH
+                }
                 SendOp::BindMw(_) | SendOp::LocalInv { .. } => return None,
             };
             match qp_type {
@@ -511,7 +554,9 @@ impl Qp {
                 }
             }
             let (start, len) = codec::emit_headers(&hdr, payload_len, buf)?;
-            if payload_len > 0
+            if let SendOp::AtomicWrite { value, .. } = w.wr.op {
+                buf[start..start + 8].copy_from_slice(&value);
+            } else if payload_len > 0
                 && gather(
                     mem,
                     self.init.pd,

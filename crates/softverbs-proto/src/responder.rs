@@ -19,13 +19,13 @@
 use softverbs_cq::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::codec::{self, Kind, Packet, SYNDROME_ACK, SYNDROME_RNR};
-use crate::memory::{traced, Accessor, AtomicOp, MemKey, Memory};
+use crate::memory::{traced, Accessor, AtomicOp, MemError, MemKey, Memory};
 use crate::output::{AsyncEvent, Completion, CqTarget, DropReason};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, CurMsg, Qp, Resource, RespOut};
 use crate::requester::scatter;
 use crate::types::{AccessFlags, QpState, QpType};
-use crate::wr::RecvWr;
+use crate::wr::{FlushPlacement, FlushSelectivity, RecvWr};
 
 /// Largest RDMA message (reference §1.6).
 const MAX_MSG: u64 = 1 << 31;
@@ -42,6 +42,12 @@ const INVALID: Fault = Fault {
     syndrome: codec::NAK_INVALID_REQUEST,
     recv_status: WcStatus::RemInvReqErr,
     event: |qpn| AsyncEvent::QpRequestError { qpn },
+};
+
+const REMOTE_ACCESS: Fault = Fault {
+    syndrome: codec::NAK_REMOTE_ACCESS,
+    recv_status: WcStatus::LocAccessErr,
+    event: |qpn| AsyncEvent::QpAccessError { qpn },
 };
 
 impl Qp {
@@ -208,15 +214,38 @@ impl Qp {
         }
         // Operation allowed by qp_access_flags, resources.
         let access = self.attr.qp_access_flags;
+        let flush = pkt.hdr.feth.map(|f| {
+            (
+                FlushPlacement::from_bits(f.placement).filter(|p| !p.is_empty()),
+                FlushSelectivity::from_raw(f.selectivity),
+            )
+        });
         let allowed = match info.kind {
-            Kind::Write => access.contains(AccessFlags::REMOTE_WRITE),
+            // IBTA 1.5 / rxe's check_qp_attr_access: ATOMIC WRITE is a write.
+            Kind::Write | Kind::AtomicWrite => access.contains(AccessFlags::REMOTE_WRITE),
             Kind::ReadRequest => access.contains(AccessFlags::REMOTE_READ),
             Kind::CompareSwap | Kind::FetchAdd => access.contains(AccessFlags::REMOTE_ATOMIC),
+            // A FLUSH needs the QP's FLUSH_* right of each placement bit; a placement type
+            // that is empty or reserved, or a reserved selectivity level, is an invalid
+            // request.
+            Kind::Flush => match flush {
+                Some((Some(placement), Some(_))) => {
+                    (!placement.contains(FlushPlacement::GLOBAL)
+                        || access.contains(AccessFlags::FLUSH_GLOBAL))
+                        && (!placement.contains(FlushPlacement::PERSISTENT)
+                            || access.contains(AccessFlags::FLUSH_PERSISTENT))
+                }
+                _ => false,
+            },
             _ => true,
         };
         let needs_resource = matches!(
             info.kind,
-            Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
+            Kind::ReadRequest
+                | Kind::CompareSwap
+                | Kind::FetchAdd
+                | Kind::AtomicWrite
+                | Kind::Flush
         );
         if !allowed || (needs_resource && self.attr.max_dest_rd_atomic == 0) {
             self.rc_fault(psn, INVALID, None, ctx);
@@ -482,12 +511,75 @@ impl Qp {
                 self.epsn = psn::add(psn, 1);
                 return;
             }
+            Kind::AtomicWrite => {
+                let Some(reth) = pkt.hdr.reth else { return };
+                // IBA oA19-28 (rxe's check_rkey): exactly 8 bytes, in the RETH and the
+                // payload.
+                let Ok(value) = <[u8; 8]>::try_from(pkt.payload) else {
+                    self.rc_fault(psn, INVALID, None, ctx);
+                    return;
+                };
+                if reth.dma_len != 8 {
+                    self.rc_fault(psn, INVALID, None, ctx);
+                    return;
+                }
+                match traced(
+                    self.qpn,
+                    "ATOMIC WRITE target",
+                    mem.atomic_write(by, reth.rkey, reth.va, value),
+                ) {
+                    Ok(()) => {}
+                    // A misaligned address is an invalid request, as for the atomics.
+                    Err(MemError::Misaligned) => {
+                        self.rc_fault(psn, INVALID, None, ctx);
+                        return;
+                    }
+                    Err(_) => {
+                        self.rc_fault(psn, REMOTE_ACCESS, None, ctx);
+                        return;
+                    }
+                }
+                self.placed(psn);
+                return;
+            }
+            Kind::Flush => {
+                let (Some(reth), Some((Some(placement), Some(selectivity)))) =
+                    (pkt.hdr.reth, flush)
+                else {
+                    return;
+                };
+                let len = u64::from(reth.dma_len);
+                if selectivity == FlushSelectivity::Range && len > MAX_MSG {
+                    self.rc_fault(psn, INVALID, None, ctx);
+                    return;
+                }
+                // Every earlier request of this QP was placed when it arrived (in PSN
+                // order), so the flush covers them (IBTA 1.5: a FLUSH completes after the
+                // writes before it are placed).
+                let flushed = mem.flush(by, reth.rkey, reth.va, len, selectivity, placement);
+                if traced(self.qpn, "FLUSH target", flushed).is_err() {
+                    self.rc_fault(psn, REMOTE_ACCESS, None, ctx);
+                    return;
+                }
+                self.placed(psn);
+                return;
+            }
             _ => return,
         }
         self.epsn = psn::add(psn, 1);
         if pkt.hdr.bth.ack_req {
             self.queue_ack(psn, SYNDROME_ACK);
         }
+    }
+
+    /// An ATOMIC WRITE or FLUSH at `psn` executed: one message more, a responder resource
+    /// for its duplicates, and the zero-length READ RESPONSE ONLY that acknowledges it.
+    fn placed(&mut self, psn: u32) {
+        self.msn = psn::add(self.msn, 1);
+        self.push_resource(Resource::Placed { psn });
+        self.resp_out
+            .push_back(RespOut::Placed { psn, msn: self.msn });
+        self.epsn = psn::add(psn, 1);
     }
 
     fn push_resource(&mut self, r: Resource) {
@@ -610,6 +702,32 @@ impl Qp {
                     orig,
                     msn: self.msn,
                 });
+            }
+            Kind::AtomicWrite | Kind::Flush => {
+                // IBTA 1.5 oA19-14, oA19-15 (rxe: `res->replay`): answered again, not
+                // executed again — a later write to the same word stays.
+                let found = self
+                    .resources
+                    .iter()
+                    .any(|r| matches!(*r, Resource::Placed { psn: p } if p == psn));
+                if !found {
+                    ctx.counters.drop_packet(
+                        DropReason::DuplicateNotFound,
+                        self.qpn,
+                        pkt.hdr.bth.psn,
+                    );
+                    return;
+                }
+                let queued = self
+                    .resp_out
+                    .iter()
+                    .any(|r| matches!(r, RespOut::Placed { psn: p, .. } if *p == psn));
+                if queued || self.resp_out_full() || !self.replay_allowed(psn, now, ctx) {
+                    ctx.counters.duplicate_replies_suppressed += 1;
+                    return;
+                }
+                self.resp_out
+                    .push_back(RespOut::Placed { psn, msn: self.msn });
             }
             _ => {}
         }

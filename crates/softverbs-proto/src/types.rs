@@ -119,7 +119,7 @@ impl Mtu {
 
 bitflags! {
     /// Memory and QP access rights (`enum ibv_access_flags`). On a QP
-    /// (`qp_access_flags`) only the three `REMOTE_*` bits matter; on a memory region all
+    /// (`qp_access_flags`) only the three `REMOTE_*` bits and the two `FLUSH_*` bits matter; on a memory region all
     /// of them do. The empty set means "local read", which every region allows.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct AccessFlags: u32 {
@@ -133,6 +133,12 @@ bitflags! {
         const REMOTE_ATOMIC = 1 << 3;
         /// `IBV_ACCESS_MW_BIND`.
         const MW_BIND = 1 << 4;
+        /// `IBV_ACCESS_FLUSH_GLOBAL` (rdma-core ≥ 45): a FLUSH with the global placement
+        /// type may target the region (or, in `qp_access_flags`, the QP).
+        const FLUSH_GLOBAL = 1 << 8;
+        /// `IBV_ACCESS_FLUSH_PERSISTENT` (rdma-core ≥ 45): a FLUSH with the persistent
+        /// placement type may target the region (or the QP).
+        const FLUSH_PERSISTENT = 1 << 9;
     }
 }
 

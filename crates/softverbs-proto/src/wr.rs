@@ -32,6 +32,55 @@ bitflags! {
     }
 }
 
+bitflags! {
+    /// The placement type of a FLUSH (`IBV_FLUSH_GLOBAL`, `IBV_FLUSH_PERSISTENT` of
+    /// rdma-core ≥ 45, the FETH's bits 3..0, IBTA 1.5): where the data must be when the
+    /// FLUSH completes.
+    ///
+    /// This device places data in host memory with the CPU on receipt; a global flush is a
+    /// full memory fence at the responder. It has no persistent memory: a persistent flush
+    /// is the same fence (the data is as persistent as the host's RAM), and is granted only
+    /// on regions registered with `IBV_ACCESS_FLUSH_PERSISTENT`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct FlushPlacement: u8 {
+        /// `IBV_FLUSH_GLOBAL`: globally visible.
+        const GLOBAL = 1 << 0;
+        /// `IBV_FLUSH_PERSISTENT`: persistent.
+        const PERSISTENT = 1 << 1;
+    }
+}
+
+/// The selectivity level of a FLUSH (`enum ibv_selectivity_level` of rdma-core ≥ 45, the
+/// FETH's bits 5..4, IBTA 1.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum FlushSelectivity {
+    /// `IBV_FLUSH_RANGE` (0): the range `[remote_addr, remote_addr + len)`.
+    #[default]
+    Range,
+    /// `IBV_FLUSH_MR` (1): the whole memory region of the R_Key (address and length are
+    /// not looked at).
+    Mr,
+}
+
+impl FlushSelectivity {
+    /// The level of a raw value, `None` for the reserved values 2 and 3 and beyond.
+    pub const fn from_raw(raw: u8) -> Option<Self> {
+        match raw {
+            0 => Some(FlushSelectivity::Range),
+            1 => Some(FlushSelectivity::Mr),
+            _ => None,
+        }
+    }
+
+    /// The raw value (the FETH's selectivity level).
+    pub const fn to_raw(self) -> u8 {
+        match self {
+            FlushSelectivity::Range => 0,
+            FlushSelectivity::Mr => 1,
+        }
+    }
+}
+
 /// The operation of a send work request (`enum ibv_wr_opcode` plus its operands).
 ///
 /// Immediate data is given as a host-order `u32`; it travels as its big-endian bytes and
@@ -94,6 +143,34 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// `IBV_WR_ATOMIC_WRITE` (IBTA 1.5, `ibv_wr_atomic_write(3)`): the 8 bytes of `value`
+    /// land at once at the 8-byte aligned `remote_addr`, as they are (the bytes the
+    /// application's `atomic_wr` buffer held; rxe sends them verbatim). RC only; the
+    /// region needs `IBV_ACCESS_REMOTE_WRITE`. Takes no local buffer.
+    AtomicWrite {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// The 8 bytes to write.
+        value: [u8; 8],
+    },
+    /// `IBV_WR_FLUSH` (IBTA 1.5, `ibv_wr_flush(3)` of rdma-core ≥ 45): completes once the
+    /// responder made every earlier write of this QP reach `placement` for the range (or
+    /// the whole region, per `selectivity`). RC only; the region needs the matching
+    /// `IBV_ACCESS_FLUSH_*` flags. Takes no local buffer.
+    Flush {
+        /// Remote virtual address (ignored for [`FlushSelectivity::Mr`]).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Length of the range (ignored for [`FlushSelectivity::Mr`]); at most 2^31.
+        len: u64,
+        /// Placement type.
+        placement: FlushPlacement,
+        /// Selectivity level.
+        selectivity: FlushSelectivity,
+    },
     /// `IBV_WR_BIND_MW` (a type 2 window), or the work request `ibv_bind_mw(3)` posts (a
     /// type 1 window; [`WindowBind::kind`] says which): a local operation, executed in
     /// order once every earlier work request of the send queue completed.
@@ -118,6 +195,8 @@ impl SendOp {
             SendOp::RdmaRead { .. } => "IBV_WR_RDMA_READ",
             SendOp::CompareSwap { .. } => "IBV_WR_ATOMIC_CMP_AND_SWP",
             SendOp::FetchAdd { .. } => "IBV_WR_ATOMIC_FETCH_AND_ADD",
+            SendOp::AtomicWrite { .. } => "IBV_WR_ATOMIC_WRITE",
+            SendOp::Flush { .. } => "IBV_WR_FLUSH",
             SendOp::BindMw(_) => "IBV_WR_BIND_MW",
             SendOp::LocalInv { .. } => "IBV_WR_LOCAL_INV",
         }
@@ -129,12 +208,24 @@ impl SendOp {
         matches!(self, SendOp::BindMw(_) | SendOp::LocalInv { .. })
     }
 
-    /// RDMA read or atomic: takes one unit of the `max_rd_atomic` budget.
+    /// RDMA read, atomic, ATOMIC WRITE or FLUSH: answered by a response packet, takes one
+    /// unit of the `max_rd_atomic` budget (and of the responder's resources, as rxe counts
+    /// them), and is what `IBV_SEND_FENCE` waits for.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
-            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+            SendOp::RdmaRead { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
+                | SendOp::Flush { .. }
         )
+    }
+
+    /// ATOMIC WRITE or FLUSH (IBTA 1.5): operands in the request, no local buffer, one
+    /// packet, acknowledged by a zero-length RDMA READ RESPONSE ONLY.
+    pub const fn is_placement(&self) -> bool {
+        matches!(self, SendOp::AtomicWrite { .. } | SendOp::Flush { .. })
     }
 
     /// Compare-and-swap or fetch-and-add.

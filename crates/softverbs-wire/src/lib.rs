@@ -11,7 +11,7 @@
 //! |---|---|
 //! | [`psn`] | [`Psn`] (wrap-aware 24-bit PSN), [`Qpn`] |
 //! | [`opcode`] | [`Opcode`], the opcode table [`Opcode::info`] → [`OpcodeInfo`] |
-//! | [`bth`] [`reth`] [`aeth`] [`deth`] [`immdt`] [`ieth`] [`atomic_eth`] [`atomic_ack_eth`] | one header each |
+//! | [`bth`] [`reth`] [`aeth`] [`deth`] [`immdt`] [`ieth`] [`atomic_eth`] [`atomic_ack_eth`] [`feth`] | one header each |
 //! | [`packet`] | [`PacketRepr`]: a whole IB transport packet (BTH … pad, ICRC) |
 //! | [`icrc`] | the ICRC, and the IP/UDP header information it covers |
 //!
@@ -96,6 +96,7 @@ pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
 pub mod deth;
+pub mod feth;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
@@ -110,6 +111,7 @@ pub use atomic_eth::AtomicEthRepr;
 pub use bth::BthRepr;
 pub use deth::DethRepr;
 pub use error::WireError;
+pub use feth::FethRepr;
 pub use ieth::IethRepr;
 pub use immdt::ImmDtRepr;
 pub use opcode::{OpKind, Opcode, OpcodeInfo, Position, Transport};

@@ -7,8 +7,10 @@
 //!
 //! Guarantees: every `u8` is a valid [`Opcode`] value; [`Opcode::info`] is a total, const
 //! function that returns `None` for every opcode this device does not implement (reserved
-//! values, RD, XRC, CNP 0x81, the optional FLUSH 0x1C and ATOMIC_WRITE 0x1D), so a peer's
-//! unknown opcode can be dropped and counted, never trusted. Nothing here panics.
+//! values, RD, XRC, CNP 0x81), so a peer's unknown opcode can be dropped and counted, never
+//! trusted. The IBTA 1.5 opcodes RC FLUSH (0x1C: FETH, RETH, no payload) and RC ATOMIC
+//! WRITE (0x1D: RETH, 8 bytes of payload) are in the table, laid out as Linux's rxe sends
+//! them. Nothing here panics.
 
 use core::fmt;
 
@@ -63,6 +65,11 @@ pub enum OpKind {
     CompareSwap,
     /// ATOMIC FETCH AND ADD request.
     FetchAdd,
+    /// FLUSH request (IBTA 1.5): answered, like ATOMIC WRITE, by a zero-length RDMA READ
+    /// RESPONSE ONLY once the data is placed.
+    Flush,
+    /// ATOMIC WRITE request (IBTA 1.5): 8 bytes written at once at the RETH's address.
+    AtomicWrite,
 }
 
 /// Where a packet sits in its message (the S / M / E flags of reference §1.5).
@@ -93,7 +100,8 @@ impl Position {
 /// What the opcode table (reference §1.5) says about one opcode.
 ///
 /// The extension headers follow the BTH in this fixed order, whichever are present:
-/// DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH (IBTA vol. 1 §9.2).
+/// DETH, FETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH (IBTA vol. 1 §9.2; the
+/// FETH precedes the RETH in FLUSH, IBTA 1.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OpcodeInfo {
     /// Transport service of the opcode.
@@ -116,6 +124,8 @@ pub struct OpcodeInfo {
     pub has_atomic_eth: bool,
     /// An AtomicAckETH (8 bytes) follows the AETH.
     pub has_atomic_ack_eth: bool,
+    /// A FETH (4 bytes) follows the BTH, before the RETH (FLUSH only).
+    pub has_feth: bool,
     /// The packet may carry payload (column P of the table). Without it, the bytes between
     /// the headers and the ICRC must be empty and the pad count zero.
     pub has_payload: bool,
@@ -126,6 +136,10 @@ impl OpcodeInfo {
     pub const fn ext_header_len(&self) -> usize {
         (if self.has_deth {
             crate::deth::HEADER_LEN
+        } else {
+            0
+        }) + (if self.has_feth {
+            crate::feth::HEADER_LEN
         } else {
             0
         }) + (if self.has_reth {
@@ -211,6 +225,7 @@ const IMMDT: u8 = 1 << 3;
 const IETH: u8 = 1 << 4;
 const ATOMIC: u8 = 1 << 5;
 const ATOMIC_ACK: u8 = 1 << 6;
+const FETH: u8 = 1 << 7;
 
 const fn entry(
     transport: Transport,
@@ -230,6 +245,7 @@ const fn entry(
         has_ieth: headers & IETH != 0,
         has_atomic_eth: headers & ATOMIC != 0,
         has_atomic_ack_eth: headers & ATOMIC_ACK != 0,
+        has_feth: headers & FETH != 0,
         has_payload,
     })
 }
@@ -302,9 +318,9 @@ impl Opcode {
     pub const RC_SEND_LAST_WITH_INVALIDATE: Opcode = Opcode(0x16);
     /// RC SEND ONLY WITH INVALIDATE (0x17).
     pub const RC_SEND_ONLY_WITH_INVALIDATE: Opcode = Opcode(0x17);
-    /// RC FLUSH (0x1C, optional IBTA 1.5 extension). Named only: [`Opcode::info`] is `None`.
+    /// RC FLUSH (0x1C, IBTA 1.5): FETH, RETH, no payload.
     pub const RC_FLUSH: Opcode = Opcode(0x1C);
-    /// RC ATOMIC WRITE (0x1D, optional IBTA 1.5 extension). Named only: `info` is `None`.
+    /// RC ATOMIC WRITE (0x1D, IBTA 1.5): RETH and 8 bytes of payload.
     pub const RC_ATOMIC_WRITE: Opcode = Opcode(0x1D);
 
     /// UC SEND FIRST (0x20).
@@ -352,7 +368,7 @@ impl Opcode {
     }
 
     /// The opcode table entry (reference §1.5), or `None` for an opcode this device does
-    /// not implement: reserved values, RD, XRC, CNP, FLUSH, ATOMIC_WRITE.
+    /// not implement: reserved values, RD, XRC, CNP.
     pub const fn info(self) -> Option<OpcodeInfo> {
         use OpKind::*;
         use Position::*;
@@ -370,6 +386,8 @@ impl Opcode {
             0x14 => entry(Rc, FetchAdd, Only, false, ATOMIC),
             0x16 => entry(Rc, Send, Last, true, IETH),
             0x17 => entry(Rc, Send, Only, true, IETH),
+            0x1C => entry(Rc, Flush, Only, false, FETH | RETH),
+            0x1D => entry(Rc, AtomicWrite, Only, true, RETH),
             0x20..=0x2B => send_write_family(Uc, self.0 - 0x20),
             0x64 => entry(Ud, Send, Only, true, DETH),
             0x65 => entry(Ud, Send, Only, true, DETH | IMMDT),
@@ -548,6 +566,8 @@ mod tests {
         (0x14, "AtomicETH", false, "S+E", false, false),
         (0x16, "IETH", true, "E", false, true),
         (0x17, "IETH", true, "S+E", true, true),
+        (0x1C, "FETH RETH", false, "S+E", false, false),
+        (0x1D, "RETH", true, "S+E", false, false),
         (0x64, "DETH", true, "S+E", true, true),
         (0x65, "DETH ImmDt", true, "S+E", true, true),
     ];
@@ -565,6 +585,7 @@ mod tests {
         let mut names = Vec::new();
         for (present, name) in [
             (info.has_deth, "DETH"),
+            (info.has_feth, "FETH"),
             (info.has_reth, "RETH"),
             (info.has_atomic_eth, "AtomicETH"),
             (info.has_aeth, "AETH"),
@@ -584,7 +605,7 @@ mod tests {
     #[test]
     fn every_opcode_matches_reference_table() {
         let rows = reference_rows();
-        assert_eq!(rows.len(), 37);
+        assert_eq!(rows.len(), 39);
         for (op, headers, payload, sme, rwr, c) in rows {
             let info = Opcode(op)
                 .info()
@@ -609,8 +630,8 @@ mod tests {
         }
     }
 
-    // Reference §1.5: reserved values, RD, XRC, CNP and the optional FLUSH / ATOMIC_WRITE
-    // are not supported; exactly the 37 table rows are.
+    // Reference §1.5: reserved values, RD, XRC and CNP are not supported; exactly the 39
+    // table rows are (IBTA 1.5's FLUSH and ATOMIC WRITE included, RC only).
     #[test]
     fn only_table_opcodes_are_supported() {
         let supported: Vec<u8> = reference_rows().iter().map(|row| row.0).collect();
@@ -621,7 +642,9 @@ mod tests {
                 "{op:#04x}"
             );
         }
-        for op in [0x15, 0x1C, 0x1D, 0x2C, 0x40, 0x4A, 0x66, 0x81, 0xA0, 0xFF] {
+        for op in [
+            0x15, 0x18, 0x3C, 0x3D, 0x2C, 0x40, 0x4A, 0x66, 0x81, 0xA0, 0xFF,
+        ] {
             assert_eq!(Opcode(op).info(), None);
         }
     }
@@ -668,6 +691,10 @@ mod tests {
             4
         );
         assert_eq!(Opcode::RC_ACKNOWLEDGE.info().unwrap().header_len(), 16);
+        // IBTA 1.5 / rxe_opcode.c: FLUSH is BTH + FETH + RETH (32 bytes), ATOMIC WRITE
+        // BTH + RETH (28 bytes) before its 8 bytes of payload.
+        assert_eq!(Opcode::RC_FLUSH.info().unwrap().header_len(), 32);
+        assert_eq!(Opcode::RC_ATOMIC_WRITE.info().unwrap().header_len(), 28);
     }
 
     #[test]

@@ -31,8 +31,8 @@ use core::fmt;
 use core::ops::Range;
 
 use crate::{
-    aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, AethRepr, AtomicAckEthRepr,
-    AtomicEthRepr, BthRepr, DethRepr, OpcodeInfo, RethRepr, WireError,
+    aeth, atomic_ack_eth, atomic_eth, bth, deth, feth, ieth, immdt, reth, AethRepr,
+    AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, OpcodeInfo, RethRepr, WireError,
 };
 
 /// Length of the ICRC trailer in bytes.
@@ -188,7 +188,10 @@ impl<T: AsRef<[u8]>> fmt::Display for Packet<T> {
 pub struct PacketRepr {
     /// Base transport header.
     pub bth: BthRepr,
-    /// RETH: RDMA WRITE FIRST / ONLY (with or without immediate), RDMA READ REQUEST.
+    /// FETH: FLUSH (before its RETH).
+    pub feth: Option<FethRepr>,
+    /// RETH: RDMA WRITE FIRST / ONLY (with or without immediate), RDMA READ REQUEST,
+    /// FLUSH, ATOMIC WRITE.
     pub reth: Option<RethRepr>,
     /// AETH: ACKNOWLEDGE, ATOMIC ACKNOWLEDGE, READ RESPONSE FIRST / LAST / ONLY.
     pub aeth: Option<AethRepr>,
@@ -236,6 +239,11 @@ impl PacketRepr {
         if info.has_deth {
             repr.deth = Some(parse_at(packet, &mut offset, deth::HEADER_LEN, |b| {
                 DethRepr::parse(&deth::Header::new_checked(b)?)
+            })?);
+        }
+        if info.has_feth {
+            repr.feth = Some(parse_at(packet, &mut offset, feth::HEADER_LEN, |b| {
+                FethRepr::parse(&feth::Header::new_checked(b)?)
             })?);
         }
         if info.has_reth {
@@ -291,6 +299,7 @@ impl PacketRepr {
             .info()
             .ok_or(WireError::UnknownOpcode(self.bth.opcode.0))?;
         let matches = info.has_reth == self.reth.is_some()
+            && info.has_feth == self.feth.is_some()
             && info.has_aeth == self.aeth.is_some()
             && info.has_deth == self.deth.is_some()
             && info.has_immdt == self.immdt.is_some()
@@ -308,6 +317,7 @@ impl PacketRepr {
     pub fn header_len(&self) -> usize {
         bth::HEADER_LEN
             + self.deth.map_or(0, |_| deth::HEADER_LEN)
+            + self.feth.map_or(0, |_| feth::HEADER_LEN)
             + self.reth.map_or(0, |_| reth::HEADER_LEN)
             + self.atomic_eth.map_or(0, |_| atomic_eth::HEADER_LEN)
             + self.aeth.map_or(0, |_| aeth::HEADER_LEN)
@@ -361,6 +371,11 @@ impl PacketRepr {
             deth.emit(&mut deth::Header::new_unchecked(header));
             rest = tail;
         }
+        if let Some(feth) = &self.feth {
+            let (header, tail) = rest.split_at_mut(feth::HEADER_LEN);
+            feth.emit(&mut feth::Header::new_unchecked(header));
+            rest = tail;
+        }
         if let Some(reth) = &self.reth {
             let (header, tail) = rest.split_at_mut(reth::HEADER_LEN);
             reth.emit(&mut reth::Header::new_unchecked(header));
@@ -406,6 +421,9 @@ impl fmt::Display for PacketRepr {
         write!(f, "{}", self.bth)?;
         if let Some(deth) = &self.deth {
             write!(f, ", {deth}")?;
+        }
+        if let Some(feth) = &self.feth {
+            write!(f, ", {feth}")?;
         }
         if let Some(reth) = &self.reth {
             write!(f, ", {reth}")?;
@@ -600,6 +618,10 @@ mod tests {
         };
         PacketRepr {
             bth,
+            feth: info.has_feth.then(|| FethRepr {
+                placement_type: rng.gen::<u8>() & 0x0F,
+                selectivity_level: rng.gen::<u8>() & 0x03,
+            }),
             reth: info.has_reth.then(|| RethRepr {
                 va: rng.gen(),
                 rkey: rng.gen(),
@@ -753,12 +775,12 @@ mod tests {
         assert_eq!(PacketRepr::parse(&ack), Err(WireError::BadVersion));
     }
 
-    // Reference §1.5: rxe drops opcodes not in its table (reserved, RD, CNP, XRC, FLUSH,
-    // ATOMIC_WRITE); so do we, with the opcode in the error for counting.
+    // Reference §1.5: rxe drops opcodes not in its table (reserved, RD, CNP, XRC, and
+    // FLUSH / ATOMIC WRITE outside RC); so do we, with the opcode in the error for counting.
     #[test]
     fn parse_rejects_unsupported_opcodes() {
         let mut ack = ack_bytes();
-        for op in [0x15u8, 0x1C, 0x1D, 0x40, 0x81, 0xA0] {
+        for op in [0x15u8, 0x3C, 0x3D, 0x40, 0x81, 0xA0] {
             ack[0] = op;
             assert_eq!(PacketRepr::parse(&ack), Err(WireError::UnknownOpcode(op)));
         }
@@ -906,6 +928,85 @@ mod tests {
         assert_eq!(&buf[12..24], &hex("80010000 00000077 b1b2b3b4")[..]);
     }
 
+    // IBTA 1.5 FLUSH, as rxe builds it (rxe_opcode.c: BTH at 0, FETH at 12, RETH at 16,
+    // no payload; rxe_hdr.h feth_init: selectivity in bits 5..4, placement in 3..0;
+    // rxe_req.c: AckReq on the last packet, P_Key 0xFFFF, RETH va / rkey / length).
+    #[test]
+    fn flush_packet_is_bth_feth_reth_as_rxe_sends_it() {
+        let flush = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::RC_FLUSH,
+                dest_qp: Qpn::new(0x11),
+                ack_req: true,
+                psn: Psn::new(0x0A0B0C),
+                ..BthRepr::default()
+            },
+            feth: Some(FethRepr {
+                placement_type: feth::PLACEMENT_GLOBAL | feth::PLACEMENT_PERSISTENT,
+                selectivity_level: feth::SELECTIVITY_RANGE,
+            }),
+            reth: Some(RethRepr {
+                va: 0x0000_7F00_1234_5000,
+                rkey: 0x0000_1A2B,
+                dma_len: 0x1000,
+            }),
+            ..PacketRepr::default()
+        };
+        let expected = hex("1c00ffff 00000011 800a0b0c \
+             00000003 \
+             00007f0012345000 00001a2b 00001000 \
+             00000000");
+        let mut buf = [0u8; 64];
+        assert_eq!(flush.emit(b"", &mut buf), Ok(36));
+        assert_eq!(&buf[..36], &expected[..]);
+        let (parsed, payload) = PacketRepr::parse(&expected).unwrap();
+        assert_eq!(parsed, flush);
+        assert!(payload.is_empty());
+        assert_eq!(
+            parsed.to_string(),
+            "BTH opcode=RC FLUSH dqpn=0x000011 psn=658188 ackreq pad=0, FETH plt=0x3 sel=0, \
+             RETH va=0x00007f0012345000 rkey=0x00001a2b len=4096"
+        );
+        // oA19-2: FLUSH carries no payload.
+        assert_eq!(
+            flush.emit(b"x", &mut buf),
+            Err(WireError::UnexpectedPayload)
+        );
+    }
+
+    // IBTA 1.5 ATOMIC WRITE, as rxe builds it (rxe_opcode.c: BTH, RETH, payload; the RETH
+    // length is 8 and the 8 payload bytes are the operand as the requester holds it in
+    // memory, copied verbatim — rxe_req.c finish_packet memcpy of wqe->dma.atomic_wr).
+    #[test]
+    fn atomic_write_packet_is_bth_reth_and_eight_bytes_as_rxe_sends_it() {
+        let atomic_write = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::RC_ATOMIC_WRITE,
+                dest_qp: Qpn::new(0x12),
+                ack_req: true,
+                psn: Psn::new(7),
+                ..BthRepr::default()
+            },
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 0x0000_0102,
+                dma_len: 8,
+            }),
+            ..PacketRepr::default()
+        };
+        let operand = [0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88];
+        let expected = hex("1d00ffff 00000012 80000007 \
+             0000000000001000 00000102 00000008 \
+             1122334455667788 \
+             00000000");
+        let mut buf = [0u8; 64];
+        assert_eq!(atomic_write.emit(&operand, &mut buf), Ok(40));
+        assert_eq!(&buf[..40], &expected[..]);
+        let (parsed, payload) = PacketRepr::parse(&expected).unwrap();
+        assert_eq!(parsed, atomic_write);
+        assert_eq!(payload, operand);
+    }
+
     #[test]
     fn packet_view_reads_and_writes_parts() {
         let mut bytes = ib_part(&hex(test_vectors::A_WRITE_ONLY));
@@ -1016,6 +1117,11 @@ mod tests {
         expected[8] &= 0x80;
         if repr.deth.is_some() {
             expected[bth::HEADER_LEN + 4] = 0;
+        }
+        if repr.feth.is_some() {
+            // FETH bits 31..6 are reserved: written as zero.
+            expected[bth::HEADER_LEN..bth::HEADER_LEN + 3].fill(0);
+            expected[bth::HEADER_LEN + 3] &= 0x3F;
         }
         let payload_end = bytes.len() - ICRC_LEN - pad;
         expected[payload_end..].fill(0);

@@ -19,10 +19,10 @@ use crate::ah::AhBlock;
 use crate::boundary::{errno_of, Errno};
 use crate::mr::{set_window_rkey, window_bind};
 use crate::verbs_h::{
-    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, IBV_QP_EX_WITH_BIND_MW,
-    IBV_QP_EX_WITH_LOCAL_INV, IBV_QP_EX_WITH_RDMA_READ, IBV_QP_EX_WITH_RDMA_WRITE,
-    IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, IBV_QP_EX_WITH_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM,
-    IBV_QP_EX_WITH_SEND_WITH_INV,
+    IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+    IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_QP_EX_WITH_BIND_MW, IBV_QP_EX_WITH_LOCAL_INV,
+    IBV_QP_EX_WITH_RDMA_READ, IBV_QP_EX_WITH_RDMA_WRITE, IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+    IBV_QP_EX_WITH_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM, IBV_QP_EX_WITH_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, sges};
 use softverbs::core::engine::{Gather, SendFlags, SendOp, SendWr, Sge, UdDest, WindowType};
@@ -38,7 +38,8 @@ pub(super) const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_SEND_WITH_INV
     | IBV_QP_EX_WITH_LOCAL_INV
-    | IBV_QP_EX_WITH_BIND_MW;
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 /// The `ibv_qp_ex` of a QP: the builders of the operations in `send_ops` (the others stay
 /// NULL: the application did not ask for them).
@@ -73,7 +74,7 @@ pub(super) fn builders(qp_base: ibv_qp, send_ops: u64) -> ibv_qp_ex {
         wr_start: any.then_some(wr_start as _),
         wr_complete: any.then_some(wr_complete as _),
         wr_abort: any.then_some(wr_abort as _),
-        wr_atomic_write: None,
+        wr_atomic_write: with(IBV_QP_EX_WITH_ATOMIC_WRITE).then_some(wr_atomic_write as _),
     }
 }
 
@@ -283,6 +284,35 @@ unsafe extern "C" fn wr_atomic_fetch_add(
             add,
         },
     );
+}
+
+/// `ibv_wr_atomic_write` (ibv_wr_post(3), IBTA 1.5): the 8 bytes at `atomic_wr` are
+/// copied now, as they are, and land at once at `remote_addr`; a NULL `atomic_wr` fails the
+/// batch with `EINVAL` at `ibv_wr_complete`.
+unsafe extern "C" fn wr_atomic_write(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
+) {
+    let value = if atomic_wr.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL `atomic_wr` points at 8 readable bytes (the man page's
+        // contract); read unaligned, as the application may hold them anywhere.
+        Some(unsafe { atomic_wr.cast::<[u8; 8]>().read_unaligned() })
+    };
+    begin(
+        qpx,
+        SendOp::AtomicWrite {
+            remote_addr,
+            rkey,
+            value: value.unwrap_or_default(),
+        },
+    );
+    if value.is_none() {
+        set_gather(qpx, Err(libc::EINVAL));
+    }
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {

@@ -184,6 +184,24 @@ impl Memory for MemoryTable {
         result.map_err(|f| self.faulted(slot, "atomic", f))
     }
 
+    fn atomic_write_region(
+        &mut self,
+        (index, base): (usize, usize),
+        offset: usize,
+        value: [u8; 8],
+    ) -> Result<(), MemError> {
+        let offset = offset.checked_add(base).ok_or(MemError::OutOfBounds)?;
+        let (slot, target) = self.target(index, offset, 8)?;
+        if !target.is_multiple_of(8) {
+            return Err(MemError::Misaligned);
+        }
+        // SAFETY: as in `atomic_region`: inside a registered region (checked), 8-byte
+        // aligned (checked), valid for the registration's life (a fault is reported). The
+        // bytes land as they came (`from_ne_bytes` keeps their order in memory).
+        unsafe { guarded::store(target as *mut u64, u64::from_ne_bytes(value)) }
+            .map_err(|f| self.faulted(slot, "atomic write", f))
+    }
+
     fn invalidate_region(&mut self, _: (usize, usize)) -> Result<(), MemError> {
         // Every region of this table comes from `ibv_reg_mr`; only memory windows and
         // fast-registered regions can be invalidated (IBTA 10.6.6; rxe's

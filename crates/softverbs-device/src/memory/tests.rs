@@ -480,3 +480,92 @@ fn rereg_of_nothing_or_of_an_empty_translation_is_refused() {
     }
     assert_eq!(t.by_lkey(r.lkey), Some(&r));
 }
+
+// IBTA 1.5 ATOMIC WRITE (rxe's check_rkey asks for IB_ACCESS_REMOTE_WRITE; oA19-28: 8
+// bytes, 8-byte aligned): the bytes land as they came, in one store; misaligned, out of
+// bounds and without REMOTE_WRITE are refused without touching memory.
+#[test]
+fn atomic_write_stores_eight_bytes_at_once_with_remote_write_only() {
+    let mut buf = [0u64; 2];
+    let mut t = MemoryTable::new();
+    // SAFETY: `buf` outlives `t`.
+    let r = unsafe {
+        t.register(
+            1,
+            buf.as_mut_ptr() as usize,
+            16,
+            0,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    let bytes = [1, 2, 3, 4, 5, 6, 7, 8];
+    assert_eq!(t.atomic_write(1, r.rkey, 8, bytes), Ok(()));
+    assert_eq!(
+        t.atomic_write(1, r.rkey, 4, bytes),
+        Err(MemError::Misaligned)
+    );
+    assert_eq!(
+        t.atomic_write(1, r.rkey, 16, bytes),
+        Err(MemError::OutOfBounds)
+    );
+    assert_eq!(buf, [0, u64::from_ne_bytes(bytes)]);
+
+    let mut other = [0u64; 1];
+    // SAFETY: `other` outlives `t`.
+    let atomic_only = unsafe {
+        t.register(
+            1,
+            other.as_mut_ptr() as usize,
+            8,
+            0,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+        )
+    }
+    .unwrap();
+    assert_eq!(
+        t.atomic_write(1, atomic_only.rkey, 0, bytes),
+        Err(MemError::AccessDenied)
+    );
+    assert_eq!(other, [0]);
+}
+
+// IBTA 1.5 FLUSH (rxe's check_rkey): the region needs the FLUSH_* right of each placement
+// bit; a range must be inside it, the whole-region level ignores address and length.
+#[test]
+fn flush_needs_the_placement_rights_and_checks_ranges_but_not_whole_regions() {
+    use softverbs_proto::{FlushPlacement, FlushSelectivity};
+    let mut buf = [0u8; 64];
+    let mut t = MemoryTable::new();
+    // SAFETY: `buf` outlives `t`.
+    let r = unsafe {
+        t.register(
+            1,
+            buf.as_mut_ptr() as usize,
+            64,
+            0,
+            AccessFlags::LOCAL_WRITE | AccessFlags::FLUSH_GLOBAL,
+        )
+    }
+    .unwrap();
+    let (range, mr) = (FlushSelectivity::Range, FlushSelectivity::Mr);
+    let global = FlushPlacement::GLOBAL;
+    assert_eq!(t.flush(1, r.rkey, 0, 64, range, global), Ok(()));
+    assert_eq!(
+        t.flush(1, r.rkey, 8, 64, range, global),
+        Err(MemError::OutOfBounds)
+    );
+    assert_eq!(t.flush(1, r.rkey, 1 << 40, 1 << 40, mr, global), Ok(()));
+    assert_eq!(
+        t.flush(1, r.rkey, 0, 8, range, FlushPlacement::PERSISTENT),
+        Err(MemError::AccessDenied)
+    );
+    assert_eq!(
+        t.flush(2, r.rkey, 0, 8, range, global),
+        Err(MemError::PdMismatch)
+    );
+    assert_eq!(
+        t.flush(1, r.rkey ^ 0x100, 0, 8, mr, global),
+        Err(MemError::InvalidKey)
+    );
+}
