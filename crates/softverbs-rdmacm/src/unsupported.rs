@@ -1,0 +1,77 @@
+//! What the soft device does not offer, failing the documented way and never crashing:
+//!
+//! | functions | result |
+//! |---|---|
+//! | `rdma_join_multicast`, `rdma_join_multicast_ex`, `rdma_leave_multicast` | -1, `errno = EOPNOTSUPP` (no multicast groups on the soft device) |
+//! | rsockets (`rsocket`, `rbind`, `rlisten`, `raccept`, `rconnect`, `rshutdown`, `rclose`, `rrecv`, `rrecvfrom`, `rrecvmsg`, `rsend`, `rsendto`, `rsendmsg`, `rread`, `rreadv`, `rwrite`, `rwritev`, `rpoll`, `rselect`, `rgetpeername`, `rgetsockname`, `rsetsockopt`, `rgetsockopt`, `rfcntl`, `riomap`, `riounmap`, `riowrite`) | -1, `errno = ENOSYS`, and one line on stderr naming the call |
+//!
+//! The functions never read their arguments, so any arguments are safe.
+
+use crate::boundary::set_errno;
+use crate::symver;
+use libc::c_int;
+
+macro_rules! multicast {
+    ($($name:ident),*) => {$(
+        /// Multicast is not supported by the soft device: -1 with `errno = EOPNOTSUPP`.
+        pub extern "C" fn $name() -> c_int {
+            set_errno(libc::EOPNOTSUPP);
+            -1
+        }
+    )*};
+}
+multicast!(
+    rdma_join_multicast,
+    rdma_leave_multicast,
+    rdma_join_multicast_ex
+);
+symver!(rdma_join_multicast, "RDMACM_1.0");
+symver!(rdma_leave_multicast, "RDMACM_1.0");
+symver!(rdma_join_multicast_ex, "RDMACM_1.1");
+
+macro_rules! rsockets {
+    ($($name:ident),*) => {$(
+        /// rsockets are not offered: -1 with `errno = ENOSYS` and a line on stderr. The
+        /// return is pointer-wide so that callers expecting `ssize_t` or `off_t` see -1
+        /// too.
+        pub extern "C" fn $name() -> isize {
+            eprintln!(concat!(
+                "librdmacm (softverbs): ",
+                stringify!($name),
+                ": rsockets are not supported (ENOSYS)"
+            ));
+            set_errno(libc::ENOSYS);
+            -1
+        }
+        symver!($name, "RDMACM_1.0");
+    )*};
+}
+rsockets!(
+    rsocket,
+    rbind,
+    rlisten,
+    raccept,
+    rconnect,
+    rshutdown,
+    rclose,
+    rrecv,
+    rrecvfrom,
+    rrecvmsg,
+    rsend,
+    rsendto,
+    rsendmsg,
+    rread,
+    rreadv,
+    rwrite,
+    rwritev,
+    rpoll,
+    rselect,
+    rgetpeername,
+    rgetsockname,
+    rsetsockopt,
+    rgetsockopt,
+    rfcntl,
+    riomap,
+    riounmap,
+    riowrite
+);
