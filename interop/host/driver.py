@@ -22,6 +22,7 @@ device is the host end of the guest's NIC. It
 Every wait is bounded (rxe retries forever when retry_cnt is 7).
 """
 import argparse
+import bisect
 import ipaddress
 import json
 import os
@@ -773,6 +774,92 @@ def tshark_int(text):
         return None
 
 
+# tshark fields for the CM checks, besides the dissection check's
+TS_EXTRA = ("frame.time_epoch", "infiniband.mad.mgmtclass", "infiniband.mad.attributeid",
+            "infiniband.bth.destqp", "infiniband.bth.psn", "infiniband.aeth.syndrome",
+            "infiniband.cm.req", "infiniband.cm.req.localqpn", "infiniband.cm.rep",
+            "infiniband.cm.rep.remotecommid", "infiniband.cm.rep.localqpn")
+
+
+def cm_wanted(r, mtu):
+    """Data packets each way that a passing CM case must have moved (per connection)."""
+    args = r["guest_cmd"]
+    cnt = re.search(r"-C (\d+)", args)
+    size = re.search(r"-S (\d+)", args)
+    cnt = int(cnt.group(1)) if cnt else 10
+    size = int(size.group(1)) if size else 100
+    if r["cm"] == "rping":
+        return cnt  # at least one SEND (or READ request) per iteration each way
+    return cnt * max(1, -(-size // mtu))
+
+
+def psn_acked(psn, acks):
+    """Some cumulative ACK PSN in the sorted list acks covers psn: it is psn or up to
+    65535 after it (mod 2^24; a case's stream is shorter, and an unrelated stream's
+    PSNs, random 24-bit numbers, are almost never that close)."""
+    span, mod = 65535, 1 << 24
+    i = bisect.bisect_left(acks, psn)
+    if i < len(acks) and acks[i] <= psn + span:
+        return True
+    return psn + span >= mod and bool(acks) and acks[0] <= psn + span - mod
+
+
+def check_cm_dataflow(a, cm_results, pkts):
+    """The programs' data went through, seen on the wire. ucmatose and udaddy count their
+    completions without looking at the status (a QP in error flushes every receive as a
+    completion), so an exit status of 0 proves nothing. For every passing RC case, each
+    connection (QPNs paired from its REQ and REP) must have had, each way, at least
+    cm_wanted() request packets whose PSN the receiver acknowledged (AETH ACK syndrome,
+    cumulative); for udaddy, each side must have sent cm_wanted() UD SENDs to the
+    other's data QP."""
+    out = {}
+    mtu = 1024
+    for r in cm_results:
+        t0, t1 = r["window"][0] - 0.5, r["window"][1] + 0.5
+        ps = [p for p in pkts if t0 <= p["time"] <= t1]
+        fam4 = r["family"] == 4
+        host, guest = (a.host_ip, a.guest_ip) if fam4 else (a.host_ip6, a.guest_ip6)
+        want = cm_wanted(r, mtu)
+        res = {"want": want, "problems": []}
+        out[r["case"]] = res
+        if r["cm"] == "udaddy":
+            for src, dst in ((host, guest), (guest, host)):
+                # UD SEND ONLY (100) or with immediate (101, udaddy's), not to QP1
+                n = sum(1 for p in ps if p["who"] == src and p["opcode"]
+                        and tshark_int(p["opcode"]) in (100, 101)
+                        and tshark_int(p["infiniband.bth.destqp"] or "1") != 1)
+                res[f"{src}->{dst}"] = n
+                if n < want:
+                    res["problems"].append(f"{src} sent {n} UD SENDs to its peer's QP, wanted {want}")
+            continue
+        reqs = {p["infiniband.cm.req"]: (p["who"], tshark_int(p["infiniband.cm.req.localqpn"]))
+                for p in ps if p["infiniband.cm.req"] and p["infiniband.cm.req.localqpn"]}
+        pairs = set()
+        for p in ps:
+            if p["infiniband.cm.rep"] and p["infiniband.cm.rep.remotecommid"] in reqs:
+                pairs.add((reqs[p["infiniband.cm.rep.remotecommid"]],
+                           (p["who"], tshark_int(p["infiniband.cm.rep.localqpn"]))))
+        if not pairs:
+            res["problems"].append("no connection (REQ and its REP) on the wire")
+        for (ca, cq), (sa, sq) in sorted(pairs):
+            for (src, sqpn), (dst, dqpn) in (((ca, cq), (sa, sq)), ((sa, sq), (ca, cq))):
+                data = [tshark_int(p["infiniband.bth.psn"]) for p in ps
+                        if p["who"] == src and p["opcode"] and tshark_int(p["opcode"]) <= 12
+                        and tshark_int(p["infiniband.bth.destqp"]) == dqpn]
+                acks = [tshark_int(p["infiniband.bth.psn"]) for p in ps
+                        if p["who"] == dst and p["infiniband.aeth.syndrome"]
+                        and tshark_int(p["infiniband.aeth.syndrome"]) >> 5 == 0
+                        and tshark_int(p["infiniband.bth.destqp"]) == sqpn]
+                acks.sort()
+                acked = len({x for x in data if psn_acked(x, acks)})
+                key = f"{src} qp {sqpn:#x} -> {dst} qp {dqpn:#x}"
+                res[key] = {"data_packets": len(data), "acked_psns": acked}
+                if acked < want:
+                    res["problems"].append(f"{key}: {acked} request PSNs acknowledged "
+                                           f"({len(data)} sent), wanted {want}")
+    return out
+
+
 def check_cm_mads(a, cm_results, cm_mads, rep):
     """Within the time of every passing CM case, tshark decoded the messages that set it
     up, from the side that sends each: ConnectRequest and ReadyToUse from the client,
@@ -891,20 +978,28 @@ def verify_capture(a, pcap, results):
         t = subprocess.run(["tshark", "-n", "-r", str(pcap), "-T", "fields", "-E", "separator=|",
                             "-e", "ip.src", "-e", "ipv6.src", "-e", "infiniband.bth.opcode",
                             "-e", "_ws.malformed", "-e", "frame.protocols",
-                            "-e", "frame.time_epoch", "-e", "infiniband.mad.mgmtclass",
-                            "-e", "infiniband.mad.attributeid", "-e", "_ws.expert.message"],
+                            *(x for e in TS_EXTRA for x in ("-e", e)), "-e", "_ws.expert.message"],
                            capture_output=True, text=True, timeout=900)
         ts = {}
         cm_mads = []  # (time, sender, CM message name) of every CM MAD tshark decoded
+        cm_pkts = []  # the packets inside the CM cases' time: {field: text}
+        cm_windows = sorted((r["window"][0] - 0.5, r["window"][1] + 0.5) for r in cm_results)
+        n = 5 + len(TS_EXTRA)
         for line in t.stdout.splitlines():
             f = line.split("|")
-            if len(f) < 9:
+            if len(f) < n + 1:
                 continue
-            f = f[:5] + ["|".join(f[8:])] + f[5:8]  # the expert messages last, may hold "|"
+            x = dict(zip(TS_EXTRA, f[5:n]))
+            f = f[:5] + ["|".join(f[n:])]  # the expert messages, which may hold "|"
             who = f[0] or f[1]
-            if f[7] and tshark_int(f[7]) == 7 and f[8]:
-                name = CM_ATTRS.get(tshark_int(f[8]), f"attribute {f[8]}")
-                cm_mads.append((float(f[6]), who, name))
+            when = float(x["frame.time_epoch"] or 0)
+            if x["infiniband.mad.mgmtclass"] and tshark_int(x["infiniband.mad.mgmtclass"]) == 7 \
+                    and x["infiniband.mad.attributeid"]:
+                attr = x["infiniband.mad.attributeid"]
+                cm_mads.append((when, who, CM_ATTRS.get(tshark_int(attr), f"attribute {attr}")))
+            if any(t0 <= when <= t1 for t0, t1 in cm_windows):
+                x["who"], x["opcode"], x["time"] = who, f[2], when
+                cm_pkts.append(x)
             d = ts.setdefault(who, {"packets": 0, "not_infiniband": 0, "malformed": 0,
                                     "malformed_in_payload_heuristic": 0,
                                     "zero_udp_checksum": 0})
@@ -924,6 +1019,15 @@ def verify_capture(a, pcap, results):
                 rep["problems"].append(f"tshark: {who}: {d['not_infiniband']} not dissected as "
                                        f"InfiniBand, {d['malformed']} malformed")
         rep["problems"] += check_cm_mads(a, cm_results, cm_mads, rep)
+        flow = check_cm_dataflow(a, cm_results, cm_pkts)
+        rep["cm_dataflow"] = flow
+        for r in cm_results:
+            if flow.get(r["case"], {}).get("problems"):
+                # the programs exited 0 but their data did not go through (ucmatose and
+                # udaddy count completions without looking at their status)
+                r["ok"] = False
+                r["notes"] += flow[r["case"]]["problems"]
+                rep["problems"].append(f"{r['case']}: " + "; ".join(flow[r["case"]]["problems"]))
         if cm_results:
             # the CM's MADs in full, for reading a failure: tshark -V of every CM MAD
             with open(a.out / "cm-mads.txt", "w") as fo:
@@ -1058,6 +1162,9 @@ def main():
             ok, rep = verify_capture(a, pcap, [r for r in runner.results if r["ok"]])
             rep["seconds"] = round(time.monotonic() - tv, 1)
             summary["checks"]["capture"] = rep
+            # CM cases whose data the capture shows did not go through fail
+            failures += [f"case {r['case']}" for r in runner.results
+                         if r.get("cm") and not r["ok"] and f"case {r['case']}" not in failures]
             if not ok:
                 failures.append("capture: " + "; ".join(rep["problems"]))
             sp = rep.get("softverbs_pcap", {})
