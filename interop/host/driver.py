@@ -1031,7 +1031,8 @@ def verify_capture(a, pcap, results):
         if cm_results:
             # the CM's MADs in full, for reading a failure: tshark -V of every CM MAD
             with open(a.out / "cm-mads.txt", "w") as fo:
-                subprocess.run(["tshark", "-n", "-r", str(pcap), "-V", "-Y", "infiniband.mad.mgmtclass == 0x07"],
+                subprocess.run(["tshark", "-n", "-r", str(pcap), "-V",
+                                "-Y", "infiniband.mad.mgmtclass == 0x07"],
                                stdout=fo, stderr=subprocess.STDOUT, timeout=900)
     else:
         rep["problems"].append("tshark is not installed")
