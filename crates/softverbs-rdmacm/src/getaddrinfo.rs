@@ -263,7 +263,9 @@ fn create_ep(
             crate::id::bind(&mut st, p, a)?;
             if !attr.is_null() {
                 // SAFETY: caller's contract: a valid ibv_qp_init_attr.
-                let a = unsafe { *attr };
+                let mut a = unsafe { *attr };
+                // librdmacm: the endpoint's QP is of the addrinfo's type.
+                a.qp_type = res.ai_qp_type as u32;
                 st.id(p)?.ep_qp = Some(crate::state::EpQp {
                     pd: crate::state::Ptr(pd),
                     attr: a,
@@ -292,6 +294,7 @@ fn create_ep(
         if !attr.is_null() {
             // SAFETY: caller's contract.
             let a = unsafe { &mut *attr };
+            a.qp_type = res.ai_qp_type as u32;
             crate::qp::create_qp(&mut lock(), p, pd, a)?;
         }
         Ok(())

@@ -334,6 +334,12 @@ impl State {
         if self.devices.is_empty() {
             return Err(libc::ENODEV);
         }
+        // As the kernel's CM, each device answers requests from the start (a REQ for a
+        // port nobody listens on gets REJ 8); without softverbs' GSI exports this waits
+        // until a connection needs it and fails there.
+        for dev in 0..self.devices.len() {
+            let _ = crate::cm::ensure_cm(self, dev);
+        }
         Ok(())
     }
 
@@ -368,8 +374,12 @@ impl State {
         let Some(id) = self.ids.get(&key) else {
             return;
         };
-        let ch_key = id.channel;
         let listen_id = id.listener.filter(|_| kind == event::CONNECT_REQUEST);
+        // A connection request goes to its listener's channel (the new id of a
+        // synchronous listener has a channel of its own for its later events).
+        let Some(ch_key) = self.ids.get(&counted_on).map(|i| i.channel) else {
+            return;
+        };
         let Some(ch) = self.channels.get_mut(&ch_key) else {
             return;
         };
