@@ -815,7 +815,9 @@ def check_cm_dataflow(a, cm_results, pkts):
     out = {}
     mtu = 1024
     for r in cm_results:
-        t0, t1 = r["window"][0] - 0.5, r["window"][1] + 0.5
+        # from the case's start (no margin before it: the previous case's last packets,
+        # to the same host QPN, would join in), to a little after its end
+        t0, t1 = r["window"][0], r["window"][1] + 0.5
         ps = [p for p in pkts if t0 <= p["time"] <= t1]
         fam4 = r["family"] == 4
         host, guest = (a.host_ip, a.guest_ip) if fam4 else (a.host_ip6, a.guest_ip6)
