@@ -1172,8 +1172,9 @@ def main():
                 failures.append("capture: " + "; ".join(rep["problems"]))
             sp = rep.get("softverbs_pcap", {})
             log(f"capture: {rep['bytes']} bytes, checked in {rep['seconds']} s")
-            log(f"  softverbs pcap: {sp.get('summary')}; (icrc ok, bad) by sender: "
-                + json.dumps({k: (v['icrc_ok'], v['icrc_bad']) for k, v in sp.get('by_sender', {}).items()}))
+            log(f"  softverbs pcap: {sp.get('summary')}; (icrc ok, bad, MADs, MADs icrc ok) by sender: "
+                + json.dumps({k: (v['icrc_ok'], v['icrc_bad'], v['mads'], v['mad_icrc_ok'])
+                              for k, v in sp.get('by_sender', {}).items()}))
             log("  icrc.py (icrc ok, bad): " + json.dumps({k: (v['icrc_ok'], v['icrc_bad'])
                 for k, v in rep['icrc_py'].get('by_sender', {}).items()}))
             log("  pingpong SEND payloads against the -c pattern (checked, bad): " + json.dumps(
