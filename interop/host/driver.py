@@ -1166,8 +1166,10 @@ def main():
             rep["seconds"] = round(time.monotonic() - tv, 1)
             summary["checks"]["capture"] = rep
             # CM cases whose data the capture shows did not go through fail
-            failures += [f"case {r['case']}" for r in runner.results
-                         if r.get("cm") and not r["ok"] and f"case {r['case']}" not in failures]
+            for r in runner.results:
+                if r.get("cm") and not r["ok"] and f"case {r['case']}" not in failures:
+                    failures.append(f"case {r['case']}")
+                    log(f"FAIL  {r['case']} (the capture): {'; '.join(r['notes'])}")
             if not ok:
                 failures.append("capture: " + "; ".join(rep["problems"]))
             sp = rep.get("softverbs_pcap", {})
