@@ -604,7 +604,8 @@ class Runner:
         ok = hrc == 0 and grc == 0 and not probs
         if case.cm and not ok:
             # The kernel's view of a failed CM case: its log, the CM ids left, the counters.
-            _, ev = g.run("cm-evidence", "dmesg | tail -n 40; echo '--- rdma resource show cm_id';"
+            _, ev = g.run("cm-evidence", "dmesg | grep -v 'speed is unknown' | tail -n 40;"
+                          " echo '--- rdma resource show cm_id';"
                           " rdma resource show cm_id; echo '--- rdma statistic';"
                           " rdma statistic show link rxe0/1", 20)
             gout += f"\n--- guest evidence after the failure (dmesg tail) ---\n{ev}"
