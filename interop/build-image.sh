@@ -3,7 +3,8 @@
 # built once and cached. Run as root. Prints the image directory as the last line of
 # stdout; progress goes to stderr.
 #
-#   $CACHE/img-<key>/rootfs/      Debian bookworm (debootstrap minbase + rdma programs),
+#   $CACHE/img-<key>/rootfs/      Debian bookworm (debootstrap minbase + rdma programs:
+#                                 ibverbs-utils, perftest, rdmacm-utils),
 #                                 shared read-only with the guest over virtio-9p; its
 #                                 /lib/modules holds only the modules the guest loads
 #   $CACHE/img-<key>/vmlinuz      Debian's 6.1 kernel (taken from the .deb, never installed
@@ -19,9 +20,11 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${SOFTVERBS_RXE_CACHE:-/var/tmp/softverbs-rxe}
 SUITE=bookworm
-GUEST_PKGS=(iproute2 kmod ibverbs-utils ibverbs-providers perftest busybox-static cpio)
+GUEST_PKGS=(iproute2 kmod ibverbs-utils ibverbs-providers perftest rdmacm-utils librdmacm1 busybox-static cpio)
 BOOT_MODS=(virtio_pci virtio_net 9pnet_virtio 9p overlay)
-RUN_MODS=(rdma_rxe ib_uverbs crc32_generic crc32-pclmul)
+# rdma_ucm is the kernel's RDMA CM for user space (/dev/infiniband/rdma_cm); it pulls
+# rdma_cm, ib_cm and iw_cm, which rping, ucmatose and udaddy need over rxe.
+RUN_MODS=(rdma_rxe ib_uverbs rdma_ucm crc32_generic crc32-pclmul)
 
 T0=$SECONDS
 log() { printf '[interop build +%ss] %s\n' "$((SECONDS - T0))" "$*" >&2; }
@@ -161,7 +164,7 @@ chroot "$TMP/rootfs" sh -c 'cd /tmp/ir && find . | cpio -o -H newc --quiet' | gz
 rm -rf "$IR"
 echo "$KVER" > "$TMP/kver"
 dpkg-query -W --admindir="$TMP/rootfs/var/lib/dpkg" -f='${Package} ${Version}\n' \
-    linux-base ibverbs-utils ibverbs-providers perftest iproute2 2>/dev/null > "$TMP/versions" || true
+    linux-base ibverbs-utils ibverbs-providers perftest rdmacm-utils librdmacm1 iproute2 2>/dev/null > "$TMP/versions" || true
 echo "$kpkg" >> "$TMP/versions"
 
 touch "$TMP/complete"

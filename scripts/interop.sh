@@ -3,8 +3,9 @@
 #
 # Unmodified ibv_{rc,uc,ud}_pingpong and perftest programs run with one side on kernel rxe
 # in a QEMU guest and the other on the softverbs drop-in libibverbs.so.1 on the host, in
-# both roles, at MTU 4096 and 1024, then RC under 5 % packet loss; a capture of the tap
-# has its every ICRC checked. See interop/README.md.
+# both roles, at MTU 4096 and 1024, then the RDMA CM programs (rping, ucmatose, udaddy:
+# the kernel's rdma_cm against the drop-in librdmacm.so.1), then RC and the CM under 5 %
+# packet loss; a capture of the tap has its every ICRC checked. See interop/README.md.
 #
 # Run as root (network namespace, tap, iptables, apt-get for the guest image's tools).
 # Nothing leaves the machine: the guest's only NIC is a tap inside a network namespace
@@ -25,7 +26,7 @@ die() { printf 'interop FAILED: %s\n' "$*" >&2; exit 1; }
 
 # Host tools: the programs run on the drop-in, the capture and its checks, the namespace.
 need=()
-for p in ibverbs-utils perftest iproute2 iptables tshark python3; do
+for p in ibverbs-utils perftest rdmacm-utils iproute2 iptables tshark python3; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -35,10 +36,15 @@ if [ ${#need[@]} -gt 0 ]; then
         || die "apt-get install ${need[*]}"
 fi
 
-step "building the drop-in and the softverbs command (release)"
-cargo build --release --locked -q -p softverbs-capi -p softverbs-cli
+# The CM cases need the drop-in librdmacm.so.1 (crate softverbs-rdmacm): without it the
+# stage cannot run them, and says so rather than skipping them.
+[ -f crates/softverbs-rdmacm/Cargo.toml ] \
+    || die "crates/softverbs-rdmacm is missing: the CM cases need the drop-in librdmacm.so.1"
+step "building the drop-ins (libibverbs.so.1, librdmacm.so.1) and the softverbs command (release)"
+cargo build --release --locked -q -p softverbs-capi -p softverbs-rdmacm -p softverbs-cli
 TARGET=${CARGO_TARGET_DIR:-target}/release
 [ -f "$TARGET/libsoftverbs_capi.so" ] && [ -x "$TARGET/softverbs" ] || die "no build output in $TARGET"
+[ -f "$TARGET/libsoftverbs_rdmacm.so" ] || die "no $TARGET/libsoftverbs_rdmacm.so (the drop-in librdmacm.so.1)"
 TARGET=$(cd "$TARGET" && pwd)
 
 step "guest image (interop/build-image.sh)"
@@ -49,6 +55,7 @@ IMG=$(SOFTVERBS_RXE_CACHE=$CACHE bash interop/build-image.sh | tail -1)
 OUT=${SOFTVERBS_INTEROP_OUT:-target/interop}
 rm -rf "$OUT"; mkdir -p "$OUT/lib"; OUT=$(cd "$OUT" && pwd)
 ln -s "$TARGET/libsoftverbs_capi.so" "$OUT/lib/libibverbs.so.1"
+ln -s "$TARGET/libsoftverbs_rdmacm.so" "$OUT/lib/librdmacm.so.1"
 
 NS=svrxe$$
 TAP=svtap0

@@ -6,7 +6,9 @@
 # runs the jobs the host driver (interop/host/driver.py) drops into jobs/, in order:
 #   jobs/N      shell assignments, read with ".": NAME, CMD (run by sh -c), TO (seconds,
 #               the job is killed after it), LISTEN (a TCP port: out/N.ready appears once
-#               something listens there, or once the job has ended)
+#               something listens there, or once the job has ended), CMLISTEN (an RDMA CM
+#               port: out/N.ready appears once `rdma resource show cm_id` lists a
+#               listening id on that port, or once the job has ended)
 #   out/N.log   the job's stdout and stderr; out/N.pid: its timeout(1) process;
 #   out/N.rc    its exit status (124: killed by its timeout), written last
 #   jobs/stop   ends the agent (the guest powers off)
@@ -25,6 +27,12 @@ listening() { # listening PORT: some TCP socket (v4 or v6) listens on PORT
     grep -qi "^ *[0-9]*: [0-9A-F]*:$(printf %04X "$1") [0-9A-F]*:0000 0A " /proc/net/tcp /proc/net/tcp6
 }
 ready_or_gone() { listening "$1" || ! kill -0 "$2" 2>/dev/null; }
+cm_listening() { # cm_listening PORT: the kernel's RDMA CM has a listening id on PORT
+    # (an RDMA CM listener has no TCP socket; iproute2 lists it: "... state LISTEN ps TCP
+    # ... src-addr 10.99.0.2:7471 ...", an IPv6 one as "src-addr fd99::2:7471")
+    rdma resource show cm_id 2>/dev/null | grep -q "state LISTEN .*src-addr [^ ]*:$1 "
+}
+cm_ready_or_gone() { cm_listening "$1" || ! kill -0 "$2" 2>/dev/null; }
 publish() { # publish FILE: write stdin to FILE atomically (the host polls for it)
     cat > "$1.tmp" && mv "$1.tmp" "$1"
 }
@@ -39,6 +47,9 @@ ip addr add "$IP/24" dev eth0 || fail "ip addr add $IP/24"
 ip -6 addr add "$IP6/64" dev eth0 nodad || fail "ip -6 addr add $IP6/64"
 modprobe rdma_rxe || fail "modprobe rdma_rxe"
 log "rdma_rxe loaded"
+modprobe rdma_ucm || fail "modprobe rdma_ucm"
+[ -c /dev/infiniband/rdma_cm ] || fail "rdma_ucm loaded but /dev/infiniband/rdma_cm is missing"
+log "rdma_ucm loaded (the kernel's RDMA CM: rdma_cm, ib_cm, iw_cm)"
 rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0"
 log "rxe0 added"
 # The GIDs rxe made for our two addresses, as sysfs spells them (eight 4-digit groups).
@@ -58,13 +69,16 @@ printf 'GIDX4=%s\nGIDX6=%s\nKERNEL=%s\n' "$GIDX4" "$GIDX6" "$(uname -r)" | publi
 run_job() { # run_job N: starts job N in the background
     n=$1
     (
-        NAME=job$n; CMD=true; TO=60; LISTEN=
+        NAME=job$n; CMD=true; TO=60; LISTEN=; CMLISTEN=
         . "$JOBS/$n"
         timeout -k 2 "$TO" sh -c "$CMD" > "$OUT/$n.log" 2>&1 &
         pid=$!
         echo $pid | publish "$OUT/$n.pid"
         if [ -n "$LISTEN" ]; then
             wait_for 30 ready_or_gone "$LISTEN" "$pid"
+            : | publish "$OUT/$n.ready"
+        elif [ -n "$CMLISTEN" ]; then
+            wait_for 30 cm_ready_or_gone "$CMLISTEN" "$pid"
             : | publish "$OUT/$n.ready"
         fi
         wait $pid

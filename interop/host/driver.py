@@ -8,9 +8,10 @@ device is the host end of the guest's NIC. It
     talks to that agent through files in the 9p share (jobs/N in, out/N.* back);
   * captures every RoCEv2 packet on the tap (both sides' packets) for the whole run;
   * runs the case matrix: each case is one unmodified program, run as server on one
-    side and as client on the other, the host side on the softverbs drop-in
-    libibverbs.so.1 (LD_LIBRARY_PATH, SOFTVERBS_ADDR=<host ip>, SOFTVERBS_STATS), the
-    guest side on kernel rxe;
+    side and as client on the other, the host side on the softverbs drop-ins
+    libibverbs.so.1 and librdmacm.so.1 (LD_LIBRARY_PATH, SOFTVERBS_ADDR=<host ip>,
+    SOFTVERBS_STATS), the guest side on kernel rxe (and the kernel's rdma_cm for the CM
+    programs rping, ucmatose and udaddy);
   * switches the link MTU (9000: both ports' active MTU is 4096; 1500: 1024) and, for the
     loss phase, drops 5 % of the RoCEv2 packets with iptables in the namespace;
   * verifies the ICRC of every captured packet with `softverbs pcap` and with icrc.py
@@ -21,6 +22,7 @@ device is the host end of the guest's NIC. It
 Every wait is bounded (rxe retries forever when retry_cnt is 7).
 """
 import argparse
+import bisect
 import ipaddress
 import json
 import os
@@ -95,11 +97,11 @@ class Guest:
         log(f"guest not ready after {a.boot_timeout} s")
         return False
 
-    def submit(self, name, cmd, timeout, listen=None):
+    def submit(self, name, cmd, timeout, listen=None, cmlisten=None):
         self.n += 1
         n = self.n
         body = (f"NAME={shlex.quote(name)}\nCMD={shlex.quote(cmd)}\nTO={int(timeout)}\n"
-                f"LISTEN={listen or ''}\n")
+                f"LISTEN={listen or ''}\nCMLISTEN={cmlisten or ''}\n")
         tmp = self.jobs / f"{n}.tmp"
         tmp.write_text(body)
         tmp.rename(self.jobs / str(n))
@@ -176,6 +178,29 @@ def listening(port):
     return False
 
 
+def udp_bound(addr, port):
+    """Some UDP socket of this namespace is bound to addr:port (or the wildcard): the
+    softverbs device of a host program is open (it binds SOFTVERBS_ADDR:4791)."""
+    ip = ipaddress.ip_address(addr)
+    if ip.version == 4:
+        files, want = ("/proc/net/udp",), {ip.packed[::-1].hex().upper(), "00000000"}
+    else:
+        p = ip.packed
+        files = ("/proc/net/udp6",)
+        want = {"".join(p[i:i + 4][::-1].hex() for i in range(0, 16, 4)).upper(), "0" * 32}
+    for f in files:
+        try:
+            for line in Path(f).read_text().splitlines()[1:]:
+                parts = line.split()
+                if len(parts) > 1:
+                    a_, _, prt = parts[1].partition(":")
+                    if int(prt, 16) == port and a_.upper() in want:
+                        return True
+        except OSError:
+            pass
+    return False
+
+
 def host_env(a, stats_file, family=6):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
     env["LD_LIBRARY_PATH"] = str(a.lib)
@@ -227,6 +252,7 @@ class Case:
         self.server, self.phase, self.timeout, self.loss = server, phase, timeout, loss
         self.family, self.xfail = family, xfail
         self.perf = prog.startswith("ib_")
+        self.cm = False
 
     def size(self):
         m = re.search(r"-s (\d+)", self.args)
@@ -253,6 +279,55 @@ class Case:
         return host, guest
 
 
+# rdmacm-utils' programs. rping -v prints every buffer it moved ("ping data: rdma-ping-N:
+# ..." on the client, "server ping data: ..." on the server); -V makes the client compare
+# what came back with what it sent. udaddy listens on a fixed port.
+RPING_COUNT = 200
+UDADDY_PORT = 7174
+
+
+class CmCase(Case):
+    """One RDMA CM program of rdmacm-utils (rping, ucmatose, udaddy): the host side on the
+    drop-in librdmacm.so.1 (over the drop-in libibverbs.so.1), the guest side on the
+    kernel's rdma_cm over rxe. The programs name the server's address themselves (no GID
+    index: the CM resolves it), the server bound to its own address of the case's family."""
+
+    def __init__(self, name, prog, args, server, phase, **kw):
+        super().__init__(name, prog, args, server, phase, **kw)
+        self.perf = False
+        self.cm = True
+
+    def size(self):
+        m = re.search(r"-S (\d+)", self.args)
+        return int(m.group(1)) if m else 100
+
+    def count(self):
+        m = re.search(r"-C (\d+)", self.args)
+        return int(m.group(1)) if m else None
+
+    def listen_port(self, port):
+        return UDADDY_PORT if self.prog == "udaddy" else port
+
+    def commands(self, a, info, port):
+        if self.family == 6:
+            ip = a.guest_ip6 if self.server == "guest" else a.host_ip6
+        else:
+            ip = a.guest_ip if self.server == "guest" else a.host_ip
+        if self.prog == "rping":
+            # line-buffered, so that an error on stderr never lands inside a data line
+            server = f"stdbuf -oL rping -s -a {ip} -p {port} {self.args}"
+            client = f"stdbuf -oL rping -c -a {ip} -p {port} {self.args}"
+        elif self.prog == "ucmatose":
+            server = f"ucmatose -b {ip} -p {port} {self.args}"
+            client = f"ucmatose -s {ip} -p {port} {self.args}"
+        elif self.prog == "udaddy":
+            server = f"udaddy -b {ip} {self.args}"
+            client = f"udaddy -s {ip} {self.args}"
+        else:
+            raise ValueError(f"no CM command line for {self.prog}")
+        return (client, server) if self.server == "guest" else (server, client)
+
+
 def sizes_for(mtu):
     # one byte (pad 3); exactly one MTU (a full ONLY packet); four MTUs and three bytes
     # (FIRST, three MIDDLEs, LAST of 3 bytes with pad 1)
@@ -263,10 +338,10 @@ def matrix(a):
     cases = []
     roles = ("guest", "host")
 
-    def add(phase, name, prog, args, **kw):
+    def add(phase, name, prog, args, cls=Case, **kw):
         kw.setdefault("family", a.family)
         for srv in roles:
-            cases.append(Case(f"{phase}/{name}/{srv}-server", prog, args, srv, phase, **kw))
+            cases.append(cls(f"{phase}/{name}/{srv}-server", prog, args, srv, phase, **kw))
 
     for phase, mtu in (("mtu4096", 4096), ("mtu1024", 1024)):
         for t in ("rc", "uc", "ud"):
@@ -293,6 +368,19 @@ def matrix(a):
             add(phase, "rc_pingpong_m1024/s4099", "ibv_rc_pingpong", "-s 4099 -m 1024 -n 50 -c")
             add(phase, "ib_write_bw_m1024/s4099", "ib_write_bw",
                 f"-F -m 1024 -s 4099 -n {a.iters} --report_gbits")
+    # The RDMA CM (link MTU 1500, active MTU 1024): the kernel's rdma_cm and softverbs'
+    # librdmacm exchange the IB CM's MADs on QP1 (REQ/REP/RTU, DREQ/DREP; SIDR REQ/REP for
+    # udaddy), then move data over the QPs they set up. rping: RDMA READ and WRITE of one
+    # buffer per iteration (100 B, exactly the MTU, four MTUs plus 3), every buffer
+    # printed and checked; ucmatose: RC SENDs over one and over four connections; udaddy:
+    # UD SENDs (below the MTU) to the address the CM resolved, answered from the WC.
+    for s in (100, 1024, 4099):
+        add("cm", f"rping/s{s}", "rping", f"-v -V -C {RPING_COUNT} -S {s}", cls=CmCase, timeout=90)
+    add("cm", "ucmatose/s100", "ucmatose", "-C 100 -S 100", cls=CmCase, timeout=60)
+    add("cm", "ucmatose/s4099", "ucmatose", "-C 100 -S 4099", cls=CmCase, timeout=60)
+    add("cm", "ucmatose/c4", "ucmatose", "-c 4 -C 20 -S 100", cls=CmCase, timeout=60)
+    add("cm", "udaddy/s100", "udaddy", "-C 100 -S 100", cls=CmCase, timeout=60)
+    add("cm", "udaddy/s1000", "udaddy", "-C 100 -S 1000", cls=CmCase, timeout=60)
     # RC under 5 % loss at MTU 1024 (the link is back at 1500). ibv_rc_pingpong ends as
     # soon as its own completions are in, so a lost final ACK would leave the peer
     # retrying against a closed QP, on any RDMA device: for it, only requests are
@@ -307,6 +395,16 @@ def matrix(a):
                         ("ib_read_lat", f"-s 4099 {OUTS}"), ("ib_atomic_lat", OUTS)):
         add("loss", f"{prog}", prog, f"-F -m 1024 {extra} -n {a.loss_iters}".replace("  ", " "),
             loss="all", timeout=90)
+    # The CM under loss. rping and ucmatose as ibv_rc_pingpong: requests (the CM's MADs
+    # among them) dropped, ACK/NAK passing; fewer iterations, as every lost request costs
+    # a retransmission timeout (rxe's is about 0.5 s with the kernel CM's ACK timeout).
+    # udaddy's UD SENDs have no retransmission (one lost SEND hangs it on any device):
+    # only its MADs (SIDR REQ/REP, to QP1) are dropped, at --mad-loss, as a case has few.
+    add("loss", "rping/s4099", "rping", "-v -V -C 50 -S 4099", cls=CmCase, loss="requests",
+        timeout=120)
+    add("loss", "ucmatose/s4099", "ucmatose", "-C 20 -S 4099", cls=CmCase, loss="requests",
+        timeout=120)
+    add("loss", "udaddy/s100", "udaddy", "-C 100 -S 100", cls=CmCase, loss="mads", timeout=120)
     # The other address family, briefly: IPv4 GIDs (::ffff:10.99.0.x) carry an IP ID that
     # rxe numbers per packet and the ICRC covers, which softverbs cannot read from a UDP
     # socket and solves for (icrc::verify_any_ipv4_id); IPv6 has no ID.
@@ -319,10 +417,62 @@ def matrix(a):
     return cases
 
 
-def check_output(case, text):
+# What rping, ucmatose and udaddy print when something goes wrong ("cma event %s, error
+# %d", "cmatose: failed polling CQ", "data mismatch!", "data verification failed byte",
+# "udaddy: unable to create QP", ...).
+CM_PROBLEM = re.compile(r"error|fail|mismatch|unable|invalid|couldn't", re.I)
+# rping -v: one line per buffer, "ping data: rdma-ping-N: " then letters from 'A'..'z'.
+RPING_DATA = re.compile(r"^(server )?ping data: (rdma-ping-(\d+): [A-z]*)")
+
+
+def rping_buffer(n, size):
+    """The text rping's client puts in its buffer for iteration n (as it prints it: the
+    last byte is the terminating 0): "rdma-ping-n: ", then letters counting up from 'A'
+    + n (mod 58) and wrapping from 'z' to 'A'."""
+    head = f"rdma-ping-{n}: "
+    c = 65 + n % 58
+    tail = []
+    for _ in range(max(0, size - len(head))):
+        tail.append(chr(c))
+        c = 65 if c >= 122 else c + 1
+    return (head + "".join(tail))[:size - 1]
+
+
+def check_rping(case, text, side):
+    """Every buffer rping printed is the one its client wrote for that iteration, and
+    each side printed all of them."""
+    probs, seen = [], 0
+    for line in text.splitlines():
+        m = RPING_DATA.match(line)
+        if not m:
+            continue
+        seen += 1
+        n = int(m.group(3))
+        if m.group(2) != rping_buffer(n, case.size()) and len(probs) < 2:
+            probs.append(f"{side}: rping buffer {n} differs from what the client wrote: "
+                         f"{m.group(2)[:60]!r}...")
+    if case.count() is not None and seen != case.count():
+        probs.append(f"{side}: rping printed {seen} buffers, not {case.count()}")
+    return probs
+
+
+def check_output(case, text, side="?"):
     """Problems a program reports without failing its exit status (ibv_*_pingpong -c
     prints "invalid data in page N" and still exits 0)."""
     probs = []
+    if case.cm:
+        for line in text.splitlines():
+            if line.startswith("$ "):  # the command line the log starts with
+                continue
+            m = RPING_DATA.match(line)
+            rest = line[m.end():] if m else line  # an error can only follow the letters
+            if CM_PROBLEM.search(rest):
+                probs.append(f"{side}: {line.strip()[:200]}")
+                if len(probs) >= 3:
+                    break
+        if case.prog == "rping":
+            probs += check_rping(case, text, side)
+        return probs
     for pat in ("invalid data", "Failed status", "Couldn't", "parse WC failed"):
         for line in text.splitlines():
             if pat in line:
@@ -373,7 +523,12 @@ class Runner:
                                     start_new_session=True)
 
         if case.server == "guest":
-            j = g.submit(case.name, guest_cmd, case.timeout, listen=port)
+            # A CM server listens on an rdma_cm id, not a TCP socket: the agent polls
+            # `rdma resource show cm_id` for it.
+            if case.cm:
+                j = g.submit(case.name, guest_cmd, case.timeout, cmlisten=case.listen_port(port))
+            else:
+                j = g.submit(case.name, guest_cmd, case.timeout, listen=port)
             deadline = time.monotonic() + 40
             while not g.ready(j) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -381,6 +536,24 @@ class Runner:
                 note.append("guest server did not listen within 40 s")
             elif g.rc(j) is None:
                 hp = start_host()
+        elif case.cm:
+            # softverbs' CM listener is state inside the process: wait until its device is
+            # open (it binds SOFTVERBS_ADDR:4791), then a short grace for rdma_listen, while
+            # it is alive and quiet.
+            hp = start_host()
+            addr = host_env(a, None, case.family)["SOFTVERBS_ADDR"]
+            deadline = time.monotonic() + 15
+            while not udp_bound(addr, 4791) and hp.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            bound = udp_bound(addr, 4791)
+            grace = time.monotonic() + 1.0
+            while hp.poll() is None and time.monotonic() < grace:
+                time.sleep(0.05)
+            if hp.poll() is None and bound:
+                j = g.submit(case.name, guest_cmd, case.timeout)
+            else:
+                note.append("host server exited before its client started" if hp.poll() is not None
+                            else f"host server did not open its device ({addr}:4791) within 15 s")
         else:
             hp = start_host()
             deadline = time.monotonic() + 20
@@ -426,14 +599,22 @@ class Runner:
         hlog.close()
         dt = time.monotonic() - t0
         gout = g.output(j) if j else ""
-        (a.out / "cases" / f"{stem}.guest.log").write_text(f"$ {guest_cmd}\n{gout}")
         hout = hlog_path.read_text(errors="replace")
-        probs = check_output(case, hout) + check_output(case, gout)
+        probs = check_output(case, hout, "host") + check_output(case, gout, "guest")
         ok = hrc == 0 and grc == 0 and not probs
+        if case.cm and not ok:
+            # The kernel's view of a failed CM case: its log, the CM ids left, the counters.
+            _, ev = g.run("cm-evidence", "dmesg | grep -v 'speed is unknown' | tail -n 40;"
+                          " echo '--- rdma resource show cm_id';"
+                          " rdma resource show cm_id; echo '--- rdma statistic';"
+                          " rdma statistic show link rxe0/1", 20)
+            gout += f"\n--- guest evidence after the failure (dmesg tail) ---\n{ev}"
+        (a.out / "cases" / f"{stem}.guest.log").write_text(f"$ {guest_cmd}\n{gout}")
         st = parse_stats(stats)
         res = {"case": case.name, "phase": case.phase, "family": case.family,
                "server": case.server, "ok": ok,
-               "window": [wall0, time.time()], "pingpong": not case.perf,
+               "window": [wall0, time.time()], "pingpong": not case.perf and not case.cm,
+               "cm": case.prog if case.cm else None,
                "size": case.size(), "pmtu": case.pmtu(g.info),
                "host_rc": hrc, "guest_rc": grc, "seconds": round(dt, 2), "attempt": attempt,
                "notes": note + probs, "host_cmd": host_cmd, "guest_cmd": guest_cmd,
@@ -497,18 +678,27 @@ LOSS_CHAINS = {"INPUT": ("SVLOSS_IN", "-i", "to_softverbs"), "OUTPUT": ("SVLOSS_
 # with its header length from IHL, IPv6 with its fixed 40-byte header (neither rxe nor
 # softverbs sends extension headers).
 ACK_U32 = {"iptables": "0>>22&0x3C@8>>24=0x11", "ip6tables": "48>>24=0x11"}
+# The BTH's DestQP (the low 24 bits of its second word) is 1: a management datagram (the
+# CM's MADs, on QP1).
+MAD_U32 = {"iptables": "0>>22&0x3C@12&0xFFFFFF=1", "ip6tables": "52&0xFFFFFF=1"}
+
+
+def loss_prob(a, kind):
+    return a.mad_loss if kind == "mads" else a.loss
 
 
 def loss_on(a, kind):
     """Drops a.loss of the RoCEv2 packets in each direction (INPUT: rxe -> softverbs,
-    OUTPUT: softverbs -> rxe), IPv4 and IPv6; kind "requests" lets ACK/NAK packets pass."""
+    OUTPUT: softverbs -> rxe), IPv4 and IPv6; kind "requests" lets ACK/NAK packets pass;
+    kind "mads" drops a.mad_loss of the packets to QP1 only."""
     loss_off(a)
     for tool, u32 in ACK_U32.items():
-        keep_acks = f'-m u32 ! --u32 "{u32}" ' if kind == "requests" else ""
+        match = {"requests": f'-m u32 ! --u32 "{u32}" ',
+                 "mads": f'-m u32 --u32 "{MAD_U32[tool]}" '}.get(kind, "")
         for hook, (chain, dirflag, _) in LOSS_CHAINS.items():
             sh(f"{tool} -w -N {chain}")
-            sh(f"{tool} -w -A {chain} -p udp --dport 4791 {keep_acks}"
-               f"-m statistic --mode random --probability {a.loss} -j DROP")
+            sh(f"{tool} -w -A {chain} -p udp --dport 4791 {match}"
+               f"-m statistic --mode random --probability {loss_prob(a, kind)} -j DROP")
             sh(f"{tool} -w -I {hook} {dirflag} {a.tap} -p udp --dport 4791 -j {chain}")
 
 
@@ -570,6 +760,135 @@ def stop_capture(p):
             kill_group(p)
 
 
+# CM attribute IDs (IBTA 12.6.1 / 12.11) as tshark names the messages.
+CM_ATTRS = {0x10: "ConnectRequest", 0x11: "MsgRcptAck", 0x12: "ConnectReject",
+            0x13: "ConnectReply", 0x14: "ReadyToUse", 0x15: "DisconnectRequest",
+            0x16: "DisconnectReply", 0x17: "ServiceIDResReq", 0x18: "ServiceIDResReqResp"}
+
+
+def tshark_int(text):
+    """A number as tshark prints a field: 0x-hex or decimal (first value if several)."""
+    text = text.split(",")[0].strip()
+    try:
+        return int(text, 16) if text.lower().startswith("0x") else int(text)
+    except ValueError:
+        return None
+
+
+# tshark fields for the CM checks, besides the dissection check's
+TS_EXTRA = ("frame.time_epoch", "infiniband.mad.mgmtclass", "infiniband.mad.attributeid",
+            "infiniband.bth.destqp", "infiniband.bth.psn", "infiniband.aeth.syndrome",
+            "infiniband.cm.req", "infiniband.cm.req.localqpn", "infiniband.cm.rep",
+            "infiniband.cm.rep.remotecommid", "infiniband.cm.rep.localqpn")
+
+
+def cm_wanted(r, mtu):
+    """Data packets each way that a passing CM case must have moved (per connection)."""
+    args = r["guest_cmd"]
+    cnt = re.search(r"-C (\d+)", args)
+    size = re.search(r"-S (\d+)", args)
+    cnt = int(cnt.group(1)) if cnt else 10
+    size = int(size.group(1)) if size else 100
+    if r["cm"] == "rping":
+        return cnt  # at least one SEND (or READ request) per iteration each way
+    return cnt * max(1, -(-size // mtu))
+
+
+def psn_acked(psn, acks):
+    """Some cumulative ACK PSN in the sorted list acks covers psn: it is psn or up to
+    65535 after it (mod 2^24; a case's stream is shorter, and an unrelated stream's
+    PSNs, random 24-bit numbers, are almost never that close)."""
+    span, mod = 65535, 1 << 24
+    i = bisect.bisect_left(acks, psn)
+    if i < len(acks) and acks[i] <= psn + span:
+        return True
+    return psn + span >= mod and bool(acks) and acks[0] <= psn + span - mod
+
+
+def check_cm_dataflow(a, cm_results, pkts):
+    """The programs' data went through, seen on the wire. ucmatose and udaddy count their
+    completions without looking at the status (a QP in error flushes every receive as a
+    completion), so an exit status of 0 proves nothing. For every passing RC case, each
+    connection (QPNs paired from its REQ and REP) must have had, each way, at least
+    cm_wanted() request packets whose PSN the receiver acknowledged (AETH ACK syndrome,
+    cumulative); for udaddy, each side must have sent cm_wanted() UD SENDs to the
+    other's data QP."""
+    out = {}
+    mtu = 1024
+    for r in cm_results:
+        # from the case's start (no margin before it: the previous case's last packets,
+        # to the same host QPN, would join in), to a little after its end
+        t0, t1 = r["window"][0], r["window"][1] + 0.5
+        ps = [p for p in pkts if t0 <= p["time"] <= t1]
+        fam4 = r["family"] == 4
+        host, guest = (a.host_ip, a.guest_ip) if fam4 else (a.host_ip6, a.guest_ip6)
+        want = cm_wanted(r, mtu)
+        res = {"want": want, "problems": []}
+        out[r["case"]] = res
+        if r["cm"] == "udaddy":
+            for src, dst in ((host, guest), (guest, host)):
+                # UD SEND ONLY (100) or with immediate (101, udaddy's), not to QP1
+                n = sum(1 for p in ps if p["who"] == src and p["opcode"]
+                        and tshark_int(p["opcode"]) in (100, 101)
+                        and tshark_int(p["infiniband.bth.destqp"] or "1") != 1)
+                res[f"{src}->{dst}"] = n
+                if n < want:
+                    res["problems"].append(f"{src} sent {n} UD SENDs to its peer's QP, wanted {want}")
+            continue
+        reqs = {p["infiniband.cm.req"]: (p["who"], tshark_int(p["infiniband.cm.req.localqpn"]))
+                for p in ps if p["infiniband.cm.req"] and p["infiniband.cm.req.localqpn"]}
+        pairs = set()
+        for p in ps:
+            if p["infiniband.cm.rep"] and p["infiniband.cm.rep.remotecommid"] in reqs:
+                pairs.add((reqs[p["infiniband.cm.rep.remotecommid"]],
+                           (p["who"], tshark_int(p["infiniband.cm.rep.localqpn"]))))
+        if not pairs:
+            res["problems"].append("no connection (REQ and its REP) on the wire")
+        for (ca, cq), (sa, sq) in sorted(pairs):
+            for (src, sqpn), (dst, dqpn) in (((ca, cq), (sa, sq)), ((sa, sq), (ca, cq))):
+                data = [tshark_int(p["infiniband.bth.psn"]) for p in ps
+                        if p["who"] == src and p["opcode"] and tshark_int(p["opcode"]) <= 12
+                        and tshark_int(p["infiniband.bth.destqp"]) == dqpn]
+                acks = [tshark_int(p["infiniband.bth.psn"]) for p in ps
+                        if p["who"] == dst and p["infiniband.aeth.syndrome"]
+                        and tshark_int(p["infiniband.aeth.syndrome"]) >> 5 == 0
+                        and tshark_int(p["infiniband.bth.destqp"]) == sqpn]
+                acks.sort()
+                acked = len({x for x in data if psn_acked(x, acks)})
+                key = f"{src} qp {sqpn:#x} -> {dst} qp {dqpn:#x}"
+                res[key] = {"data_packets": len(data), "acked_psns": acked}
+                if acked < want:
+                    res["problems"].append(f"{key}: {acked} request PSNs acknowledged "
+                                           f"({len(data)} sent), wanted {want}")
+    return out
+
+
+def check_cm_mads(a, cm_results, cm_mads, rep):
+    """Within the time of every passing CM case, tshark decoded the messages that set it
+    up, from the side that sends each: ConnectRequest and ReadyToUse from the client,
+    ConnectReply from the server (RC: rping, ucmatose); ServiceIDResReq from the client,
+    ServiceIDResReqResp from the server (udaddy, SIDR)."""
+    probs = []
+    counts = {}
+    for _, who, name in cm_mads:
+        counts.setdefault(who, {})
+        counts[who][name] = counts[who].get(name, 0) + 1
+    rep["cm_mads_by_sender"] = counts
+    for r in cm_results:
+        fam4 = r["family"] == 4
+        host, guest = (a.host_ip, a.guest_ip) if fam4 else (a.host_ip6, a.guest_ip6)
+        server, client = (guest, host) if r["server"] == "guest" else (host, guest)
+        if r["cm"] == "udaddy":
+            want = ((client, "ServiceIDResReq"), (server, "ServiceIDResReqResp"))
+        else:
+            want = ((client, "ConnectRequest"), (server, "ConnectReply"), (client, "ReadyToUse"))
+        t0, t1 = r["window"][0] - 0.5, r["window"][1] + 0.5
+        for who, name in want:
+            if not any(t0 <= t <= t1 and w == who and n == name for t, w, n in cm_mads):
+                probs.append(f"tshark: {r['case']}: no CM {name} from {who} decoded")
+    return probs
+
+
 def verify_capture(a, pcap, results):
     """ICRC of every packet, per sender, by `softverbs pcap` and by icrc.py; tshark's
     dissection. Returns (ok, report dict)."""
@@ -594,11 +913,15 @@ def verify_capture(a, pcap, results):
     for line in p.stdout:
         m = line_re.match(line)
         if m:
-            d = per.setdefault(m.group(1), {"packets": 0, "icrc_ok": 0, "icrc_bad": 0, "not_ib": 0})
+            d = per.setdefault(m.group(1), {"packets": 0, "icrc_ok": 0, "icrc_bad": 0, "not_ib": 0,
+                                            "mads": 0, "mad_icrc_ok": 0})
             d["packets"] += 1
             rest = m.group(3).rstrip()
+            mad = " dqpn=0x000001 " in rest  # a management datagram (QP1): the CM's MADs
+            d["mads"] += mad
             if rest.endswith("icrc ok"):
                 d["icrc_ok"] += 1
+                d["mad_icrc_ok"] += mad
             else:
                 d["icrc_bad"] += 1
                 if d["icrc_bad"] <= 3:
@@ -616,6 +939,15 @@ def verify_capture(a, pcap, results):
         if d["icrc_bad"] or d["not_ib"]:
             rep["problems"].append(f"softverbs pcap: {who}: {d['icrc_bad']} bad ICRCs, {d['not_ib']} not IB")
     need_both(per, "softverbs pcap")
+    # The CM's MADs are RoCEv2 packets like the others (UD SEND ONLY to QP1): each side's
+    # must be among the verified ones whenever a CM case passed.
+    cm_results = [r for r in results if r.get("cm")]
+    cm_senders = tuple(addr for fam, pair in ((4, (a.host_ip, a.guest_ip)),
+                                              (6, (a.host_ip6, a.guest_ip6)))
+                       if fam in {r["family"] for r in cm_results} for addr in pair)
+    for who in cm_senders:
+        if per.get(who, {}).get("mad_icrc_ok", 0) == 0:
+            rep["problems"].append(f"softverbs pcap: no MAD (QP1) with a valid ICRC from {who}")
 
     # 2. an independent check: the ICRC recipe written out again in Python
     windows = a.out / "pingpong-windows.json"
@@ -649,16 +981,31 @@ def verify_capture(a, pcap, results):
         t = subprocess.run(["tshark", "-n", "-r", str(pcap), "-T", "fields", "-E", "separator=|",
                             "-e", "ip.src", "-e", "ipv6.src", "-e", "infiniband.bth.opcode",
                             "-e", "_ws.malformed", "-e", "frame.protocols",
-                            "-e", "_ws.expert.message"],
+                            *(x for e in TS_EXTRA for x in ("-e", e)), "-e", "_ws.expert.message"],
                            capture_output=True, text=True, timeout=900)
         ts = {}
+        cm_mads = []  # (time, sender, CM message name) of every CM MAD tshark decoded
+        cm_pkts = []  # the packets inside the CM cases' time: {field: text}
+        cm_windows = sorted((r["window"][0] - 0.5, r["window"][1] + 0.5) for r in cm_results)
+        n = 5 + len(TS_EXTRA)
         for line in t.stdout.splitlines():
             f = line.split("|")
-            if len(f) < 6:
+            if len(f) < n + 1:
                 continue
-            d = ts.setdefault(f[0] or f[1], {"packets": 0, "not_infiniband": 0, "malformed": 0,
-                                            "malformed_in_payload_heuristic": 0,
-                                            "zero_udp_checksum": 0})
+            x = dict(zip(TS_EXTRA, f[5:n]))
+            f = f[:5] + ["|".join(f[n:])]  # the expert messages, which may hold "|"
+            who = f[0] or f[1]
+            when = float(x["frame.time_epoch"] or 0)
+            if x["infiniband.mad.mgmtclass"] and tshark_int(x["infiniband.mad.mgmtclass"]) == 7 \
+                    and x["infiniband.mad.attributeid"]:
+                attr = x["infiniband.mad.attributeid"]
+                cm_mads.append((when, who, CM_ATTRS.get(tshark_int(attr), f"attribute {attr}")))
+            if any(t0 <= when <= t1 for t0, t1 in cm_windows):
+                x["who"], x["opcode"], x["time"] = who, f[2], when
+                cm_pkts.append(x)
+            d = ts.setdefault(who, {"packets": 0, "not_infiniband": 0, "malformed": 0,
+                                    "malformed_in_payload_heuristic": 0,
+                                    "zero_udp_checksum": 0})
             d["packets"] += 1
             d["not_infiniband"] += not f[2]
             if f[3]:
@@ -674,6 +1021,22 @@ def verify_capture(a, pcap, results):
             if d["not_infiniband"] or d["malformed"]:
                 rep["problems"].append(f"tshark: {who}: {d['not_infiniband']} not dissected as "
                                        f"InfiniBand, {d['malformed']} malformed")
+        rep["problems"] += check_cm_mads(a, cm_results, cm_mads, rep)
+        flow = check_cm_dataflow(a, cm_results, cm_pkts)
+        rep["cm_dataflow"] = flow
+        for r in cm_results:
+            if flow.get(r["case"], {}).get("problems"):
+                # the programs exited 0 but their data did not go through (ucmatose and
+                # udaddy count completions without looking at their status)
+                r["ok"] = False
+                r["notes"] += flow[r["case"]]["problems"]
+                rep["problems"].append(f"{r['case']}: " + "; ".join(flow[r["case"]]["problems"]))
+        if cm_results:
+            # the CM's MADs in full, for reading a failure: tshark -V of every CM MAD
+            with open(a.out / "cm-mads.txt", "w") as fo:
+                subprocess.run(["tshark", "-n", "-r", str(pcap), "-V",
+                                "-Y", "infiniband.mad.mgmtclass == 0x07"],
+                               stdout=fo, stderr=subprocess.STDOUT, timeout=900)
     else:
         rep["problems"].append("tshark is not installed")
     return not rep["problems"], rep
@@ -701,6 +1064,8 @@ def main():
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--loss-iters", type=int, default=200)
     ap.add_argument("--loss", type=float, default=0.05)
+    ap.add_argument("--mad-loss", type=float, default=0.2,
+                    help="the share of MADs (packets to QP1) dropped for udaddy in the loss phase")
     ap.add_argument("--retries", type=int, default=1)
     ap.add_argument("--only", default="", help="regex: run only the matching cases")
     ap.add_argument("--kernel-args", default="mitigations=off")
@@ -739,14 +1104,14 @@ def main():
             cases = [c for c in cases if re.search(a.only, c.name)]
         log(f"{len(cases)} cases")
         # link MTU and the active MTU both ports should then report
-        link = {"mtu4096": (9000, 4096), "mtu1024": (1500, 1024), "loss": (1500, 1024),
-                "ipv4": (1500, 1024), "ipv6": (1500, 1024)}
+        link = {"mtu4096": (9000, 4096), "mtu1024": (1500, 1024), "cm": (1500, 1024),
+                "loss": (1500, 1024), "ipv4": (1500, 1024), "ipv6": (1500, 1024)}
         current = None
         # Every phase a case names runs (a phase missing here would be skipped silently).
         unknown = {c.phase for c in cases} - set(link)
         if unknown:
             raise SystemExit(f"interop driver: cases in unknown phases {sorted(unknown)}")
-        for phase in ("mtu4096", "mtu1024", "loss", "ipv4", "ipv6"):
+        for phase in ("mtu4096", "mtu1024", "cm", "loss", "ipv4", "ipv6"):
             pcs = [c for c in cases if c.phase == phase]
             if not pcs:
                 continue
@@ -767,8 +1132,8 @@ def main():
             for kind, group in by_kind.items():
                 if kind:
                     loss_on(a, kind)
-                    log(f"loss on: {a.loss:.0%} of "
-                        f"{'requests (ACK/NAK pass)' if kind == 'requests' else 'all RoCEv2 packets'}"
+                    what = {"requests": "requests (ACK/NAK pass)", "mads": "MADs (packets to QP1)"}
+                    log(f"loss on: {loss_prob(a, kind):.0%} of {what.get(kind, 'all RoCEv2 packets')}"
                         " in each direction (iptables statistic in the namespace)")
                 try:
                     for c in group:
@@ -790,7 +1155,7 @@ def main():
             log(f"{phase}: rxe counters changed by {ph['rxe_delta']}")
             if phase == "loss":
                 log(f"loss phase: iptables dropped {ph.get('iptables_dropped')}")
-                if not sv.get("retransmitted_packets"):
+                if any(not c.cm for c in pcs) and not sv.get("retransmitted_packets"):
                     failures.append("loss: softverbs counted no retransmitted packet")
             ph["seconds"] = round(time.monotonic() - tp, 1)
         stop_capture(cap)
@@ -801,12 +1166,18 @@ def main():
             ok, rep = verify_capture(a, pcap, [r for r in runner.results if r["ok"]])
             rep["seconds"] = round(time.monotonic() - tv, 1)
             summary["checks"]["capture"] = rep
+            # CM cases whose data the capture shows did not go through fail
+            for r in runner.results:
+                if r.get("cm") and not r["ok"] and f"case {r['case']}" not in failures:
+                    failures.append(f"case {r['case']}")
+                    log(f"FAIL  {r['case']} (the capture): {'; '.join(r['notes'])}")
             if not ok:
                 failures.append("capture: " + "; ".join(rep["problems"]))
             sp = rep.get("softverbs_pcap", {})
             log(f"capture: {rep['bytes']} bytes, checked in {rep['seconds']} s")
-            log(f"  softverbs pcap: {sp.get('summary')}; (icrc ok, bad) by sender: "
-                + json.dumps({k: (v['icrc_ok'], v['icrc_bad']) for k, v in sp.get('by_sender', {}).items()}))
+            log(f"  softverbs pcap: {sp.get('summary')}; (icrc ok, bad, MADs, MADs icrc ok) by sender: "
+                + json.dumps({k: (v['icrc_ok'], v['icrc_bad'], v['mads'], v['mad_icrc_ok'])
+                              for k, v in sp.get('by_sender', {}).items()}))
             log("  icrc.py (icrc ok, bad): " + json.dumps({k: (v['icrc_ok'], v['icrc_bad'])
                 for k, v in rep['icrc_py'].get('by_sender', {}).items()}))
             log("  pingpong SEND payloads against the -c pattern (checked, bad): " + json.dumps(
@@ -816,6 +1187,8 @@ def main():
                 {k: (v['packets'], v['not_infiniband'], v['malformed'],
                      v['malformed_in_payload_heuristic'], v['zero_udp_checksum'])
                  for k, v in rep.get('tshark', {}).get('by_sender', {}).items()}))
+            if rep.get("cm_mads_by_sender"):
+                log("  CM MADs tshark decoded, by sender: " + json.dumps(rep["cm_mads_by_sender"]))
             if a.drop_pcap and not rep["problems"]:
                 pcap.unlink()
     finally:
