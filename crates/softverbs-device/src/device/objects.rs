@@ -143,3 +143,28 @@ fn no_pd(pd: u32) -> VerbsError {
         id: pd,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pd_under_a_parent_domain_is_busy_until_the_parent_domain_goes() {
+        // ibv_dealloc_pd(3): "fails if any other resource is still associated with the
+        // PD"; a parent domain over it (ibv_alloc_parent_domain(3)) is one.
+        let mut objects = Objects::new();
+        let pd = objects.alloc_pd();
+        objects.check_pd(pd).unwrap();
+        objects.hold(pd, Object::Pd);
+        assert!(matches!(
+            objects.dealloc_pd(pd),
+            Err(DeviceError::Verbs(VerbsError::InUse {
+                object: Object::Pd,
+                by: Object::Pd,
+                count: 1
+            }))
+        ));
+        objects.release(pd, Object::Pd);
+        objects.dealloc_pd(pd).unwrap();
+    }
+}
