@@ -212,11 +212,14 @@ pub struct verbs_context {
     /// `ibv_modify_qp_rate_limit`.
     pub modify_qp_rate_limit: AnyFn,
     /// `ibv_alloc_parent_domain`.
-    pub alloc_parent_domain: AnyFn,
+    pub alloc_parent_domain: Option<
+        unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
+    >,
     /// `ibv_dealloc_td`.
-    pub dealloc_td: AnyFn,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
     /// `ibv_alloc_td`.
-    pub alloc_td: AnyFn,
+    pub alloc_td:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
     /// `ibv_modify_cq`.
     pub modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
     /// `ibv_post_srq_ops`.
@@ -629,6 +632,46 @@ pub struct ibv_pd {
     pub context: *mut ibv_context,
     /// Handle.
     pub handle: u32,
+}
+
+/// `struct ibv_td` (8 bytes): a thread domain.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_td {
+    /// The context.
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_td_init_attr` (4 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_td_init_attr {
+    /// No bit is defined: must be 0.
+    pub comp_mask: u32,
+}
+
+/// A parent domain's `alloc` callback.
+pub type ParentDomainAlloc =
+    unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+/// A parent domain's `free` callback.
+pub type ParentDomainFree = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
+
+/// `struct ibv_parent_domain_init_attr` (48 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_parent_domain_init_attr {
+    /// The protection domain (not NULL).
+    pub pd: *mut ibv_pd,
+    /// A thread domain, or NULL.
+    pub td: *mut ibv_td,
+    /// `enum ibv_parent_domain_init_attr_mask`.
+    pub comp_mask: u32,
+    /// The allocator (with `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`).
+    pub alloc: Option<ParentDomainAlloc>,
+    /// Its free (with `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`).
+    pub free: Option<ParentDomainFree>,
+    /// Passed back to `alloc` and `free` (with `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT`).
+    pub pd_context: *mut c_void,
 }
 
 /// `struct ibv_mr` (48 bytes).

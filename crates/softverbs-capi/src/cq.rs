@@ -6,7 +6,7 @@
 //! | `ibv_create_cq`, `ibv_destroy_cq`, `ibv_resize_cq` | 1.1 | real |
 //! | `ibv_get_cq_event`, `ibv_ack_cq_events` | 1.1 | real: events name the `struct ibv_cq *`; `ibv_destroy_cq` waits until every delivered event is acknowledged. Deviation: an event whose CQ is empty when it is taken is dropped and the CQ re-armed (see [`ibv_get_cq_event`]) |
 //! | `ops.poll_cq`, `ops.req_notify_cq` | (ops) | real; an empty poll runs the device's progress once and polls again |
-//! | `verbs_context.create_cq_ex` | (ops) | real: every `wc_flags` field, `SINGLE_THREADED` (accepted; the CQ stays thread-safe) and `IGNORE_OVERRUN` (overwrite) flags |
+//! | `verbs_context.create_cq_ex` | (ops) | real: every `wc_flags` field, `SINGLE_THREADED` (accepted; the CQ stays thread-safe) and `IGNORE_OVERRUN` (overwrite) flags, `IBV_CQ_INIT_ATTR_MASK_PD` (a parent domain: the ring from its allocator, no consumer lock with a thread domain; see [`crate::pd`]) |
 //! | `verbs_context.modify_cq` | (ops) | real: moderation (`cq_count`, `cq_period`) |
 //! | `ibv_cq_ex` `start_poll` / `next_poll` / `end_poll` / `read_*` | (ops) | real; a field not requested at creation reads as 0 |
 //!
@@ -19,6 +19,7 @@ use crate::handles::{
     once_acknowledged, with_registry, Block, ChannelBlock, ChannelState, ContextBlock, DeviceEntry,
     Tagged, DESTROY_ACK_WAIT,
 };
+use crate::pd::{cq_in_domain, CqInDomain, DomainHold};
 use crate::verbs_h::{
     IBV_CQ_ATTR_MODERATE, IBV_CQ_INIT_ATTR_MASK_FLAGS, IBV_CQ_INIT_ATTR_MASK_PD,
     IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN, IBV_CREATE_CQ_ATTR_SINGLE_THREADED,
@@ -48,6 +49,45 @@ pub struct CqState {
     channel: *mut ibv_comp_channel,
     /// The mode of the last `ibv_req_notify_cq` (re-armed when a stale event is dropped).
     solicited_only: AtomicBool,
+    /// Created in a parent domain with a thread domain: the consumer paths take no lock.
+    thread_domain: bool,
+    /// The hold on the parent domain it was created in (after `cq`: dropped after it).
+    _domain: Option<DomainHold>,
+}
+
+impl CqState {
+    /// Polls, without the consumer lock in a thread domain.
+    fn poll(&self, wcs: &mut [ibv_wc]) -> Result<usize, softverbs::core::Error> {
+        if self.thread_domain {
+            // SAFETY: a CQ in a thread domain: the application accesses it from one thread
+            // at a time (`ibv_alloc_td(3)`: objects under a thread domain "disable internal
+            // locking designed to protect against concurrent access"), so no other consumer
+            // call runs now.
+            Ok(unsafe { self.cq.poll_unsynchronized(wcs) }?)
+        } else {
+            Ok(self.cq.poll(wcs)?)
+        }
+    }
+
+    /// Starts an extended poll, without the consumer lock in a thread domain.
+    fn start_poll(&self) -> Result<Option<PollBatch<'_>>, softverbs::core::Error> {
+        if self.thread_domain {
+            // SAFETY: as in `poll`: the thread-domain promise covers the whole window.
+            Ok(unsafe { self.cq.start_poll_unsynchronized() }?)
+        } else {
+            Ok(self.cq.start_poll()?)
+        }
+    }
+
+    /// Resizes, without the consumer lock in a thread domain.
+    fn resize(&self, cqe: u32) -> Result<u32, softverbs::core::Error> {
+        if self.thread_domain {
+            // SAFETY: as in `poll`.
+            Ok(unsafe { self.cq.resize_unsynchronized(cqe) }?)
+        } else {
+            Ok(self.cq.resize(cqe)?)
+        }
+    }
 }
 
 impl Tagged for CqState {
@@ -67,6 +107,8 @@ struct CqRequest {
     wc_flags: u64,
     ignore_overrun: bool,
     extended: bool,
+    /// The parent domain's part (`IBV_CQ_INIT_ATTR_MASK_PD`).
+    domain: Option<CqInDomain>,
 }
 
 /// Creates a CQ block for `context`.
@@ -98,6 +140,15 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
     if request.ignore_overrun {
         builder = builder.overrun(OverrunPolicy::Overwrite);
     }
+    let (thread_domain, domain) = match request.domain {
+        Some(domain) => {
+            if let Some(allocator) = domain.allocator {
+                builder = builder.allocator(allocator);
+            }
+            (domain.thread_domain, Some(domain.hold))
+        }
+        None => (false, None),
+    };
     if !request.channel.is_null() {
         // SAFETY: `request.channel` is a live completion channel (this function's
         // `# Safety`; not NULL here).
@@ -130,6 +181,8 @@ unsafe fn create(context: *mut ibv_context, request: CqRequest) -> Result<*mut i
             entry,
             channel: request.channel,
             solicited_only: AtomicBool::new(false),
+            thread_domain,
+            _domain: domain,
         },
     );
     // SAFETY: `ptr` was just returned by `CqBlock::allocate` and C does not have it yet.
@@ -274,6 +327,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             wc_flags: softverbs::core::cq::WcFields::STANDARD.bits(),
             ignore_overrun: false,
             extended: false,
+            domain: None,
         };
         // SAFETY: `context` and `channel` are NULL or live (this function's `# Safety`),
         // which is all `create` asks.
@@ -287,7 +341,7 @@ symver!(ibv_create_cq, "IBVERBS_1.1");
 /// # Safety
 ///
 /// `context` is NULL or an open context; `attr` is NULL or readable, its `channel` NULL or
-/// a live channel.
+/// a live channel, its `parent_domain` (with `IBV_CQ_INIT_ATTR_MASK_PD`) NULL or a live PD.
 pub unsafe extern "C" fn create_cq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -312,10 +366,15 @@ pub unsafe extern "C" fn create_cq_ex(
         if flags & !(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
-            // A parent domain: the soft device has none to offer.
-            return Err(libc::EOPNOTSUPP);
-        }
+        let domain = if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            // ibv_create_cq_ex(3): "parent_domain: the CQ will be created in this parent
+            // domain"; anything but a parent domain of this context is EINVAL.
+            // SAFETY: `attr.parent_domain` is NULL or a live PD (this function's
+            // `# Safety`).
+            Some(unsafe { cq_in_domain(attr.parent_domain, context) }?)
+        } else {
+            None
+        };
         let request = CqRequest {
             cqe: attr.cqe.min(i32::MAX as u32) as c_int,
             cq_context: attr.cq_context,
@@ -324,6 +383,7 @@ pub unsafe extern "C" fn create_cq_ex(
             wc_flags: attr.wc_flags,
             ignore_overrun: flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN != 0,
             extended: true,
+            domain,
         };
         // SAFETY: `context` and `attr.channel` are NULL or live (this function's
         // `# Safety`), which is all `create` asks.
@@ -381,7 +441,7 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         let state = unsafe { CqBlock::state(cq) }?;
         // The CQ core refuses a size outside 1..=max_cqe (EINVAL; a negative `cqe` becomes
         // a size above it) or below the unpolled completions.
-        let capacity = state.cq.resize(cqe as u32).map_err(errno_of)?;
+        let capacity = state.resize(cqe as u32).map_err(errno_of)?;
         // SAFETY: `cqe` is a field of the live CQ; C reads it, only the library writes it.
         unsafe { (&raw mut (*cq).cqe).write(capacity.min(i32::MAX as u32) as c_int) };
         Ok(())
@@ -485,10 +545,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
         // not NULL and `num_entries > 0` here); `ibv_wc` is `WorkCompletion`, which has no
         // invalid bit patterns the poll could read.
         let wcs = unsafe { std::slice::from_raw_parts_mut(wc, num_entries as usize) };
-        let mut n = state.cq.poll(wcs).map_err(errno_of)?;
+        let mut n = state.poll(wcs).map_err(errno_of)?;
         if n == 0 {
             state.entry.device.progress();
-            n = state.cq.poll(wcs).map_err(errno_of)?;
+            n = state.poll(wcs).map_err(errno_of)?;
         }
         Ok(n as c_int)
     });
@@ -588,10 +648,10 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
         if slot.is_some() {
             return Err(libc::EINVAL);
         }
-        let mut batch = state.cq.start_poll().map_err(errno_of)?;
+        let mut batch = state.start_poll().map_err(errno_of)?;
         if batch.is_none() {
             state.entry.device.progress();
-            batch = state.cq.start_poll().map_err(errno_of)?;
+            batch = state.start_poll().map_err(errno_of)?;
         }
         let Some(batch) = batch else {
             return Err(libc::ENOENT);

@@ -6,7 +6,8 @@
 //! | `struct ibv_device *` | [`DeviceEntry::ibv_device`] of the process's one device | first `ibv_get_device_list` | never (lives for the process, like rdma-core's device objects) | pointers stay valid after `ibv_free_device_list` |
 //! | `struct ibv_device **` (the list) | a `Box<[*mut ibv_device]>` (NULL-terminated) | `ibv_get_device_list` | `ibv_free_device_list` | [`DeviceList`] |
 //! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2) |
-//! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd` | `ibv_dealloc_pd` | |
+//! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd`, `ibv_alloc_parent_domain` | `ibv_dealloc_pd` | a parent domain's `handle` is its PD's |
+//! | `struct ibv_td *` | a [`TdBlock`](crate::pd::TdBlock) | `ibv_alloc_td` | `ibv_dealloc_td` | |
 //! | `struct ibv_comp_channel *` | a [`ChannelBlock`] | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
 //! | `struct ibv_cq *`, `struct ibv_cq_ex *` | a [`CqBlock`](crate::cq::CqBlock) (an `ibv_cq_ex` for both kinds) | `ibv_create_cq`, `ibv_create_cq_ex` | `ibv_destroy_cq` | the CQ's user context is this pointer: events and `IBV_EVENT_CQ_ERR` name the CQ by it; listed in the [`Registry`] |
 //! | `struct ibv_mr *` | an [`MrBlock`](crate::mr::MrBlock) | `ibv_reg_mr*` | `ibv_dereg_mr` | |
@@ -279,10 +280,13 @@ impl ContextBlock {
     }
 }
 
-/// The library's part of a protection domain: nothing beyond the C struct (the device
-/// keeps which objects are in it).
-#[derive(Debug, Default)]
-pub struct PdState;
+/// The library's part of a protection domain: for a parent domain, what
+/// `ibv_alloc_parent_domain` gave (the device keeps which objects are in a PD).
+#[derive(Default)]
+pub struct PdState {
+    /// Set for a parent domain ([`crate::pd`]).
+    pub domain: Option<crate::pd::ParentDomain>,
+}
 
 impl Tagged for PdState {
     const MAGIC: u64 = PD_MAGIC;

@@ -106,6 +106,10 @@ verbs_h! {
     IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
     /// `IBV_CQ_INIT_ATTR_MASK_PD` (`enum ibv_cq_init_attr_mask`).
     IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` (`enum ibv_parent_domain_init_attr_mask`).
+    IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1 << 0;
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT` (`enum ibv_parent_domain_init_attr_mask`).
+    IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
     /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (`enum ibv_create_cq_attr_flags`).
     IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
     /// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN` (`enum ibv_create_cq_attr_flags`).

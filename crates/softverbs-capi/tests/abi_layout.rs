@@ -195,6 +195,11 @@ fn mirrors() -> Vec<Struct> {
         layout!(ibv_cq_init_attr_ex, "struct ibv_cq_init_attr_ex";
             cqe => "cqe", cq_context => "cq_context", channel => "channel", comp_vector => "comp_vector",
             wc_flags => "wc_flags", comp_mask => "comp_mask", flags => "flags", parent_domain => "parent_domain"),
+        layout!(ibv_td, "struct ibv_td"; context => "context"),
+        layout!(ibv_td_init_attr, "struct ibv_td_init_attr"; comp_mask => "comp_mask"),
+        layout!(ibv_parent_domain_init_attr, "struct ibv_parent_domain_init_attr";
+            pd => "pd", td => "td", comp_mask => "comp_mask", alloc => "alloc", free => "free",
+            pd_context => "pd_context"),
         layout!(ibv_moderate_cq, "struct ibv_moderate_cq"; cq_count => "cq_count", cq_period => "cq_period"),
         layout!(ibv_modify_cq_attr, "struct ibv_modify_cq_attr"; attr_mask => "attr_mask", moderate => "moderate"),
         layout!(ibv_qp_cap, "struct ibv_qp_cap";

@@ -1,6 +1,7 @@
 //! Typed errors of every CQ operation, one variant per cause. The errno each cause is
 //! reported as is decided above this crate, in one place (`softverbs::core::Error`).
 
+use crate::memory::RingResource;
 use crate::wc::{WcFields, WorkCompletion};
 use thiserror::Error;
 
@@ -21,6 +22,21 @@ pub enum CreateError {
     /// `wc_flags` outside `IBV_CREATE_CQ_SUP_WC_FLAGS`.
     #[error("unsupported wc_flags {0:#x}")]
     UnsupportedFields(u64),
+    /// The application's allocator returned no memory for the ring (`NULL` from a parent
+    /// domain's `alloc`).
+    #[error("the application's allocator gave no memory for the CQ's {resource:?}")]
+    RingMemoryRefused {
+        /// What the memory was for.
+        resource: RingResource,
+    },
+    /// The application's allocator returned memory not aligned as asked; it was handed back.
+    #[error("the application's allocator gave {resource:?} memory not aligned to {align} bytes")]
+    RingMemoryMisaligned {
+        /// What the memory was for.
+        resource: RingResource,
+        /// The alignment asked for.
+        align: usize,
+    },
 }
 
 /// Why a poll failed (`ibv_poll_cq(3)`: "On failure, a negative value is returned").

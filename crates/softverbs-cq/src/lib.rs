@@ -7,15 +7,19 @@
 //! polling, notification arming, completion channels, overrun, resize, moderation and
 //! completion timestamps. The device, the safe API and the C drop-in only feed and expose it.
 //!
-//! The only unsafe code is the ring pointer that resize replaces (`cq/mod.rs`,
-//! `cq/resize.rs`); every shared access is an atomic with its ordering explained where it
-//! is used, and the concurrency is checked by loom models
-//! (`RUSTFLAGS="--cfg loom" cargo test -p softverbs-cq --test loom`).
+//! The unsafe code is about concurrency — the ring pointer that resize replaces
+//! (`cq/mod.rs`, `cq/resize.rs`), the lock-free consumer paths — plus one memory contract:
+//! a ring's arrays may live in memory the application's allocator provides
+//! ([`RingAllocator`], `memory.rs`, for a CQ in a parent domain). Every shared access is an
+//! atomic with its ordering explained where it is used; the concurrency is checked by loom
+//! models (`RUSTFLAGS="--cfg loom" cargo test -p softverbs-cq --test loom`) and the memory
+//! contract by Miri (`tests/miri_ring.rs`).
 
 pub mod channel;
 pub mod clock;
 pub mod cq;
 pub mod error;
+pub mod memory;
 mod ring;
 mod sync;
 pub mod wc;
@@ -29,5 +33,6 @@ pub use cq::{
 pub use error::{
     CreateError, DestroyError, FieldNotRequested, ModifyError, PollError, PushError, ResizeError,
 };
+pub use memory::{RingAllocator, RingLayout, RingMemory, RingResource, SharedRingAllocator};
 pub use ring::WcExtra;
 pub use wc::{Completed, Failed, RawFields, WcFields, WcFlags, WcOpcode, WcStatus, WorkCompletion};

@@ -15,6 +15,8 @@
 //! consumer's exclusive access): only the producer writes slots; only the consumer reads
 //! them; [`Ring`] is replaced only while both sides are excluded.
 
+use crate::error::CreateError;
+use crate::memory::{RingArray, RingResource, SharedRingAllocator};
 use crate::sync::{fence, AtomicU64, Ordering};
 use crate::wc::WorkCompletion;
 
@@ -78,30 +80,40 @@ pub(crate) struct Entry {
 }
 
 pub(crate) struct Ring {
-    slots: Box<[Slot]>,
-    extra: Option<Box<[ExtraSlot]>>,
+    slots: RingArray<Slot>,
+    extra: Option<RingArray<ExtraSlot>>,
     mask: u64,
 }
 
 impl Ring {
-    /// A ring of `capacity` slots (a power of two), with room for [`WcExtra`] if asked.
-    pub(crate) fn new(capacity: usize, with_extra: bool) -> Ring {
+    /// A ring of `capacity` slots (a power of two), with room for [`WcExtra`] if asked, in
+    /// memory from `allocator` if there is one (`memory.rs`).
+    pub(crate) fn new(
+        capacity: usize,
+        with_extra: bool,
+        allocator: Option<&SharedRingAllocator>,
+    ) -> Result<Ring, CreateError> {
         debug_assert!(capacity.is_power_of_two());
-        let slots = (0..capacity).map(|_| Slot::new()).collect();
-        let extra = with_extra.then(|| {
-            (0..capacity)
-                .map(|_| ExtraSlot {
+        let slots = RingArray::new(capacity, RingResource::Slots, allocator, Slot::new)?;
+        let extra = if with_extra {
+            Some(RingArray::new(
+                capacity,
+                RingResource::Extras,
+                allocator,
+                || ExtraSlot {
                     cvlan_flow_tag: AtomicU64::new(0),
                     tm_tag: AtomicU64::new(0),
                     tm_priv: AtomicU64::new(0),
-                })
-                .collect()
-        });
-        Ring {
+                },
+            )?)
+        } else {
+            None
+        };
+        Ok(Ring {
             slots,
             extra,
             mask: capacity as u64 - 1,
-        }
+        })
     }
 
     pub(crate) fn capacity(&self) -> u64 {
@@ -268,7 +280,7 @@ mod tests {
 
     #[test]
     fn entries_are_valid_in_place_only_for_their_own_position() {
-        let ring = Ring::new(4, false);
+        let ring = Ring::new(4, false, None).unwrap();
         assert_eq!(ring.peek(0), Peek::Empty);
         let wc = WorkCompletion::success(1, WcOpcode::Send, 3);
         ring.write(0, wc.to_words(), 0, None, false);

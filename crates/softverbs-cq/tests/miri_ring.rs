@@ -345,3 +345,292 @@ fn overwrite_producer_racing_a_consumer_never_yields_a_torn_entry() {
     let stats = cq.stats();
     assert_eq!(stats.polled + stats.overruns, N);
 }
+
+// ------------------------------------------------------- ring memory from an allocator
+
+mod counting {
+    use softverbs_cq::{RingAllocator, RingLayout, RingMemory, RingResource};
+    use std::alloc::Layout;
+    use std::ptr::NonNull;
+    use std::sync::Mutex;
+
+    /// A ring allocator that counts its calls and remembers what it handed out, so a test
+    /// can read the ring in the application's memory.
+    #[derive(Default)]
+    pub struct Counting {
+        pub log: Mutex<Log>,
+        /// What to answer instead of memory (`None`: provide memory).
+        pub answer: Mutex<Answer>,
+    }
+
+    /// What the allocator answers.
+    #[derive(Clone, Copy, Default)]
+    pub enum Answer {
+        #[default]
+        Memory,
+        UseDefault,
+        Refuse,
+    }
+
+    #[derive(Default)]
+    pub struct Log {
+        pub allocations: usize,
+        pub releases: usize,
+        /// Live blocks: pointer, layout.
+        pub live: Vec<(Block, RingLayout)>,
+    }
+
+    /// A block handed out (a pointer kept with its provenance, for Miri's strict mode).
+    pub struct Block(pub NonNull<u8>);
+
+    // SAFETY: only an address kept for the test to read through; the ring owns the memory.
+    unsafe impl Send for Block {}
+
+    impl Counting {
+        pub fn live_slots(&self) -> Vec<(*const u8, usize)> {
+            let log = self.log.lock().unwrap();
+            log.live
+                .iter()
+                .filter(|(_, l)| l.resource == RingResource::Slots)
+                .map(|(a, l)| (a.0.as_ptr().cast_const(), l.size))
+                .collect()
+        }
+    }
+
+    // SAFETY: `Provided` memory is a fresh `std::alloc` block of the layout's size and
+    // alignment, owned by the ring until `release` frees it.
+    unsafe impl RingAllocator for Counting {
+        fn allocate(&self, layout: RingLayout) -> RingMemory {
+            let mut log = self.log.lock().unwrap();
+            log.allocations += 1;
+            match *self.answer.lock().unwrap() {
+                Answer::Memory => {}
+                Answer::UseDefault => return RingMemory::UseDefault,
+                Answer::Refuse => return RingMemory::Refused,
+            }
+            let heap = Layout::from_size_align(layout.size, layout.align).unwrap();
+            // SAFETY: the ring never asks for zero bytes.
+            let ptr = NonNull::new(unsafe { std::alloc::alloc(heap) }).unwrap();
+            log.live.push((Block(ptr), layout));
+            RingMemory::Provided(ptr)
+        }
+
+        unsafe fn release(&self, ptr: NonNull<u8>, layout: RingLayout) {
+            let mut log = self.log.lock().unwrap();
+            log.releases += 1;
+            let at = log
+                .live
+                .iter()
+                .position(|(a, l)| a.0 == ptr && *l == layout)
+                .expect("released what was handed out, with its layout");
+            log.live.swap_remove(at);
+            let heap = Layout::from_size_align(layout.size, layout.align).unwrap();
+            // SAFETY: allocated above with this layout, released once (the trait's contract).
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), heap) };
+        }
+    }
+}
+
+/// Reads slot `i` of a ring in the allocator's memory: its sequence word and its wr_id.
+fn slot_words(base: *const u8, i: usize) -> (u64, u64) {
+    let slot = base.wrapping_add(64 * i).cast::<AtomicU64>();
+    // SAFETY: the block is live (the CQ holds it) and holds at least `i + 1` slots of eight
+    // atomic words; reading through atomics is what the ring's contract allows.
+    unsafe {
+        (
+            (*slot).load(Ordering::Acquire),
+            (*slot.add(1)).load(Ordering::Relaxed),
+        )
+    }
+}
+
+#[test]
+fn a_parent_domain_ring_lives_in_the_allocators_memory_and_is_released_on_drop() {
+    // ibv_alloc_parent_domain(3): "the provider will use the application's allocator to
+    // allocate and free memory for resources"; the completion is in that memory while it
+    // is polled.
+    let alloc = Arc::new(counting::Counting::default());
+    let cq = CqBuilder::new(4).allocator(alloc.clone()).build().unwrap();
+    let slots = alloc.live_slots();
+    assert_eq!(slots.len(), 1, "one slot array");
+    let (base, size) = slots[0];
+    assert_eq!(size, 64 * cq.capacity() as usize);
+    assert_eq!(base.align_offset(64), 0);
+    let p = cq.producer();
+    p.push(numbered(7), false).unwrap();
+    p.push(numbered(8), false).unwrap();
+    assert_eq!(slot_words(base, 0), (1, 7), "position 0 complete, wr_id 7");
+    assert_eq!(slot_words(base, 1), (2, 8));
+    let mut buf = [WorkCompletion::default(); 1];
+    assert_eq!(cq.poll(&mut buf).unwrap(), 1);
+    assert_eq!(buf[0], numbered(7));
+    // Still in the application's memory until polled.
+    assert_eq!(slot_words(base, 1), (2, 8));
+    assert_eq!(drain(&cq), vec![8]);
+    drop(p);
+    drop(cq);
+    let log = alloc.log.lock().unwrap();
+    assert_eq!((log.allocations, log.releases), (1, 1));
+    assert!(log.live.is_empty());
+}
+
+#[test]
+fn resize_takes_the_new_ring_from_the_allocator_and_releases_both_on_drop() {
+    // ibv_resize_cq(3) keeps every unpolled completion; the new ring comes from the same
+    // allocator, and the extras array (cvlan / flow tag) is a second resource.
+    let alloc = Arc::new(counting::Counting::default());
+    let cq = CqBuilder::new(2)
+        .fields(WcFields::STANDARD | WcFields::FLOW_TAG)
+        .allocator(alloc.clone())
+        .build()
+        .unwrap();
+    assert_eq!(alloc.log.lock().unwrap().allocations, 2, "slots and extras");
+    let p = cq.producer();
+    p.push_extra(numbered(1), false, WcExtra::default())
+        .unwrap();
+    assert_eq!(cq.resize(8).unwrap(), 8);
+    assert_eq!(alloc.log.lock().unwrap().allocations, 4);
+    let fresh = alloc
+        .live_slots()
+        .into_iter()
+        .find(|(_, size)| *size == 64 * 8)
+        .unwrap();
+    assert_eq!(slot_words(fresh.0, 0), (1, 1), "copied into the new ring");
+    assert_eq!(drain(&cq), vec![1]);
+    drop(p);
+    drop(cq);
+    let log = alloc.log.lock().unwrap();
+    assert_eq!((log.allocations, log.releases), (4, 4));
+}
+
+#[test]
+fn an_allocator_answering_use_default_gets_no_release_and_a_null_fails_creation() {
+    // ibv_alloc_parent_domain(3): IBV_ALLOCATOR_USE_DEFAULT "uses the default allocator";
+    // a NULL answer is a failure to allocate (ENOMEM).
+    let default = Arc::new(counting::Counting {
+        answer: std::sync::Mutex::new(counting::Answer::UseDefault),
+        ..Default::default()
+    });
+    let cq = CqBuilder::new(4)
+        .allocator(default.clone())
+        .build()
+        .unwrap();
+    cq.producer().push(numbered(3), false).unwrap();
+    assert_eq!(drain(&cq), vec![3]);
+    drop(cq);
+    let log = default.log.lock().unwrap();
+    assert_eq!((log.allocations, log.releases), (1, 0));
+    drop(log);
+
+    let refusing = Arc::new(counting::Counting {
+        answer: std::sync::Mutex::new(counting::Answer::Refuse),
+        ..Default::default()
+    });
+    let err = CqBuilder::new(4)
+        .allocator(refusing.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        softverbs_cq::CreateError::RingMemoryRefused {
+            resource: softverbs_cq::RingResource::Slots
+        }
+    );
+    // A resize the allocator refuses changes nothing.
+    let alloc = Arc::new(counting::Counting::default());
+    let cq = CqBuilder::new(2).allocator(alloc.clone()).build().unwrap();
+    cq.producer().push(numbered(4), false).unwrap();
+    *alloc.answer.lock().unwrap() = counting::Answer::Refuse;
+    assert_eq!(
+        cq.resize(8),
+        Err(ResizeError::Size(
+            softverbs_cq::CreateError::RingMemoryRefused {
+                resource: softverbs_cq::RingResource::Slots
+            }
+        ))
+    );
+    assert_eq!(cq.capacity(), 2);
+    assert_eq!(drain(&cq), vec![4]);
+    drop(cq);
+    let log = alloc.log.lock().unwrap();
+    assert_eq!(
+        (log.allocations, log.releases),
+        (2, 1),
+        "the refusal has nothing to release"
+    );
+}
+
+/// Hands out memory eight bytes past a 64-byte boundary, and counts what it takes back.
+struct Misaligned {
+    released: AtomicU64,
+}
+
+// SAFETY: `Provided` memory is eight bytes into a fresh block of `size + 64` bytes, so
+// `size` bytes are readable and writable there; `release` frees the block once.
+unsafe impl softverbs_cq::RingAllocator for Misaligned {
+    fn allocate(&self, layout: softverbs_cq::RingLayout) -> softverbs_cq::RingMemory {
+        let heap = std::alloc::Layout::from_size_align(layout.size + 64, 64).unwrap();
+        // SAFETY: non-zero size.
+        let block = unsafe { std::alloc::alloc(heap) };
+        // SAFETY: 8 < size + 64, inside the block.
+        softverbs_cq::RingMemory::Provided(std::ptr::NonNull::new(unsafe { block.add(8) }).unwrap())
+    }
+
+    unsafe fn release(&self, ptr: std::ptr::NonNull<u8>, layout: softverbs_cq::RingLayout) {
+        self.released.fetch_add(1, Ordering::Relaxed);
+        let heap = std::alloc::Layout::from_size_align(layout.size + 64, 64).unwrap();
+        // SAFETY: `ptr` is eight bytes into the block `allocate` made with `heap`.
+        unsafe { std::alloc::dealloc(ptr.as_ptr().sub(8), heap) };
+    }
+}
+
+#[test]
+fn memory_not_aligned_as_asked_is_handed_back_and_creation_fails() {
+    // The ring's slots are 64-byte aligned; the allocator is told (`alignment`), and memory
+    // that ignores it is refused (EINVAL), never used.
+    let alloc = Arc::new(Misaligned {
+        released: AtomicU64::new(0),
+    });
+    let err = CqBuilder::new(4)
+        .allocator(alloc.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        softverbs_cq::CreateError::RingMemoryMisaligned {
+            resource: softverbs_cq::RingResource::Slots,
+            align: 64
+        }
+    );
+    assert_eq!(alloc.released.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn the_unsynchronized_consumer_paths_poll_batch_and_resize_as_the_locked_ones() {
+    // ibv_alloc_td(3): objects under a thread domain "disable internal locking"; the
+    // thread-safe CQ's consumer paths without the consumer lock give the same entries.
+    let cq = CqBuilder::new(2).build().unwrap();
+    let p = cq.producer();
+    for i in 0..2 {
+        p.push(numbered(i), false).unwrap();
+    }
+    let mut buf = [WorkCompletion::default(); 1];
+    // SAFETY: this thread is the CQ's only consumer.
+    assert_eq!(unsafe { cq.poll_unsynchronized(&mut buf) }.unwrap(), 1);
+    assert_eq!(buf[0], numbered(0));
+    // SAFETY: as above.
+    assert_eq!(unsafe { cq.resize_unsynchronized(4) }.unwrap(), 4);
+    p.push(numbered(2), false).unwrap();
+    {
+        // SAFETY: as above, while the batch lives.
+        let mut batch = unsafe { cq.start_poll_unsynchronized() }.unwrap().unwrap();
+        assert_eq!(batch.wr_id(), 1);
+        assert!(batch.next());
+        assert_eq!(batch.wr_id(), 2);
+        assert!(!batch.next());
+    }
+    // The batch consumed both, and left no lock held: the locked path still works.
+    assert_eq!(cq.poll(&mut buf).unwrap(), 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { cq.poll_unsynchronized(&mut buf) }.unwrap(), 0);
+}

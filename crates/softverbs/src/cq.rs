@@ -106,6 +106,12 @@ impl CqBuilder {
         self
     }
 
+    /// The ring's memory from `allocator` (a parent domain's, [`crate::ParentDomain`]).
+    pub(crate) fn ring_allocator(mut self, allocator: softverbs_cq::SharedRingAllocator) -> Self {
+        self.inner = self.inner.allocator(allocator);
+        self
+    }
+
     fn check(&self) -> Result<(), Error> {
         match &self.channel {
             Some(ch) if !ch.ctx.same(&self.ctx) => Err(Error::ForeignObject {

@@ -85,6 +85,7 @@ mod ah;
 mod context;
 pub mod core;
 mod cq;
+mod domain;
 pub mod error;
 mod mr;
 mod mw;
@@ -98,6 +99,9 @@ mod wr;
 pub use ah::{Ah, AhAttr};
 pub use context::{devices, Context, DeviceInfo, NetworkKind, NETWORK_ENV};
 pub use cq::{AnyCq, CompChannel, Cq, CqBuilder, CqLinkHandle, LocalCq};
+pub use domain::{
+    ParentDomain, RingAllocator, RingLayout, RingMemory, RingResource, TdCq, ThreadDomain,
+};
 pub use error::{Error, Object, RangeError, VerbsError};
 pub use mr::{Mr, MrChange, MrSlice, ParseError, RemoteAddr, PAGE_SIZE};
 pub use mw::{inc_rkey, Mw};

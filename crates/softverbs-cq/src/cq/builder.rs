@@ -13,6 +13,7 @@ use super::{
 };
 use crate::channel::{CompletionChannel, CqEventSource};
 use crate::error::CreateError;
+use crate::memory::SharedRingAllocator;
 use crate::ring::Ring;
 use crate::sync::{
     init_barriers, Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, SpinLock,
@@ -42,6 +43,7 @@ pub struct CqBuilder {
     user_context: u64,
     comp_vector: u32,
     overrun_sink: Option<OverrunSink>,
+    allocator: Option<SharedRingAllocator>,
 }
 
 impl fmt::Debug for CqBuilder {
@@ -53,6 +55,7 @@ impl fmt::Debug for CqBuilder {
             .field("channel", &self.channel.is_some())
             .field("user_context", &self.user_context)
             .field("comp_vector", &self.comp_vector)
+            .field("allocator", &self.allocator.is_some())
             .finish()
     }
 }
@@ -68,6 +71,7 @@ impl CqBuilder {
             user_context: 0,
             comp_vector: 0,
             overrun_sink: None,
+            allocator: None,
         }
     }
 
@@ -115,6 +119,16 @@ impl CqBuilder {
         self
     }
 
+    /// Where the ring's memory comes from: the application's allocator (a CQ in a parent
+    /// domain, `ibv_alloc_parent_domain(3)`), under the contract of [`RingAllocator`]. The
+    /// rings of later resizes come from it too; each is released when the CQ is dropped.
+    ///
+    /// [`RingAllocator`]: crate::RingAllocator
+    pub fn allocator(mut self, allocator: SharedRingAllocator) -> Self {
+        self.allocator = Some(allocator);
+        self
+    }
+
     fn shared(self) -> Result<Arc<CqShared>, CreateError> {
         let unknown = self.fields.bits() & !WcFields::all().bits();
         if unknown != 0 {
@@ -125,7 +139,11 @@ impl CqBuilder {
         let with_extra = self
             .fields
             .intersects(WcFields::CVLAN | WcFields::FLOW_TAG | WcFields::TM_INFO);
-        let ring = Box::into_raw(Box::new(Ring::new(slots, with_extra)));
+        let ring = Box::into_raw(Box::new(Ring::new(
+            slots,
+            with_extra,
+            self.allocator.as_ref(),
+        )?));
         // Counts the CQ as attached to its channel until the event source is dropped.
         let events = CqEventSource::new(
             next_cq_id(),
@@ -163,6 +181,7 @@ impl CqBuilder {
             moderation: Mutex::new(ModerationState::default()),
             attached_qps: AtomicUsize::new(0),
             retired: Mutex::new(Vec::new()),
+            allocator: self.allocator,
         }))
     }
 

@@ -66,7 +66,7 @@ pub struct PollBatch<'a> {
 }
 
 impl<'a> PollBatch<'a> {
-    fn start(shared: &'a Arc<CqShared>, locked: bool) -> Option<Self> {
+    pub(super) fn start(shared: &'a Arc<CqShared>, locked: bool) -> Option<Self> {
         let start = shared.consumer.head.load(Ordering::Relaxed);
         let mut head = start;
         let Some(entry) = shared.peek_entry(&mut head) else {

@@ -11,7 +11,9 @@
 //! - `overrun.rs`: [`OverrunPolicy`], lapped consumers and `IBV_EVENT_CQ_ERR`;
 //! - `resize.rs`: `ibv_resize_cq(3)`, the one place the ring is replaced;
 //! - `destroy.rs`: destruction (`ibv_destroy_cq(3)`) and dropping;
-//! - `stats.rs`: [`CqStats`].
+//! - `stats.rs`: [`CqStats`];
+//! - `unsynchronized.rs`: a thread-safe CQ's consumer paths without the consumer lock, for
+//!   a thread domain's promise (`ibv_alloc_td(3)`).
 //!
 //! Roles:
 //! - **Producers** ([`CqProducer`], cloneable, used by the device's threads) push completions.
@@ -45,6 +47,7 @@ mod poll;
 mod produce;
 mod resize;
 mod stats;
+mod unsynchronized;
 
 pub use builder::{CqBuilder, MAX_CQE};
 pub use extended_poll::PollBatch;
@@ -123,6 +126,8 @@ struct CqShared {
     /// they live as long as the CQ.
     #[allow(clippy::vec_box)] // readers hold `&Ring` into the box: it must not move
     retired: Mutex<Vec<Box<Ring>>>,
+    /// Where rings come from (`memory.rs`): the application's allocator, or the heap.
+    allocator: Option<crate::memory::SharedRingAllocator>,
 }
 
 impl Drop for CqShared {

@@ -18,7 +18,7 @@ impl CqShared {
     /// Polls into `out`. The caller is the only consumer at this moment (consumer lock or
     /// `&mut SingleThreadedCq`).
     #[inline(always)]
-    fn poll_exclusive(&self, out: &mut [WorkCompletion]) -> Result<usize, PollError> {
+    pub(super) fn poll_exclusive(&self, out: &mut [WorkCompletion]) -> Result<usize, PollError> {
         if self.state.load(Ordering::Relaxed) == STATE_ERROR {
             return Err(PollError::Overrun);
         }

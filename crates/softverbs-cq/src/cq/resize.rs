@@ -16,7 +16,7 @@ use crate::wc::WcFields;
 
 impl CqShared {
     /// Resizes; the caller is the only consumer.
-    fn resize_exclusive(&self, cqe: u32) -> Result<u32, ResizeError> {
+    pub(super) fn resize_exclusive(&self, cqe: u32) -> Result<u32, ResizeError> {
         let slots = ring_size(u64::from(cqe))?;
         self.producer.lock.lock();
         let result = (|| {
@@ -34,7 +34,11 @@ impl CqShared {
                     outstanding,
                 });
             }
-            let fresh = Box::new(Ring::new(slots, self.ring_has_extra()));
+            let fresh = Box::new(Ring::new(
+                slots,
+                self.ring_has_extra(),
+                self.allocator.as_ref(),
+            )?);
             old.copy_into(oldest, tail, &fresh);
             if oldest != head {
                 self.publish_head(head, oldest, 0);

@@ -464,6 +464,22 @@ impl Device {
         lock(&self.inner.state).objects.dealloc_pd(pd)
     }
 
+    /// Records a parent domain over `pd` (`ibv_alloc_parent_domain(3)`): the PD must be
+    /// allocated ([`VerbsError::NoSuchObject`] otherwise), and [`Device::dealloc_pd`] refuses
+    /// it ([`VerbsError::InUse`] by a PD) until [`Device::dealloc_parent_domain`]. Objects
+    /// created through a parent domain are objects of `pd` and hold it themselves.
+    pub fn alloc_parent_domain(&self, pd: u32) -> Result<(), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        st.objects.check_pd(pd)?;
+        st.objects.hold(pd, Object::Pd);
+        Ok(())
+    }
+
+    /// Forgets a parent domain over `pd` (`ibv_dealloc_pd(3)` of the parent domain).
+    pub fn dealloc_parent_domain(&self, pd: u32) {
+        lock(&self.inner.state).objects.release(pd, Object::Pd);
+    }
+
     /// Creates an address handle in `pd` (`ibv_create_ah(3)`): the PD must be allocated
     /// and the address vector pass [`Device::check_address_vector`]. The handle holds the
     /// PD until [`Device::destroy_ah`].

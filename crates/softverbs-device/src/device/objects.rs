@@ -1,5 +1,5 @@
 //! The device's record of its protection domains and of what holds each: memory regions,
-//! memory windows, queue pairs, shared receive queues and address handles. It is what makes
+//! memory windows, queue pairs, shared receive queues, address handles and parent domains. It is what makes
 //! `ibv_dealloc_pd(3)` ("fails if any other resource is still associated with the PD",
 //! `EBUSY`) one rule for both front doors, and what refuses an object in a PD that was
 //! never allocated or is gone (`EINVAL`, as the kernel refuses an unknown PD handle).
@@ -12,8 +12,16 @@ use softverbs_proto::{AddressVector, Object, VerbsError};
 
 use super::DeviceError;
 
-/// The kinds of object a protection domain holds, in the order of their counters.
-const PD_USERS: [Object; 5] = [Object::Mr, Object::Mw, Object::Qp, Object::Srq, Object::Ah];
+/// The kinds of object a protection domain holds, in the order of their counters
+/// (`Object::Pd`: parent domains over it, `ibv_alloc_parent_domain(3)`).
+const PD_USERS: [Object; 6] = [
+    Object::Mr,
+    Object::Mw,
+    Object::Qp,
+    Object::Srq,
+    Object::Ah,
+    Object::Pd,
+];
 
 /// The counter of `user` among a PD's [`PD_USERS`].
 fn slot(user: Object) -> usize {
@@ -34,7 +42,7 @@ pub struct AddressHandle {
 pub(super) struct Objects {
     next_pd: u32,
     /// Live PDs and how many objects of each kind hold each.
-    pds: HashMap<u32, [u32; 5]>,
+    pds: HashMap<u32, [u32; 6]>,
     /// The PD of each SRQ (the engine's SRQs have none).
     srq_pds: HashMap<u32, u32>,
     next_ah: u32,
@@ -55,7 +63,7 @@ impl Objects {
     pub(super) fn alloc_pd(&mut self) -> u32 {
         let pd = self.next_pd;
         self.next_pd = self.next_pd.wrapping_add(1).max(1);
-        self.pds.insert(pd, [0; 5]);
+        self.pds.insert(pd, [0; 6]);
         pd
     }
 
@@ -133,5 +141,30 @@ fn no_pd(pd: u32) -> VerbsError {
     VerbsError::NoSuchObject {
         object: Object::Pd,
         id: pd,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pd_under_a_parent_domain_is_busy_until_the_parent_domain_goes() {
+        // ibv_dealloc_pd(3): "fails if any other resource is still associated with the
+        // PD"; a parent domain over it (ibv_alloc_parent_domain(3)) is one.
+        let mut objects = Objects::new();
+        let pd = objects.alloc_pd();
+        objects.check_pd(pd).unwrap();
+        objects.hold(pd, Object::Pd);
+        assert!(matches!(
+            objects.dealloc_pd(pd),
+            Err(DeviceError::Verbs(VerbsError::InUse {
+                object: Object::Pd,
+                by: Object::Pd,
+                count: 1
+            }))
+        ));
+        objects.release(pd, Object::Pd);
+        objects.dealloc_pd(pd).unwrap();
     }
 }

@@ -119,6 +119,10 @@ impl Error {
                 CreateError::ZeroSize | CreateError::TooLarge { .. } => libc::EINVAL,
                 // libibverbs: wc_flags outside IBV_CREATE_CQ_SUP_WC_FLAGS.
                 CreateError::UnsupportedFields(_) => libc::EOPNOTSUPP,
+                // ibv_alloc_parent_domain(3): the application's `alloc` returned NULL.
+                CreateError::RingMemoryRefused { .. } => libc::ENOMEM,
+                // Memory not aligned as the `alignment` argument asked.
+                CreateError::RingMemoryMisaligned { .. } => libc::EINVAL,
             },
             Error::CqResize(_) => libc::EINVAL,
             Error::CqInError => libc::EIO,
