@@ -208,6 +208,27 @@ fn rdma_server_and_rdma_client_use_synchronous_endpoints() {
     assert!(c.stdout.contains("rdma_client: end 0"), "{}", c.report());
 }
 
+/// rdma_xserver(1) / rdma_xclient(1) over RC (`-c r`): endpoints created by
+/// `rdma_create_ep`, one 16-byte message sent inline (`IBV_SEND_INLINE`) on a QP that
+/// asked for no inline data — `ibv_create_qp(3)`'s capacities "may be greater", and the
+/// send WQE's scatter/gather room carries it, as on rxe; both print "end 0". (XRC, `-c x`,
+/// is not offered.)
+#[test]
+fn rdma_xserver_and_rdma_xclient_exchange_an_inline_message_over_rc() {
+    let (s, c) = pair(
+        ("rdma_xserver", "rdma_xclient"),
+        "rdmacm-utils",
+        &["-c", "r"],
+        &["-c", "r", "-s", "127.0.0.198"],
+        (198, 199),
+        false,
+        true,
+    );
+    assert_both_ok(&s, &c);
+    assert!(s.stdout.contains("rdma_xserver: end 0"), "{}", s.report());
+    assert!(c.stdout.contains("rdma_xclient: end 0"), "{}", c.report());
+}
+
 /// cmtime(1): 20 connections set up and torn down, timing each step; the server (`-b`)
 /// keeps serving and is stopped afterwards.
 #[test]
