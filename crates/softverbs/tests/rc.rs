@@ -319,7 +319,8 @@ fn max_inline_data_grows_to_the_send_wqes_scatter_gather_room() {
     let (a, _b) = rc_pair(in_process(), in_process());
     let too_long = [0u8; 2048];
     assert!(
-        a.qp.post_send(SendRequest::send_inline(1, &too_long)).is_err(),
+        a.qp.post_send(SendRequest::send_inline(1, &too_long))
+            .is_err(),
         "inline data beyond the QP's capacity is refused"
     );
 }
