@@ -284,6 +284,32 @@ class Case:
 # what came back with what it sent. udaddy listens on a fixed port.
 RPING_COUNT = 200
 UDADDY_PORT = 7174
+CMTIME_CONNS = 100
+# cmtime's client (rdma-core 44) ends with a table of its steps:
+#   step              total ms     max ms     min us  us / conn
+#   connect      :      123.45      12.34     567.89    1234.56
+CMTIME_COLS = ("total_ms", "max_ms", "min_us", "us_per_conn")
+CMTIME_ROW = re.compile(r"^(\S.*?)\s*:\s+" + r"\s+".join([r"(-?[\d.]+)"] * 4) + r"\s*$")
+
+
+def parse_cmtime(text, conns):
+    """cmtime's per-step table, {step: {column: value}}, and its connect step's rate:
+    connections per second = conns / the connect step's total time."""
+    steps, table = {}, False
+    for line in text.splitlines():
+        if line.startswith("step") and "total ms" in line:
+            table = True
+            continue
+        m = CMTIME_ROW.match(line) if table else None
+        if m:
+            steps[m.group(1)] = dict(zip(CMTIME_COLS, (float(x) for x in m.groups()[1:])))
+    out = {"connections": conns, "steps": steps}
+    c = steps.get("connect")
+    if c and c["total_ms"] > 0:
+        out["connect"] = {"total_ms": c["total_ms"], "avg_us": c["us_per_conn"],
+                          "max_ms": c["max_ms"], "min_us": c["min_us"],
+                          "conn_per_s": round(conns / (c["total_ms"] / 1000.0), 1)}
+    return out
 
 
 class CmCase(Case):
@@ -309,10 +335,13 @@ class CmCase(Case):
         return UDADDY_PORT if self.prog == "udaddy" else port
 
     def commands(self, a, info, port):
+        # server "rxe": both ends in the guest (the rxe-only baseline), the server in the
+        # host command's place
+        in_guest = self.server in ("guest", "rxe")
         if self.family == 6:
-            ip = a.guest_ip6 if self.server == "guest" else a.host_ip6
+            ip = a.guest_ip6 if in_guest else a.host_ip6
         else:
-            ip = a.guest_ip if self.server == "guest" else a.host_ip
+            ip = a.guest_ip if in_guest else a.host_ip
         if self.prog == "rping":
             # line-buffered, so that an error on stderr never lands inside a data line
             server = f"stdbuf -oL rping -s -a {ip} -p {port} {self.args}"
@@ -323,6 +352,9 @@ class CmCase(Case):
         elif self.prog == "udaddy":
             server = f"udaddy -b {ip} {self.args}"
             client = f"udaddy -s {ip} {self.args}"
+        elif self.prog == "cmtime":
+            server = f"cmtime -b {ip} -p {port} {self.args}"
+            client = f"cmtime -s {ip} -p {port} {self.args}"
         else:
             raise ValueError(f"no CM command line for {self.prog}")
         return (client, server) if self.server == "guest" else (server, client)
@@ -381,6 +413,13 @@ def matrix(a):
     add("cm", "ucmatose/c4", "ucmatose", "-c 4 -C 20 -S 100", cls=CmCase, timeout=60)
     add("cm", "udaddy/s100", "udaddy", "-C 100 -S 100", cls=CmCase, timeout=60)
     add("cm", "udaddy/s1000", "udaddy", "-C 100 -S 1000", cls=CmCase, timeout=60)
+    # Connection setup rate (issue 13; a report, no target): cmtime times each step of
+    # CMTIME_CONNS connections (create id ... connect, disconnect, destroy) in both roles,
+    # and with both ends on rxe in the guest (over its own address) as the baseline. Its
+    # server does not end by itself: once the client is done, the harness stops it.
+    add("cm", f"cmtime/c{CMTIME_CONNS}", "cmtime", f"-c {CMTIME_CONNS}", cls=CmCase, timeout=90)
+    cases.append(CmCase(f"cm/cmtime/c{CMTIME_CONNS}/rxe-only", "cmtime", f"-c {CMTIME_CONNS}",
+                        "rxe", "cm", timeout=90, family=a.family))
     # RC under 5 % loss at MTU 1024 (the link is back at 1500). ibv_rc_pingpong ends as
     # soon as its own completions are in, so a lost final ACK would leave the peer
     # retrying against a closed QP, on any RDMA device: for it, only requests are
@@ -512,7 +551,7 @@ class Runner:
         hlog.write(f"$ {host_cmd}\n")
         hlog.flush()
         note = []
-        hp, j = None, None
+        hp, j, sj = None, None, None  # sj: the rxe-only case's server, a second guest job
 
         def start_host():
             argv = shlex.split(host_cmd)
@@ -522,7 +561,18 @@ class Runner:
                                     stdin=subprocess.DEVNULL, env=host_env(a, stats, case.family),
                                     start_new_session=True)
 
-        if case.server == "guest":
+        if case.server == "rxe":
+            # both ends in the guest: the server (host_cmd) as one job, then the client
+            sj = g.submit(case.name + "/server", host_cmd, case.timeout,
+                          cmlisten=case.listen_port(port))
+            deadline = time.monotonic() + 40
+            while not g.ready(sj) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not g.ready(sj):
+                note.append("guest server did not listen within 40 s")
+            elif g.rc(sj) is None:
+                j = g.submit(case.name, guest_cmd, case.timeout)
+        elif case.server == "guest":
             # A CM server listens on an rdma_cm id, not a TCP socket: the agent polls
             # `rdma resource show cm_id` for it.
             if case.cm:
@@ -565,24 +615,43 @@ class Runner:
                 note.append("host server did not listen within 20 s")
 
         # Wait for both sides. If one fails, the other gets 5 s, then is killed; nothing
-        # outlives case.timeout (+ 10 s for the kill to land).
+        # outlives case.timeout (+ 10 s for the kill to land). The "host" side of the
+        # rxe-only case is its server job in the guest.
         deadline = time.monotonic() + case.timeout
-        hrc = None if hp else "-"
+        if sj:
+            hpoll, hkill = (lambda: g.rc(sj)), (lambda: g.kill(sj))
+        else:
+            hpoll, hkill = (lambda: hp.poll()), (lambda: kill_group(hp))
+        hrc = None if hp or sj else "-"
         grc = None if j else "-"
         failed_at, killed = None, False
+        # cmtime's server keeps running after its client: 3 s after the client exited 0,
+        # the harness stops it, and its exit status then does not count
+        client_done, server_stopped = None, False
         while hrc is None or grc is None:
             now = time.monotonic()
-            if hrc is None and hp.poll() is not None:
-                hrc = hp.returncode
+            if hrc is None:
+                hrc = hpoll()
             if grc is None:
                 grc = g.rc(j)
-            if failed_at is None and any(r not in (None, 0) for r in (hrc, grc)):
+            if case.prog == "cmtime" and not server_stopped and not killed:
+                crc, srv = (hrc, grc) if case.server == "guest" else (grc, hrc)
+                if crc == 0 and srv is None:
+                    client_done = client_done or now
+                    if now - client_done > 3:
+                        server_stopped = True
+                        note.append("server stopped by the harness after its client ended")
+                        if case.server == "guest":
+                            g.kill(j)
+                        else:
+                            hkill()
+            if failed_at is None and any(r not in (None, 0) for r in (hrc, grc)) and not server_stopped:
                 failed_at = now
             if not killed and (now > deadline or (failed_at and now - failed_at > 5)):
                 killed = True
                 note.append("timed out" if now > deadline else "killed after the other side failed")
                 if hrc is None:
-                    kill_group(hp)
+                    hkill()
                 if grc is None:
                     g.kill(j)
                 deadline = now + 10
@@ -596,12 +665,26 @@ class Runner:
         if hp and hp.poll() is None:
             kill_group(hp)
             hp.wait()
+        if sj:
+            hlog.write(g.output(sj))
         hlog.close()
         dt = time.monotonic() - t0
         gout = g.output(j) if j else ""
         hout = hlog_path.read_text(errors="replace")
+        if server_stopped:
+            # the server was running until the harness stopped it, as it should
+            if case.server == "guest":
+                grc = "stopped"
+            else:
+                hrc = "stopped"
         probs = check_output(case, hout, "host") + check_output(case, gout, "guest")
-        ok = hrc == 0 and grc == 0 and not probs
+        cmtime = None
+        if case.prog == "cmtime":
+            # the client's table: host side when the server is in the guest
+            cmtime = parse_cmtime(hout if case.server == "guest" else gout, CMTIME_CONNS)
+            if "connect" not in cmtime:
+                probs.append("cmtime: the client printed no connect step")
+        ok = hrc in (0, "stopped") and grc in (0, "stopped") and not probs
         if case.cm and not ok:
             # The kernel's view of a failed CM case: its log, the CM ids left, the counters.
             _, ev = g.run("cm-evidence", "dmesg | grep -v 'speed is unknown' | tail -n 40;"
@@ -612,7 +695,7 @@ class Runner:
         (a.out / "cases" / f"{stem}.guest.log").write_text(f"$ {guest_cmd}\n{gout}")
         st = parse_stats(stats)
         res = {"case": case.name, "phase": case.phase, "family": case.family,
-               "server": case.server, "ok": ok,
+               "server": case.server, "ok": ok, **({"cmtime": cmtime} if cmtime else {}),
                "window": [wall0, time.time()], "pingpong": not case.perf and not case.cm,
                "cm": case.prog if case.cm else None,
                "size": case.size(), "pmtu": case.pmtu(g.info),
@@ -653,6 +736,28 @@ class Runner:
 # --------------------------------------------------------------------------------------
 # Link configuration, loss, counters
 # --------------------------------------------------------------------------------------
+def cmtime_rates(results, phase):
+    """The phase's cmtime connection setup rates (connections per second: N / the
+    client's connect-step total), host client, guest client and rxe-only, and their
+    ratios to the rxe-only baseline. None when the phase ran no cmtime case."""
+    who = {"guest": "host-client", "host": "guest-client", "rxe": "rxe-only"}
+    rates = {}
+    for r in results:
+        if r["phase"] == phase and r.get("cmtime", {}).get("connect"):
+            rates[who[r["server"]]] = r["cmtime"]["connect"]["conn_per_s"]
+    if not rates:
+        return None
+    base = rates.get("rxe-only")
+    ratios = {k: round(v / base, 2) for k, v in rates.items() if base and k != "rxe-only"}
+    parts = [f"{k} {rates[k]:.1f}/s" if k in rates else f"{k} -"
+             for k in ("host-client", "guest-client", "rxe-only")]
+    line = ("cmtime connection setup rate (connections / connect-step total): "
+            + ", ".join(parts)
+            + ("; ratio to rxe-only: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())
+               if ratios else ""))
+    return {"conn_per_s": rates, "ratio_to_rxe_only": ratios, "line": line}
+
+
 def sh(cmd, check=True):
     r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30)
     if check and r.returncode != 0:
@@ -844,6 +949,14 @@ def check_cm_dataflow(a, cm_results, pkts):
                            (p["who"], tshark_int(p["infiniband.cm.rep.localqpn"]))))
         if not pairs:
             res["problems"].append("no connection (REQ and its REP) on the wire")
+        if r["cm"] == "cmtime":
+            # cmtime moves no data: every one of its connections must be on the wire
+            res["want"] = r.get("cmtime", {}).get("connections", CMTIME_CONNS)
+            res["connections"] = len(pairs)
+            if len(pairs) < res["want"]:
+                res["problems"].append(f"{len(pairs)} connections (REQ and its REP) on the "
+                                       f"wire, wanted {res['want']}")
+            continue
         for (ca, cq), (sa, sq) in sorted(pairs):
             for (src, sqpn), (dst, dqpn) in (((ca, cq), (sa, sq)), ((sa, sq), (ca, cq))):
                 data = [tshark_int(p["infiniband.bth.psn"]) for p in ps
@@ -1151,6 +1264,10 @@ def main():
                     for k, v in r["softverbs"].items():
                         sv[k] = sv.get(k, 0) + v
             ph["softverbs_total"] = sv
+            rates = cmtime_rates(runner.results, phase)
+            if rates:
+                ph["cmtime"] = rates
+                log(f"{phase}: {rates['line']}")
             log(f"{phase}: softverbs counters (sum) {sv}")
             log(f"{phase}: rxe counters changed by {ph['rxe_delta']}")
             if phase == "loss":
@@ -1163,7 +1280,9 @@ def main():
         failures += [f"case {r['case']}" for r in runner.results if not r["ok"] and not r.get("xfail")]
         if cap is None and pcap.exists():
             tv = time.monotonic()
-            ok, rep = verify_capture(a, pcap, [r for r in runner.results if r["ok"]])
+            # (the rxe-only cases never reach the wire)
+            ok, rep = verify_capture(a, pcap, [r for r in runner.results
+                                               if r["ok"] and r["server"] != "rxe"])
             rep["seconds"] = round(time.monotonic() - tv, 1)
             summary["checks"]["capture"] = rep
             # CM cases whose data the capture shows did not go through fail
