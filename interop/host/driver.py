@@ -453,6 +453,10 @@ def matrix(a):
     add(name, "rc_pingpong/s4099", "ibv_rc_pingpong", "-s 4099 -n 20 -c", family=other)
     add(name, "ud_pingpong/s333", "ibv_ud_pingpong", "-s 333 -n 20 -c", family=other)
     add(name, "ib_send_lat/s8", "ib_send_lat", f"-F -s 8 -n {a.iters}", family=other)
+    # The RDMA CM resolves addresses of the other family too: the CMA header carries
+    # them (IPv6: all 16 bytes), the GIDs are the addresses themselves.
+    add(name, "rping/s100", "rping", "-v -V -C 50 -S 100", cls=CmCase, family=other, timeout=90)
+    add(name, "udaddy/s100", "udaddy", "-C 50 -S 100", cls=CmCase, family=other, timeout=90)
     return cases
 
 
