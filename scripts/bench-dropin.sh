@@ -149,8 +149,25 @@ dropin_lat() {
 }
 # The same connected through the RDMA CM (-R): the client resolves the server device's
 # address and connects with the CM's MADs on QP1 instead of perftest's TCP exchange.
+# The server's device is up once it holds SERVER_IP:4791 (up to 10 s); its rdma_listen
+# follows at once, given half a second.
+cm_ready() {
+    local i
+    for i in $(seq 100); do
+        if ss -H -lnu "sport = :4791" 2> /dev/null | grep -q "$SERVER_IP:4791"; then
+            sleep 0.5
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
 dropin_lat_cm() {
-    dropin_pair dropin_lat_cm ib_send_lat -s 8 -n "$LAT_ITERS" -F -R || return 1
+    local rc=0
+    PAIR_READY=cm_ready
+    dropin_pair dropin_lat_cm ib_send_lat -s 8 -n "$LAT_ITERS" -F -R || rc=1
+    PAIR_READY=""
+    [ "$rc" = 0 ] || return 1
     record dropin_lat_cm_rtt_med "$(perftest_col "$WORK/dropin_lat_cm.out" 't_typical[usec]' 2)" || return 1
 }
 # The same with -e: each side sleeps in ibv_get_cq_event (completion channel) for every

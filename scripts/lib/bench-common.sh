@@ -150,8 +150,11 @@ wait_port() {
 }
 
 # pair NAME PORT -- SERVER_CMD... -- CLIENT_CMD...: starts the server (CPU 0), waits for
-# its port, runs the client (CPU 1) with its stdout in $WORK/NAME.out, the server's in
-# $WORK/NAME.srv. Fails (returns 1) if either side fails or times out.
+# its port (or, when PAIR_READY names a function, for that function to succeed: a server
+# that listens through the RDMA CM has no socket on PORT), runs the client (CPU 1) with its
+# stdout in $WORK/NAME.out, the server's in $WORK/NAME.srv. Fails (returns 1) if either
+# side fails or times out.
+PAIR_READY=""
 pair() {
     local name="$1" port="$2"
     shift 3
@@ -164,7 +167,7 @@ pair() {
     cli=("$@")
     timeout 90 "${PIN_S[@]}" "${srv[@]}" > "$WORK/$name.srv" 2> "$WORK/$name.srv.err" &
     SERVER_PID=$!
-    if ! wait_port "$port"; then
+    if ! ${PAIR_READY:-wait_port} "$port"; then
         kill "$SERVER_PID" 2> /dev/null || true
         wait "$SERVER_PID" 2> /dev/null || true
         SERVER_PID=""
