@@ -31,16 +31,16 @@ mod table;
 use softverbs_capi::abi::{
     ibv_ah, ibv_ah_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_cq_init_attr_ex, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_gid,
-    ibv_global_route, ibv_mr, ibv_pd, ibv_poll_cq_attr, ibv_qp, ibv_qp_attr, ibv_qp_cap,
+    ibv_global_route, ibv_mr, ibv_mw, ibv_pd, ibv_poll_cq_attr, ibv_qp, ibv_qp_attr, ibv_qp_cap,
     ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr, ibv_send_wr, ibv_send_wr_rdma,
     ibv_send_wr_ud, ibv_sge, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_values_ex, ibv_wc,
     verbs_context, IBV_CQ_INIT_ATTR_MASK_FLAGS, IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN,
     IBV_EVENT_COMM_EST, IBV_EVENT_CQ_ERR, IBV_EVENT_QP_ACCESS_ERR, IBV_EVENT_QP_FATAL,
     IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_QP_REQ_ERR, IBV_EVENT_SQ_DRAINED, IBV_EVENT_SRQ_ERR,
-    IBV_EVENT_SRQ_LIMIT_REACHED, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, IBV_QP_EX_WITH_RDMA_WRITE,
-    IBV_QP_EX_WITH_SEND, IBV_QP_INIT_ATTR_PD, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, IBV_SEND_INLINE,
-    IBV_SEND_SIGNALED, IBV_SEND_SOLICITED, IBV_SRQ_LIMIT, IBV_VALUES_MASK_RAW_CLOCK,
-    IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_SEND,
+    IBV_EVENT_SRQ_LIMIT_REACHED, IBV_MW_TYPE_1, IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD,
+    IBV_QP_EX_WITH_RDMA_WRITE, IBV_QP_EX_WITH_SEND, IBV_QP_INIT_ATTR_PD,
+    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_SEND_SOLICITED,
+    IBV_SRQ_LIMIT, IBV_VALUES_MASK_RAW_CLOCK, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_SEND,
 };
 use softverbs_capi::ah::{ibv_create_ah, ibv_destroy_ah};
 use softverbs_capi::boundary::set_errno;
@@ -353,6 +353,33 @@ fn create_srq(
     // SAFETY: `srq` is live until this step, which runs once, after its QPs are destroyed.
     let i = scope.defer("ibv_destroy_srq", move || unsafe { ibv_destroy_srq(srq) });
     Ok((srq, i))
+}
+
+/// `ibv_alloc_mw`, the `verbs.h` inline: through the context's `ops.alloc_mw` (an error
+/// if it is NULL); the window, or the errno of its refusal. A window is freed by
+/// `ibv_dealloc_mw` (the inline: `ops.dealloc_mw`) at the end of the case.
+fn alloc_mw(
+    pd: *mut ibv_pd,
+    mw_type: u32,
+    scope: &mut Scope,
+) -> Result<Result<*mut ibv_mw, i32>, String> {
+    // SAFETY: `pd` is live and its context open (the inline reads them the same way).
+    let ops = unsafe { &(*(*pd).context).ops };
+    let alloc = ops
+        .alloc_mw
+        .ok_or("setup: the context's ops.alloc_mw is NULL")?;
+    let dealloc = ops
+        .dealloc_mw
+        .ok_or("setup: the context's ops.dealloc_mw is NULL")?;
+    set_errno(0);
+    // SAFETY: `pd` is live; any type value may be passed (the call checks it).
+    let mw = unsafe { alloc(pd, mw_type) };
+    if mw.is_null() {
+        return Ok(Err(errno()));
+    }
+    // SAFETY: `mw` is live until this step, which runs once, before its PD's.
+    scope.defer("ibv_dealloc_mw", move || unsafe { dealloc(mw) });
+    Ok(Ok(mw))
 }
 
 fn create_ah(
@@ -1478,6 +1505,20 @@ fn run(dev: &Device, case: &Case) -> Result<Run, String> {
                 Outcome::OK
             }
         }
+        Case::AllocMw { mw_type } => {
+            let (pd, _) = alloc_pd(dev, &mut scope)?;
+            match alloc_mw(pd, mw_type, &mut scope)? {
+                Ok(mw) => {
+                    // SAFETY: `mw` is a live window.
+                    let (ty, mw_pd) = unsafe { ((*mw).type_, (*mw).pd) };
+                    if ty != mw_type || mw_pd != pd {
+                        problems.push(format!("mw->type {ty}, mw->pd {mw_pd:?}: not the call's"));
+                    }
+                    Outcome::OK
+                }
+                Err(e) => Outcome::failed(e),
+            }
+        }
         Case::CreateSrq { max_wr } => {
             let max = dev.limit(dev.attr.max_srq_wr, "max_srq_wr")?;
             let (pd, _) = alloc_pd(dev, &mut scope)?;
@@ -1622,6 +1663,10 @@ fn run(dev: &Device, case: &Case) -> Result<Run, String> {
                 PdUser::Ah => {
                     create_ah(dev, pd, 0, 1, &mut scope)
                         .map_err(|e| format!("setup: ibv_create_ah: errno {e}"))?;
+                }
+                PdUser::Mw => {
+                    alloc_mw(pd, IBV_MW_TYPE_1, &mut scope)?
+                        .map_err(|e| format!("setup: ibv_alloc_mw: errno {e}"))?;
                 }
             }
             // SAFETY: `pd` is live (an object is in it; the call must refuse).

@@ -120,5 +120,6 @@ pub use softverbs_device::{
     AsyncEvent, DeviceAttr, DeviceConfig, Gid, Network, PortAttr, UdpConfig,
 };
 pub use softverbs_proto::{
-    AccessFlags, AttrMask, Mtu, QpAttr, QpCaps, QpInit, QpState, QpType, SrqInit, WindowType,
+    AccessFlags, AttrMask, FlushPlacement, FlushSelectivity, Mtu, QpAttr, QpCaps, QpInit, QpState,
+    QpType, SrqInit, WindowType,
 };

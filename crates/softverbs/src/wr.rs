@@ -9,7 +9,9 @@
 
 use crate::ah::Ah;
 use crate::mr::{MrSlice, RemoteAddr};
-use softverbs_proto::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use softverbs_proto::{
+    FlushPlacement, FlushSelectivity, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
+};
 
 fn sges(local: &[MrSlice<'_>]) -> Vec<Sge> {
     local.iter().map(MrSlice::sge).collect()
@@ -138,6 +140,62 @@ impl SendRequest {
                 add,
             },
             &[local],
+        )
+    }
+
+    /// `IBV_WR_ATOMIC_WRITE` (IBA 1.5, `ibv_wr_atomic_write` of `ibv_wr_post(3)`): the 8
+    /// bytes of `value` (native-endian, as [`Mr::read_u64`](crate::Mr::read_u64) reads them
+    /// back) are placed at the 8-byte-aligned address `remote` as one unit. RC only; the
+    /// target region and the responder's QP need remote write. Takes no local buffer.
+    ///
+    /// ```
+    /// use softverbs::{RemoteAddr, SendRequest};
+    /// let aw = SendRequest::atomic_write(4, RemoteAddr::new(0x1000, 0x42), 7).signaled();
+    /// assert_eq!((aw.wr_id(), aw.len()), (4, 0));
+    /// ```
+    pub fn atomic_write(wr_id: u64, remote: RemoteAddr, value: u64) -> Self {
+        Self::new(
+            wr_id,
+            SendOp::AtomicWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+                value: value.to_ne_bytes(),
+            },
+            &[],
+        )
+    }
+
+    /// `IBV_WR_FLUSH` (IBA 1.5, `ibv_wr_flush` of `ibv_wr_post(3)`): completes once every
+    /// earlier write of this QP reached `placement` at the responder, for the `len` bytes
+    /// at `remote` ([`FlushSelectivity::Range`], at most 2^31 bytes) or for the whole
+    /// region of `remote`'s R_Key ([`FlushSelectivity::Mr`]). RC only; the target region
+    /// and the responder's QP need `AccessFlags::FLUSH_GLOBAL` / `FLUSH_PERSISTENT` for
+    /// each placement bit. Takes no local buffer.
+    ///
+    /// ```
+    /// use softverbs::{FlushPlacement, FlushSelectivity, RemoteAddr, SendRequest};
+    /// let remote = RemoteAddr::new(0x1000, 0x42);
+    /// let flush =
+    ///     SendRequest::flush(5, remote, 64, FlushPlacement::GLOBAL, FlushSelectivity::Range);
+    /// assert_eq!((flush.wr_id(), flush.len()), (5, 0));
+    /// ```
+    pub fn flush(
+        wr_id: u64,
+        remote: RemoteAddr,
+        len: u64,
+        placement: FlushPlacement,
+        selectivity: FlushSelectivity,
+    ) -> Self {
+        Self::new(
+            wr_id,
+            SendOp::Flush {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+                len,
+                placement,
+                selectivity,
+            },
+            &[],
         )
     }
 

@@ -766,6 +766,22 @@ fn run(ctx: &Context, case: &Case) -> Result<Option<Run>, String> {
             }
             Err(e) => failed("Error", e.errno(), &e),
         }),
+        // `WindowType` has the two valid types only; the runner writes those.
+        Case::AllocMw { mw_type } => {
+            let kind = match mw_type {
+                1 => WindowType::One,
+                2 => WindowType::Two,
+                _ => return Ok(None),
+            };
+            let pd = ctx.alloc_pd();
+            Run::new(match pd.alloc_mw(kind) {
+                Ok(mw) => {
+                    drop(mw);
+                    Outcome::OK
+                }
+                Err(e) => failed("Error", e.errno(), &e),
+            })
+        }
         Case::CreateSrq { max_wr } => {
             let pd = ctx.alloc_pd();
             let init = SrqInit {

@@ -200,6 +200,8 @@ pub enum PdUser {
     Srq,
     /// An address handle (`ibv_create_ah`).
     Ah,
+    /// A memory window, type 1 (`ibv_alloc_mw`).
+    Mw,
 }
 
 /// How a CQ is used by the QPs of [`Case::DestroyCqInUse`].
@@ -384,6 +386,11 @@ pub enum Case {
     UdSend {
         /// Whether the AH is of another protection domain than the QP's.
         ah_of_another_pd: bool,
+    },
+    /// `ibv_alloc_mw` of a window of type `mw_type` (`enum ibv_mw_type`) in a fresh PD.
+    AllocMw {
+        /// The raw `type` argument.
+        mw_type: u32,
     },
     /// `ibv_dealloc_pd` of a PD that a `by` is still in (the object is destroyed after,
     /// then the PD).
@@ -645,6 +652,11 @@ const MR_OWNS_ITS_MEMORY: SafeApi = SafeApi::NotExpressible(
     "Pd::reg_mr allocates the region's memory itself and the Mr owns it: no address, \
      length or mapping of the application's can be registered (unmapped, NULL, read-only \
      or a range past a buffer), and the memory cannot be unmapped while registered",
+);
+
+const WINDOW_TYPES_ARE_AN_ENUM: SafeApi = SafeApi::NotExpressible(
+    "WindowType is an enum of the two window types (One, Two): a type other than \
+     IBV_MW_TYPE_1 / IBV_MW_TYPE_2 cannot be written",
 );
 
 const PD_OUTLIVES_OBJECTS: SafeApi = SafeApi::NotExpressible(
@@ -1061,6 +1073,15 @@ pub const RULES: &[Rule] = &[
         drop_in: HOLDS,
         man: "ibv_alloc_pd(3) NOTES: ibv_dealloc_pd() fails while a resource is associated \
               with the PD: EBUSY",
+    },
+    Rule {
+        name: "dealloc_pd_with_mw",
+        case: Case::DeallocPdInUse { by: PdUser::Mw },
+        expect: Expect::Errno(EBUSY),
+        safe_api: PD_OUTLIVES_OBJECTS,
+        drop_in: HOLDS,
+        man: "ibv_alloc_pd(3) NOTES: ibv_dealloc_pd() fails while a resource is associated \
+              with the PD — a memory window (ibv_alloc_mw(3)) too: EBUSY",
     },
     Rule {
         name: "destroy_cq_in_use",
@@ -1803,6 +1824,25 @@ pub const RULES: &[Rule] = &[
               breaks that, the device's access fails as a bad access (ibv_poll_cq(3): \
               IBV_WC_REM_ACCESS_ERR \"Remote Access Error\") and never crashes the process \
               (registration.c rule 6)",
+    },
+    // ------------------------------------------------------------ memory windows
+    Rule {
+        name: "alloc_mw_bad_type",
+        case: Case::AllocMw { mw_type: 7 },
+        expect: Expect::Errno(EINVAL),
+        safe_api: WINDOW_TYPES_ARE_AN_ENUM,
+        drop_in: HOLDS,
+        man: "ibv_alloc_mw(3): type is IBV_MW_TYPE_1 or IBV_MW_TYPE_2; \"returns NULL on \
+              error\" with errno set: EINVAL for any other type",
+    },
+    Rule {
+        name: "alloc_mw_type_2",
+        case: Case::AllocMw { mw_type: 2 },
+        expect: Expect::Ok,
+        safe_api: SUCCEEDS,
+        drop_in: HOLDS,
+        man: "ibv_alloc_mw(3): \"allocates a memory window ... of type type\" \
+              (IBV_MW_TYPE_2), associated with the protection domain pd",
     },
 ];
 
