@@ -433,6 +433,9 @@ const COMMAND_FD_MAGIC: &str = "softverbs command descriptor 1\n";
 /// One descriptor this process issued.
 struct Issued {
     entry: &'static DeviceEntry,
+    /// The process that issued it (a `fork` child has a copy of this table, not the
+    /// device's threads).
+    pid: u32,
     /// What its bytes say.
     record: String,
 }
@@ -483,9 +486,9 @@ impl CommandFd {
         static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         // Relaxed: the counter only has to give distinct values.
         let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
         let record = format!(
-            "{COMMAND_FD_MAGIC}pid {}\ndevice {}\nserial {serial}\n",
-            std::process::id(),
+            "{COMMAND_FD_MAGIC}pid {pid}\ndevice {}\nserial {serial}\n",
             entry.device.name()
         );
         file.write_all(record.as_bytes())
@@ -500,7 +503,7 @@ impl CommandFd {
         ISSUED
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(identity(&st), Issued { entry, record });
+            .insert(identity(&st), Issued { entry, pid, record });
         Ok(OwnedFd::from(file))
     }
 
@@ -519,12 +522,8 @@ impl CommandFd {
         let bytes = &bytes[..usize::try_from(n).unwrap_or(0)];
         let issued = ISSUED.lock().unwrap_or_else(|e| e.into_inner());
         match issued.get(&identity(&st)) {
-            Some(ours)
-                if ours.record.as_bytes() == bytes
-                    && ours
-                        .record
-                        .contains(&format!("\npid {}\n", std::process::id())) =>
-            {
+            // No allocation on this path or the refusals: a `fork` child may call it.
+            Some(ours) if ours.pid == std::process::id() && ours.record.as_bytes() == bytes => {
                 Ok(ours.entry)
             }
             _ if bytes.starts_with(COMMAND_FD_MAGIC.as_bytes()) => Err(libc::ENODEV),

@@ -23,8 +23,9 @@
  *     with EINVAL (rdma-core: fstat fails or the file is not a character device);
  *     /dev/null, a character device that is no device of this process, is ENODEV
  *   8 another process: the descriptor passed with SCM_RIGHTS to a new process (fork +
- *     exec, which opens its own softverbs0 first) is NULL with ENODEV there: the device's
- *     state lives in this process
+ *     exec, which opens its own softverbs0 first), and to a child of fork alone (a copy
+ *     of this process's memory without the device's threads), is NULL with ENODEV there:
+ *     the device's state lives in this process
  *   9 closing the original context leaves the imported one working: another WRITE
  *     through ctx2's QPs, and ctx2's descriptor imports a third context
  *
@@ -321,6 +322,41 @@ int main(int argc, char **argv)
 	CHECK(waitpid(child, &status, 0) == child);
 	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
 	       "the receiving process exited with status %d (see its stderr)", status);
+	/* The same to a child of fork alone: it has a copy of this process's memory (the
+	 * library's table of descriptors included) but not the device's threads, and the
+	 * import is refused there too (an allocation-free path, safe after fork). */
+	int sv2[2];
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2) == 0);
+	fflush(stdout);
+	fflush(stderr);
+	pid_t forked = fork();
+	CHECK(forked >= 0);
+	if (forked == 0) {
+		close(sv2[0]);
+		int fd = receive_fd(sv2[1]);
+		errno = 0;
+		struct ibv_context *c = fd < 0 ? NULL : ibv_import_device(fd);
+		int err = errno;
+		char verdict = fd < 0 ? 'n' : c ? 'i' : err == ENODEV ? 'E' : 'e';
+		/* The answer goes back over the socket and the child ends by exec'ing
+		 * /bin/true: no exit-time work (atexit handlers, valgrind's leak check, which
+		 * counts what only the parent's threads referenced as lost) runs in this copy
+		 * of the parent. */
+		if (write(sv2[1], &verdict, 1) != 1)
+			_exit(13);
+		execl("/bin/true", "true", (char *)NULL);
+		_exit(14);
+	}
+	close(sv2[1]);
+	send_fd(sv2[0], ctx->cmd_fd);
+	char verdict = 0;
+	CHECKF(read(sv2[0], &verdict, 1) == 1, "no answer from the forked child");
+	close(sv2[0]);
+	CHECK(waitpid(forked, &status, 0) == forked);
+	CHECKF(verdict == 'E', "the forked child's import: '%c' ('E' is ENODEV, 'i' imported, "
+			       "'e' another errno, 'n' no descriptor came)", verdict);
+	CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the forked child: status %d",
+	       status);
 	rule_ok("a descriptor passed with SCM_RIGHTS to another process: ENODEV there");
 
 	start_rule("9");
