@@ -515,10 +515,15 @@ impl CommandFd {
     pub fn device(fd: c_int) -> Result<&'static DeviceEntry, Errno> {
         let st = stat_of(fd).map_err(|_| libc::EINVAL)?;
         let mut bytes = [0u8; 256];
-        // SAFETY: reads at most `bytes.len()` bytes into the buffer; a descriptor that
-        // cannot be read at an offset (a socket, a pipe) fails with ESPIPE and is no
-        // command descriptor.
-        let n = unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        // A command descriptor is a regular file (a memfd); nothing else is read (a device
+        // file's read may block or have effects).
+        let n = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            // SAFETY: reads at most `bytes.len()` bytes into the buffer, at offset 0
+            // (the descriptor's own offset is not moved).
+            unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) }
+        } else {
+            0
+        };
         let bytes = &bytes[..usize::try_from(n).unwrap_or(0)];
         let issued = ISSUED.lock().unwrap_or_else(|e| e.into_inner());
         match issued.get(&identity(&st)) {
