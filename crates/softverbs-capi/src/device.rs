@@ -21,7 +21,8 @@
 //! | `ibv_get_device_list`, `ibv_free_device_list`, `ibv_get_device_guid` | 1.1 | real |
 //! | `ibv_get_device_name` | 1.1 | real: the struct's `name`, as rdma-core reads it, for any `struct ibv_device` |
 //! | `ibv_get_device_index` | 1.9 | real (0) |
-//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]; at exit if no context was closed) |
+//! | `ibv_open_device`, `ibv_close_device` | 1.1 | real: an extended context (`abi_compat = UINTPTR_MAX`, `sz = 648`), its `cmd_fd` a command descriptor of the device ([`CommandFd`]); with `SOFTVERBS_STATS` set, closing reports the device's counters ([`STATS_ENV`]; at exit if no context was closed) |
+//! | `ibv_import_device` | 1.10 | real in the process that opened the device (a `dup` of `cmd_fd`, or one passed back to it); `NULL`, `ENODEV` for a descriptor from another process, `EINVAL` for one that is not a device's ([`CommandFd`]) |
 //! | `ibv_query_device`, `ibv_query_port` (48-byte legacy write), `ibv_query_gid`, `ibv_query_pkey` | 1.1 | real |
 //! | `ibv_get_pkey_index` | 1.5 | real (the one P_Key, 0xffff, is index 0) |
 //! | `_ibv_query_gid_ex`, `_ibv_query_gid_table` | 1.11 | real |
@@ -48,7 +49,7 @@ const IB_UVERBS_DEVICE_FLUSH_PERSISTENT: u64 = 1 << 39;
 const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
 use softverbs::core::cq::DeviceClock;
 use std::ffi::{c_char, c_int, c_void};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 /// The firmware version string reported: the crate version.
 const FW_VER: &str = env!("CARGO_PKG_VERSION");
@@ -293,7 +294,7 @@ symver!(ibv_get_device_index, "IBVERBS_1.9");
 
 /// `ibv_open_device(3)`: an extended context (reference §3.2): `abi_compat =
 /// UINTPTR_MAX`, `sz = 648`, the ops the inlines call, `async_fd` the device's async
-/// event fd.
+/// event fd, `cmd_fd` a new command descriptor of the device ([`CommandFd`]).
 ///
 /// # Safety
 ///
@@ -301,6 +302,40 @@ symver!(ibv_get_device_index, "IBVERBS_1.9");
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     pointer(|| {
         let entry = device_from_ptr(device)?;
+        let cmd_fd = CommandFd::create(entry)?;
+        Ok(new_context(entry, cmd_fd))
+    })
+}
+symver!(ibv_open_device, "IBVERBS_1.1");
+
+/// `ibv_import_device(3)`: a new context of the device whose command descriptor `cmd_fd`
+/// is (a `dup` of a context's `cmd_fd`, or one received with `SCM_RIGHTS`). The context
+/// is its own struct over the same device (the process's one device, which lives as long
+/// as the process): closing it or the context the descriptor came from leaves the other
+/// working. It owns `cmd_fd` from now on and `ibv_close_device` closes it, as
+/// `ibv_import_device(3)` allows ("may cleanup ... including closing the command FD").
+/// `NULL` with errno as [`CommandFd::device`] refuses: `EINVAL` for a descriptor that is
+/// not open or not a device's, `ENODEV` for one naming a device of another process.
+///
+/// # Safety
+///
+/// None beyond C's: `cmd_fd` is any integer.
+pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    pointer(|| {
+        let entry = CommandFd::device(cmd_fd)?;
+        // SAFETY: `cmd_fd` is an open descriptor (`CommandFd::device` found it with
+        // fstat) that the caller hands over to the context, as ibv_import_device(3) says.
+        let owned = unsafe { OwnedFd::from_raw_fd(cmd_fd) };
+        Ok(new_context(entry, owned))
+    })
+}
+symver!(ibv_import_device, "IBVERBS_1.10");
+
+/// A context of `entry` (the same for `ibv_open_device` and `ibv_import_device`) whose
+/// command descriptor is `cmd_fd`.
+fn new_context(entry: &'static DeviceEntry, cmd_fd: OwnedFd) -> *mut ibv_context {
+    {
+        let device = entry.as_ptr();
         let ops = ibv_context_ops {
             _compat_query_device: Some(ibv_query_device),
             _compat_query_port: Some(ibv_query_port),
@@ -317,7 +352,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         let context = ibv_context {
             device,
             ops,
-            cmd_fd: -1,
+            cmd_fd: cmd_fd.as_raw_fd(),
             async_fd: entry.device.async_events().as_fd().as_raw_fd(),
             num_comp_vectors: 1,
             mutex: PthreadMutex::default(),
@@ -366,10 +401,142 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             sz: std::mem::size_of::<verbs_context>(),
             context,
         };
-        Ok(ContextBlock::allocate(entry, verbs))
-    })
+        ContextBlock::allocate(entry, verbs, cmd_fd)
+    }
 }
-symver!(ibv_open_device, "IBVERBS_1.1");
+
+/// Command descriptors: what a context's `cmd_fd` is. A kernel device's is the open
+/// `/dev/infiniband/uverbsN` file whose objects the context's handles name; ours is a
+/// sealed memfd (`O_CLOEXEC`, named `softverbs-cmd`) that the device issues per context and
+/// that says, in its few bytes, which process and device issued it. The process keeps a
+/// table of the descriptors it issued by file identity, `(st_dev, st_ino)`, so a `dup`
+/// of one, or one passed back over a socket, names the same device; the bytes (pid,
+/// device, serial) are compared too, so a file that happens to reuse the identity of a
+/// closed one names nothing. An entry stays while the process lives: a descriptor may
+/// outlive the context it came from (`dup` it, close the context, import it), as a
+/// kernel command file outlives its first context.
+///
+/// Across processes a descriptor cannot name the device: the device's state — its
+/// objects, registered memory (addresses of the issuing process), queue pairs and their
+/// progress thread — lives in the process that opened it, and a descriptor received with
+/// `SCM_RIGHTS` (or inherited over `fork`, whose child has a copy of the memory but not
+/// the threads) carries only the file. `ibv_import_device` then answers `ENODEV`, which
+/// is what rdma-core answers for a descriptor that is a device file but names no device
+/// of this process (`libibverbs/device.c`, `ibv_import_device`: no device's `sysfs_cdev`
+/// equals the file's `st_rdev`); a descriptor that is not open or not a device's at all
+/// is `EINVAL`, as there (`fstat` fails, or the file is not a character device).
+pub struct CommandFd;
+
+/// The first bytes of every command descriptor.
+const COMMAND_FD_MAGIC: &str = "softverbs command descriptor 1\n";
+
+/// One descriptor this process issued.
+struct Issued {
+    entry: &'static DeviceEntry,
+    /// The process that issued it (a `fork` child has a copy of this table, not the
+    /// device's threads).
+    pid: u32,
+    /// What its bytes say.
+    record: String,
+}
+
+/// Descriptors issued by this process, by `(st_dev, st_ino)`.
+static ISSUED: std::sync::Mutex<std::collections::BTreeMap<(u64, u64), Issued>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn last_errno() -> Errno {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// `fstat` of any descriptor number.
+fn stat_of(fd: c_int) -> Result<libc::stat, Errno> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `fstat` writes a `struct stat` into the buffer, or fails (a bad descriptor is
+    // EBADF, not undefined behaviour).
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: written by the successful fstat.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// A file's identity: `(st_dev, st_ino)`, the same for every descriptor of it.
+fn identity(st: &libc::stat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+impl CommandFd {
+    /// A new command descriptor of `entry`'s device, recorded as issued by this process.
+    pub fn create(entry: &'static DeviceEntry) -> Result<OwnedFd, Errno> {
+        use std::io::Write;
+        // SAFETY: a literal C string and flags; returns a new descriptor or -1.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"softverbs-cmd".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if raw < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: a descriptor memfd_create just returned, owned by nobody else.
+        let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        // Relaxed: the counter only has to give distinct values.
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let record = format!(
+            "{COMMAND_FD_MAGIC}pid {pid}\ndevice {}\nserial {serial}\n",
+            entry.device.name()
+        );
+        file.write_all(record.as_bytes())
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let seals =
+            libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+        // SAFETY: adds seals to our own memfd; no memory is passed.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(last_errno());
+        }
+        let st = stat_of(file.as_raw_fd())?;
+        ISSUED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(identity(&st), Issued { entry, pid, record });
+        Ok(OwnedFd::from(file))
+    }
+
+    /// The device a descriptor names (`ibv_import_device(3)`): one this process issued
+    /// (or a `dup` of one). `EINVAL` for a descriptor that is not open or not a command
+    /// descriptor (nor a device file); `ENODEV` for a command descriptor of another
+    /// process (or of this process's parent, before a `fork`) and for any other
+    /// character device, as rdma-core answers (the type documentation above).
+    pub fn device(fd: c_int) -> Result<&'static DeviceEntry, Errno> {
+        let st = stat_of(fd).map_err(|_| libc::EINVAL)?;
+        let mut bytes = [0u8; 256];
+        // A command descriptor is a regular file (a memfd); nothing else is read (a device
+        // file's read may block or have effects).
+        let n = if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            // SAFETY: reads at most `bytes.len()` bytes into the buffer, at offset 0
+            // (the descriptor's own offset is not moved).
+            unsafe { libc::pread(fd, bytes.as_mut_ptr().cast(), bytes.len(), 0) }
+        } else {
+            0
+        };
+        let bytes = &bytes[..usize::try_from(n).unwrap_or(0)];
+        let issued = ISSUED.lock().unwrap_or_else(|e| e.into_inner());
+        match issued.get(&identity(&st)) {
+            // No allocation on this path or the refusals: a `fork` child may call it.
+            Some(ours) if ours.pid == std::process::id() && ours.record.as_bytes() == bytes => {
+                Ok(ours.entry)
+            }
+            _ if bytes.starts_with(COMMAND_FD_MAGIC.as_bytes()) => Err(libc::ENODEV),
+            _ if st.st_mode & libc::S_IFMT == libc::S_IFCHR => Err(libc::ENODEV),
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
 
 /// `ibv_close_device(3)`.
 ///

@@ -5,12 +5,12 @@
 //! |---|---|---|---|---|
 //! | `struct ibv_device *` | [`DeviceEntry::ibv_device`] of the process's one device | first `ibv_get_device_list` | never (lives for the process, like rdma-core's device objects) | pointers stay valid after `ibv_free_device_list` |
 //! | `struct ibv_device **` (the list) | a `Box<[*mut ibv_device]>` (NULL-terminated) | `ibv_get_device_list` | `ibv_free_device_list` | [`DeviceList`] |
-//! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2) |
-//! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd`, `ibv_alloc_parent_domain` | `ibv_dealloc_pd` | a parent domain's `handle` is its PD's |
+//! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device`, `ibv_import_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2); its `cmd_fd` is the block's own descriptor, closed with it |
+//! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd`, `ibv_alloc_parent_domain`, `ibv_import_pd` | `ibv_dealloc_pd` (the PD too), `ibv_unimport_pd` (the struct only) | a parent domain's `handle` is its PD's; several structs may name one PD (imports) |
 //! | `struct ibv_td *` | a [`TdBlock`](crate::pd::TdBlock) | `ibv_alloc_td` | `ibv_dealloc_td` | |
 //! | `struct ibv_comp_channel *` | a [`ChannelBlock`] | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
 //! | `struct ibv_cq *`, `struct ibv_cq_ex *` | a [`CqBlock`](crate::cq::CqBlock) (an `ibv_cq_ex` for both kinds) | `ibv_create_cq`, `ibv_create_cq_ex` | `ibv_destroy_cq` | the CQ's user context is this pointer: events and `IBV_EVENT_CQ_ERR` name the CQ by it; listed in the [`Registry`] |
-//! | `struct ibv_mr *` | an [`MrBlock`](crate::mr::MrBlock) | `ibv_reg_mr*` | `ibv_dereg_mr` | |
+//! | `struct ibv_mr *` | an [`MrBlock`](crate::mr::MrBlock) | `ibv_reg_mr*`, `ibv_import_mr` | `ibv_dereg_mr` (the registration too), `ibv_unimport_mr` (the struct only) | several structs may name one registration (imports) |
 //! | `struct ibv_qp *`, `struct ibv_qp_ex *` | a [`QpBlock`](crate::qp::QpBlock) (an `ibv_qp_ex` for both kinds) | `ibv_create_qp`, `ibv_create_qp_ex` | `ibv_destroy_qp` | listed in the [`Registry`] by QPN for async events; its destroy waits for their acknowledgement |
 //! | `struct ibv_srq *` | an [`SrqBlock`](crate::srq::SrqBlock) | `ibv_create_srq` | `ibv_destroy_srq` | listed in the [`Registry`] by handle |
 //! | `struct ibv_ah *` | an [`AhBlock`](crate::ah::AhBlock) | `ibv_create_ah*` | `ibv_destroy_ah` | |
@@ -46,6 +46,7 @@ use crate::boundary::{errno_of, Errno};
 use softverbs::core::cq::CompletionChannel;
 use softverbs::core::device::{Device, DeviceConfig};
 use std::ffi::c_char;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -227,15 +228,24 @@ pub struct ContextBlock {
     magic: u64,
     /// The device it was opened on.
     pub entry: &'static DeviceEntry,
+    /// The context's command descriptor (`verbs.context.cmd_fd`), closed with the context:
+    /// a descriptor of the device's ([`crate::device::CommandFd`]).
+    _cmd_fd: OwnedFd,
 }
 
 impl ContextBlock {
-    /// Allocates a context block for `entry`; `init` fills the C-visible parts.
-    pub fn allocate(entry: &'static DeviceEntry, verbs: verbs_context) -> *mut ibv_context {
+    /// Allocates a context block for `entry` whose `cmd_fd` is `cmd_fd` (owned by the
+    /// context from now on); `verbs` holds the C-visible parts.
+    pub fn allocate(
+        entry: &'static DeviceEntry,
+        verbs: verbs_context,
+        cmd_fd: OwnedFd,
+    ) -> *mut ibv_context {
         let block = Box::into_raw(Box::new(ContextBlock {
             verbs,
             magic: CONTEXT_MAGIC,
             entry,
+            _cmd_fd: cmd_fd,
         }));
         // SAFETY: `block` is a live allocation; the field projection stays inside it.
         unsafe { &raw mut (*block).verbs.context }

@@ -8,16 +8,16 @@
 //! | [`verbs_h`] | every `verbs.h` value the library uses (`IBV_QPT_RC`, `IBV_WR_SEND`, …), named as in the header and checked against it |
 //! | [`boundary`] | the panic boundary and the three failure conventions (`NULL`+errno, errno return, `-1`+errno) |
 //! | [`handles`] | who owns every pointer that crosses the boundary; raw pointer → Rust reference, in one place (the handle contract) |
-//! | [`device`] | device list, open/close, query device/port/GID/P_Key, `query_device_ex`, `query_rt_values_ex` |
+//! | [`device`] | device list, open/close, `ibv_import_device` and the command descriptors (`cmd_fd`), query device/port/GID/P_Key, `query_device_ex`, `query_rt_values_ex` |
 //! | [`stats`] | the `SOFTVERBS_STATS` counters report (at `ibv_close_device` or exit) and the start of the `SOFTVERBS_LOG` / `RUST_LOG` logs (first use) |
-//! | [`pd`] | protection domains |
+//! | [`pd`] | protection domains, parent and thread domains, `ibv_import_pd` / `ibv_unimport_pd` |
 //! | [`cq`] | completion channels, CQs and extended CQs, completion events |
 //! | [`qp`] | queue pairs and their work requests (`post_send`, `post_recv`, the `ibv_qp_ex` builders) |
 //! | [`wr`] | work-request pieces QPs and SRQs share (scatter/gather lists, receive requests, posting a list) |
-//! | [`mr`] | memory regions (no memory windows) |
+//! | [`mr`] | memory regions and memory windows, `ibv_import_mr` / `ibv_unimport_mr` |
 //! | [`srq`] | shared receive queues |
 //! | [`ah`] | address handles |
-//! | [`misc`] | string tables, fork support, sysfs, rate conversions, kernel-struct copies, async events, import/ECE |
+//! | [`misc`] | string tables, fork support, sysfs, rate conversions, kernel-struct copies, async events, device-memory import (refused)/ECE |
 //! | [`private`] | `IBVERBS_PRIVATE_34` provider symbols: inert stubs so libmlx5/libefa/librdmacm load |
 //! | [`gsi`] | `SOFTVERBS_PRIVATE_1.0`: QP1 management datagrams (`softverbs_gsi_send` / `_recv` / `_fd`), a private ABI for softverbs' own librdmacm |
 //!

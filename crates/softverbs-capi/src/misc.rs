@@ -15,8 +15,12 @@
 //! | `ibv_copy_qp_attr_from_kern`, `ibv_copy_ah_attr_from_kern`, `ibv_copy_path_rec_from_kern`, `ibv_copy_path_rec_to_kern` | 1.0 / 1.1 | documented failure: do nothing (void; no kernel structs exist here; only librdmacm's kernel path calls them) |
 //! | `ibv_get_async_event` | 1.1 | real: CQ errors, QP fatal / request / access errors, communication established, SQ drained, last WQE reached, SRQ limit, port active, device fatal; `context->async_fd` is the device's pollable event fd (honours `O_NONBLOCK`); an event of an object destroyed before it was read is dropped |
 //! | `ibv_ack_async_event` | 1.1 | real: counted in the object's `events_completed`; `ibv_destroy_qp` / `_srq` / `_cq` wait for every delivered event of the object to be acknowledged |
-//! | `ibv_import_device`, `ibv_import_pd`, `ibv_import_dm` | 1.10 / 1.13 | documented failure (`NULL`, `EOPNOTSUPP`): no shared command fd |
-//! | `ibv_unimport_pd`, `ibv_unimport_dm` | 1.10 / 1.13 | do nothing |
+//! | `ibv_import_dm` | 1.13 | documented failure (`NULL`, `EOPNOTSUPP`): no device memory to import |
+//! | `ibv_unimport_dm` | 1.13 | do nothing |
+//!
+//! `ibv_import_device` is with the contexts (`device.rs`), `ibv_import_pd` /
+//! `ibv_unimport_pd` with the PDs (`pd.rs`), `ibv_import_mr` / `ibv_unimport_mr` with the
+//! MRs (`mr.rs`).
 
 use crate::abi::*;
 use crate::boundary::{errno_of, infallible, minus_one, set_errno};
@@ -451,18 +455,6 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     })
 }
 symver!(ibv_ack_async_event, "IBVERBS_1.1");
-unsupported! {
-    /// `ibv_import_device(3)`.
-    null "IBVERBS_1.10" fn ibv_import_device(c_int) -> *mut ibv_context
-}
-unsupported! {
-    /// `ibv_import_pd(3)`.
-    null "IBVERBS_1.10" fn ibv_import_pd(*mut ibv_context, u32) -> *mut ibv_pd
-}
-unsupported! {
-    /// `ibv_unimport_pd(3)`.
-    void "IBVERBS_1.10" fn ibv_unimport_pd(*mut ibv_pd)
-}
 unsupported! {
     /// `ibv_import_dm(3)`.
     null "IBVERBS_1.13" fn ibv_import_dm(*mut ibv_context, u32) -> *mut c_void

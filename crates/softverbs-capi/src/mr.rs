@@ -7,7 +7,7 @@
 //! | `ibv_reg_mr_iova2` | 1.8 | real (perftest's registration path: remote peers address the region by `iova`) |
 //! | `ibv_rereg_mr` | 1.1 | real: every flag (`CHANGE_TRANSLATION`, `CHANGE_PD`, `CHANGE_ACCESS`), keys kept |
 //! | `ibv_reg_dmabuf_mr` | 1.12 | documented failure (no dma-buf) |
-//! | `ibv_import_mr`, `ibv_unimport_mr` | 1.10 | documented failure (no shared command fd) |
+//! | `ibv_import_mr`, `ibv_unimport_mr` | 1.10 | real: a new struct for a registration named by its `handle` (the lkey; `ENOENT` if none), `addr` / `length` / keys from the registration; unimport frees the struct only |
 //! | `ops.alloc_mw`, `ops.dealloc_mw` | (ops) | real: type 1 and type 2 windows (`ibv_alloc_mw(3)`) |
 //! | `ops.bind_mw` | (ops) | real: `ibv_bind_mw(3)` posts the bind of a type 1 window on the QP's send queue |
 //!
@@ -390,14 +390,78 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     }
 }
 symver!(ibv_rereg_mr, "IBVERBS_1.1");
-unsupported! {
-    /// `ibv_import_mr(3)`.
-    null "IBVERBS_1.10" fn ibv_import_mr(*mut ibv_pd, u32) -> *mut ibv_mr
+
+/// `ibv_import_mr(3)`: a new `struct ibv_mr` in `pd` for the registration whose handle is
+/// `mr_handle` (another struct's `handle`; ours is the lkey), filled from the
+/// registration as it is now: `addr` (the address it was registered at; rdma-core's
+/// import leaves `addr` NULL because the kernel's `QUERY_MR` does not return it, while
+/// here the registration is this process's and the address is known), `length`, `lkey`,
+/// `rkey`, `handle`. `ibv_dereg_mr` of either struct deregisters the region.
+/// `NULL` with `ENOENT` for a handle the device has no registration for (the kernel's
+/// answer to an unknown object handle, `lookup_get_idr_uobject`), `EINVAL` for a `pd`
+/// not ours or one the registration is not in (the kernel does not check this; a struct
+/// whose `pd` is not the region's would mislead every later check, so it is refused).
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD.
+pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut ibv_mr {
+    pointer(|| {
+        // SAFETY: this function's contract.
+        let PdParent {
+            hold,
+            context,
+            ctx,
+            handle,
+        } = unsafe { PdUse::acquire(pd) }?;
+        // The rule (which registrations exist, and their keys) is the device's; its only
+        // refusal is an unknown handle, which for an import is the kernel's ENOENT.
+        let region = ctx
+            .entry
+            .device
+            .query_mr(mr_handle)
+            .map_err(|_| libc::ENOENT)?;
+        if region.pd != handle {
+            return Err(libc::EINVAL);
+        }
+        let mr = ibv_mr {
+            context,
+            pd,
+            addr: region.addr as *mut c_void,
+            length: usize::try_from(region.len).map_err(|_| libc::EINVAL)?,
+            handle: region.lkey,
+            lkey: region.lkey,
+            rkey: region.rkey,
+        };
+        Ok(MrBlock::allocate(
+            mr,
+            MrState {
+                lkey: region.lkey,
+                context,
+                _pd: hold,
+            },
+        ))
+    })
 }
-unsupported! {
-    /// `ibv_unimport_mr(3)`.
-    void "IBVERBS_1.10" fn ibv_unimport_mr(*mut ibv_mr)
+symver!(ibv_import_mr, "IBVERBS_1.10");
+
+/// `ibv_unimport_mr(3)`: frees the struct only; the registration stays. Nothing for NULL
+/// or a pointer not ours.
+///
+/// # Safety
+///
+/// `mr` is NULL or a live MR, not used again after this call.
+pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
+    infallible((), || {
+        // SAFETY: this function's contract.
+        if unsafe { MrBlock::state(mr) }.is_ok() {
+            // SAFETY: live (checked above); the caller gives the struct up, and no state
+            // of ours points at an MR block.
+            unsafe { MrBlock::free(mr) };
+        }
+    })
 }
+symver!(ibv_unimport_mr, "IBVERBS_1.10");
 
 /// The library's part of a memory window.
 pub struct MwState {

@@ -5,6 +5,7 @@
 //! | `ibv_alloc_pd`, `ibv_dealloc_pd` | 1.1 | real; `ibv_dealloc_pd` frees a parent domain too |
 //! | `verbs_context.alloc_td`, `.dealloc_td` (`ibv_alloc_td`, `ibv_dealloc_td`) | (ops) | real |
 //! | `verbs_context.alloc_parent_domain` (`ibv_alloc_parent_domain`) | (ops) | real: `td`, `pd_context`, the `alloc` / `free` callbacks (`IBV_ALLOCATOR_USE_DEFAULT` honoured) |
+//! | `ibv_import_pd`, `ibv_unimport_pd` | 1.10 | real: a new struct for a PD named by its `handle` (`ENOENT` if the device has none); unimport frees the struct only |
 //!
 //! **Parent domains** (`ibv_alloc_parent_domain(3)`). A parent domain is a `struct ibv_pd`
 //! whose `handle` is its protection domain's, so everything that takes a PD — `ibv_reg_mr`,
@@ -74,8 +75,10 @@ const IBV_ALLOCATOR_USE_DEFAULT: usize = usize::MAX;
 
 /// The parent-domain part of a PD block (`None` in the state of an ordinary PD).
 pub struct ParentDomain {
-    /// The protection domain it stands for (its `handle` is this block's `handle`).
-    pd: *mut ibv_pd,
+    /// The handle of the protection domain it stands for (this block's `handle` too; kept
+    /// here, not read through the PD's struct, which `ibv_unimport_pd` may free while the
+    /// PD itself lives on).
+    pd_handle: u32,
     /// Its thread domain, or NULL.
     pub td: *mut ibv_td,
     /// `alloc`, `free` and `pd_context`, when `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` was
@@ -85,8 +88,8 @@ pub struct ParentDomain {
     users: AtomicUsize,
 }
 
-// SAFETY: the raw pointers name blocks that outlive this one (the device refuses the PD's
-// dealloc and `ibv_dealloc_td` refuses the TD while this parent domain exists); the
+// SAFETY: the raw pointer names a block that outlives this one (`ibv_dealloc_td` refuses
+// the TD while this parent domain exists); the
 // callbacks are the application's, which `ibv_alloc_parent_domain(3)` lets the provider
 // call from any thread that creates or destroys its objects.
 unsafe impl Send for ParentDomain {}
@@ -360,7 +363,7 @@ pub unsafe extern "C" fn alloc_parent_domain(
             ibv_pd { context, handle },
             PdState {
                 domain: Some(ParentDomain {
-                    pd: attr.pd,
+                    pd_handle: handle,
                     td: attr.td,
                     callbacks,
                     users: AtomicUsize::new(0),
@@ -383,9 +386,7 @@ unsafe fn dealloc_parent_domain(
     if domain.users.load(Ordering::Acquire) != 0 {
         return Err(libc::EBUSY);
     }
-    // SAFETY: `domain.pd` is live: the device refuses its dealloc while we exist.
-    let handle = unsafe { (*domain.pd).handle };
-    ctx.entry.device.dealloc_parent_domain(handle);
+    ctx.entry.device.dealloc_parent_domain(domain.pd_handle);
     if !domain.td.is_null() {
         // SAFETY: the thread domain outlives its parent domains (`dealloc_td` refuses).
         if let Ok(td) = unsafe { TdBlock::state(domain.td) } {
@@ -445,10 +446,69 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 }
 symver!(ibv_dealloc_pd, "IBVERBS_1.1");
 
-/// An object's link to its PD: the PD block outlives it because the device refuses
+/// `ibv_import_pd(3)`: a new `struct ibv_pd` of `context` for the protection domain whose
+/// handle is `pd_handle` (another struct's `handle`, of any context of the device). The
+/// PD is the device's: objects created through either struct are in it, and
+/// `ibv_dealloc_pd` of either deallocates it (by the same rule). `NULL` with `ENOENT` for
+/// a handle the device has no PD for — the kernel's answer to an unknown object handle
+/// (`lookup_get_idr_uobject` in `drivers/infiniband/core/rdma_core.c`), which mlx5's
+/// `ibv_import_pd` returns — and `EINVAL` for a context not ours. A parent domain's
+/// handle imports its PD, an ordinary one (the parent domain is this library's struct,
+/// not a device object).
+///
+/// # Safety
+///
+/// `context` is NULL or an open context.
+pub unsafe extern "C" fn ibv_import_pd(context: *mut ibv_context, pd_handle: u32) -> *mut ibv_pd {
+    pointer(|| {
+        // SAFETY: this function's contract.
+        let ctx = unsafe { ContextBlock::from_ptr(context) }?;
+        // The rule (which PDs exist) is the device's; its only refusal is an unknown PD,
+        // which for an import is the kernel's ENOENT (the create verbs' EINVAL otherwise).
+        ctx.entry
+            .device
+            .query_pd(pd_handle)
+            .map_err(|_| libc::ENOENT)?;
+        Ok(PdBlock::allocate(
+            ibv_pd {
+                context,
+                handle: pd_handle,
+            },
+            PdState::default(),
+        ))
+    })
+}
+symver!(ibv_import_pd, "IBVERBS_1.10");
+
+/// `ibv_unimport_pd(3)`: frees the struct only; the PD stays, for the other structs that
+/// name it. Nothing for NULL, a pointer not ours, or a parent domain (which is not
+/// imported: `ibv_dealloc_pd` frees it; mlx5 refuses it too).
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD, not used again after this call (objects created through
+/// it keep working: they are the PD's).
+pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
+    crate::boundary::infallible((), || {
+        // SAFETY: this function's contract.
+        if let Ok(state) = unsafe { PdBlock::state(pd) } {
+            if state.domain.is_none() {
+                // SAFETY: live (checked above); the caller gives the struct up. No state
+                // of ours points at a PD block: objects hold the PD by handle in the
+                // device, and their `PdUse` never reads the pointer it keeps.
+                unsafe { PdBlock::free(pd) };
+            }
+        }
+    })
+}
+symver!(ibv_unimport_pd, "IBVERBS_1.10");
+
+/// An object's link to its PD: the PD outlives it because the device refuses
 /// `ibv_dealloc_pd` while the object exists ([`softverbs::core::device::Device::dealloc_pd`]).
-/// Through a parent domain it also holds that block (`ibv_dealloc_pd` of the parent
-/// domain refuses while it exists).
+/// The pointer is kept for debugging only and never read: the struct it points at may be
+/// an imported one that `ibv_unimport_pd` frees while the PD lives on. Through a parent
+/// domain it also holds that block (`ibv_dealloc_pd` of the parent domain refuses while
+/// it exists; parent domains are never unimported).
 pub struct PdUse {
     _pd: *mut ibv_pd,
     _domain: Option<DomainHold>,

@@ -116,3 +116,36 @@ fn objects_in_a_pd_never_allocated_or_deallocated_are_einval() {
     }
     assert_eq!(cq.attached_qps(), 0, "no QP was attached to the CQ");
 }
+
+// ibv_import_pd(3), ibv_import_mr(3): a PD and a registration are found by their handles
+// (a region's handle is its lkey) while they live, and not after they are gone.
+#[test]
+fn pds_and_regions_are_found_by_handle_while_they_live() {
+    let device = Device::open(DeviceConfig::in_process()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let pd = device.alloc_pd();
+    device.query_pd(pd).unwrap();
+    assert!(is_no_such_pd(&device.query_pd(pd + 1000)));
+    // SAFETY: `buf` outlives the registration (deregistered below).
+    let mr = unsafe {
+        device.reg_mr(
+            pd,
+            buf.as_mut_ptr() as usize,
+            4096,
+            buf.as_mut_ptr() as u64,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    assert_eq!(device.query_mr(mr.lkey).unwrap(), mr);
+    device.dereg_mr(mr.lkey).unwrap();
+    assert!(matches!(
+        device.query_mr(mr.lkey),
+        Err(DeviceError::Verbs(VerbsError::NoSuchObject {
+            object: Object::Mr,
+            ..
+        }))
+    ));
+    device.dealloc_pd(pd).unwrap();
+    assert!(is_no_such_pd(&device.query_pd(pd)));
+}

@@ -464,6 +464,13 @@ impl Device {
         lock(&self.inner.state).objects.dealloc_pd(pd)
     }
 
+    /// Finds the protection domain `pd` (`ibv_import_pd(3)`: a PD named by its handle, as
+    /// `ibv_pd.handle` gives it): [`VerbsError::NoSuchObject`] for a PD not allocated or
+    /// already deallocated.
+    pub fn query_pd(&self, pd: u32) -> Result<(), DeviceError> {
+        lock(&self.inner.state).objects.check_pd(pd)
+    }
+
     /// Records a parent domain over `pd` (`ibv_alloc_parent_domain(3)`): the PD must be
     /// allocated ([`VerbsError::NoSuchObject`] otherwise), and [`Device::dealloc_pd`] refuses
     /// it ([`VerbsError::InUse`] by a PD) until [`Device::dealloc_parent_domain`]. Objects
@@ -541,6 +548,23 @@ impl Device {
         })?;
         st.objects.release(region.pd, Object::Mr);
         Ok(region)
+    }
+
+    /// The registration whose handle is `handle` (`ibv_import_mr(3)`; a region's handle is
+    /// its local key, as `ibv_mr.handle` gives it): its range, keys and PD as they are now.
+    /// [`VerbsError::NoSuchObject`] for a handle no live region has.
+    pub fn query_mr(&self, handle: u32) -> Result<Region, DeviceError> {
+        lock(&self.inner.state)
+            .memory
+            .by_lkey(handle)
+            .copied()
+            .ok_or_else(|| {
+                VerbsError::NoSuchObject {
+                    object: Object::Mr,
+                    id: handle,
+                }
+                .into()
+            })
     }
 
     /// Re-registers the region with local key `lkey` (`ibv_rereg_mr(3)`), keeping its
