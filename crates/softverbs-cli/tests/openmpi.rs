@@ -184,7 +184,7 @@ fn mpirun(path: VerbsPath, program: &Path, ranks: u32, base: u32, min: u64) -> S
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     }
-    let (status, stdout, stderr) = stacks::run_within(&mut command, LIMIT);
+    let (status, stdout, stderr) = stacks::run_bounded(&mut command, LIMIT);
     let all = format!("{path:?} ({status:?}):\n{stdout}\n{stderr}");
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{all}");
     for rank in 0..ranks {

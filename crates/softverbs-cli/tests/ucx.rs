@@ -44,7 +44,7 @@ fn on_drop_in<'a>(command: &'a mut Command, address: &str) -> &'a mut Command {
 fn ucx_info_lists_rc_verbs_and_ud_verbs_on_softverbs0_under_dev_node() {
     let mut command = ucx("ucx-info", true, "ucx_info", &["-d"]);
     on_drop_in(&mut command, "127.0.0.151");
-    let (status, stdout, stderr) = stacks::run_within(&mut command, LIMIT);
+    let (status, stdout, stderr) = stacks::run_bounded(&mut command, LIMIT);
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(0),
@@ -71,7 +71,7 @@ fn ucx_info_skips_softverbs0_without_dev_node() {
     }
     let mut command = ucx("ucx-info-skip", false, "ucx_info", &["-d"]);
     on_drop_in(&mut command, "127.0.0.152");
-    let (status, stdout, stderr) = stacks::run_within(&mut command, LIMIT);
+    let (status, stdout, stderr) = stacks::run_bounded(&mut command, LIMIT);
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{stdout}\n{stderr}");
     assert!(
         !stdout.contains("Memory domain: softverbs0"),
@@ -104,7 +104,7 @@ fn perftest(
         .spawn()
         .expect("spawn the ucx_perftest server");
     if let Err(why) = stacks::wait_until_listening(&mut server_child, port, LIMIT) {
-        let (_, out, err) = stacks::wait_within(server_child, Duration::from_secs(1));
+        let (_, out, err) = stacks::wait_bounded(server_child, Duration::from_secs(1));
         panic!("ucx_perftest server ({tls}): {why}\n{out}\n{err}");
     }
     let mut client_command = ucx(
@@ -114,8 +114,8 @@ fn perftest(
         &["-p", &port_arg, "127.0.0.1", "-t", test, "-n", iterations],
     );
     on_drop_in(&mut client_command, client).env("UCX_TLS", tls);
-    let (client_status, client_out, client_err) = stacks::run_within(&mut client_command, LIMIT);
-    let (server_status, server_out, server_err) = stacks::wait_within(server_child, LIMIT);
+    let (client_status, client_out, client_err) = stacks::run_bounded(&mut client_command, LIMIT);
+    let (server_status, server_out, server_err) = stacks::wait_bounded(server_child, LIMIT);
     let all = format!(
         "client ({client_status:?}):\n{client_out}\n{client_err}\nserver ({server_status:?}):\n{server_out}\n{server_err}"
     );
