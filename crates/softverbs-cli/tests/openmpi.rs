@@ -73,33 +73,48 @@ fn build_dir() -> PathBuf {
     dir
 }
 
+/// A name in the build directory no other test thread or process writes: tests run in
+/// parallel, and writing a file another test is executing fails with `ETXTBSY`, so every
+/// artifact is made under a private name and renamed into place (a rename never disturbs a
+/// running executable).
+fn private_path(name: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    build_dir().join(format!(".{name}.{}.{n}", std::process::id()))
+}
+
 /// Compiles `source` with `mpicc` into `name`.
 fn mpicc(source: &str, name: &str) -> PathBuf {
     let mpicc = stacks::program("mpicc", "libopenmpi-dev");
     let dir = build_dir();
-    let src = dir.join(format!("{name}.c"));
+    let src = private_path(&format!("{name}.c"));
     std::fs::write(&src, source).expect("write the MPI program");
-    let exe = dir.join(name);
+    let built = private_path(name);
     let out = Command::new(mpicc)
-        .args(["-std=gnu11", "-O2", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
+        .args(["-std=gnu11", "-O2", "-Wall", "-Werror", "-x", "c", "-o"])
+        .arg(&built)
         .arg(&src)
         .output()
         .expect("run mpicc");
+    let _ = std::fs::remove_file(&src);
     assert!(
         out.status.success(),
         "mpicc {name}.c failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let exe = dir.join(name);
+    std::fs::rename(&built, &exe).expect("move the MPI program into place");
     exe
 }
 
 fn rank_wrapper() -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
-    let path = build_dir().join("rank-address.sh");
-    std::fs::write(&path, RANK_WRAPPER).expect("write the rank wrapper");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+    let written = private_path("rank-address.sh");
+    std::fs::write(&written, RANK_WRAPPER).expect("write the rank wrapper");
+    std::fs::set_permissions(&written, std::fs::Permissions::from_mode(0o755))
         .expect("make the rank wrapper executable");
+    let path = build_dir().join("rank-address.sh");
+    std::fs::rename(&written, &path).expect("move the rank wrapper into place");
     path
 }
 
