@@ -252,3 +252,85 @@ fn a_moderated_cq_raises_its_event_when_the_period_ends() {
         start.elapsed()
     );
 }
+
+/// A program that sleeps in its own `epoll_wait(2)` on the channel's fd instead of in
+/// `ibv_get_cq_event(3)` (the man page's "the fd can be used with poll/epoll" pattern,
+/// with the fd non-blocking) is woken exactly once per completion event, over a real UDP
+/// path between two devices: the fd turns readable when the armed CQ's event is queued
+/// and stops being readable once the event is taken, so no wake-up is spurious or lost.
+#[test]
+fn an_epoll_on_the_channel_fd_wakes_once_per_event_over_udp() {
+    const EVENTS: u64 = 200;
+    let channel_ctx = udp(233);
+    let channel = channel_ctx.create_comp_channel().unwrap();
+    channel.set_nonblocking(true).unwrap();
+    let a = side(udp(234), QpType::Rc);
+    let pd = channel_ctx.alloc_pd();
+    let cq = channel_ctx
+        .cq_builder(64)
+        .channel(&channel)
+        .build()
+        .unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    let b = Side {
+        ctx: channel_ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    };
+    connect(&a, &b);
+
+    // SAFETY: plain epoll system calls on descriptors this test owns; `ev` outlives them.
+    let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(
+        epfd >= 0,
+        "epoll_create1: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 7,
+    };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&channel);
+    assert_eq!(
+        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+        0
+    );
+    let wait = |timeout_ms: i32| -> i32 {
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `out` has room for the 4 events the call may write.
+        unsafe { libc::epoll_wait(epfd, out.as_mut_ptr(), 4, timeout_ms) }
+    };
+
+    let mut wakeups = 0;
+    for id in 0..EVENTS {
+        b.cq.req_notify(false);
+        assert_eq!(
+            wait(0),
+            0,
+            "event {id}: the fd is readable before the completion"
+        );
+        send_one(&a, &b, id);
+        let ready = wait(PATIENCE.as_millis() as i32);
+        assert_eq!(ready, 1, "event {id}: epoll_wait woke {ready} times");
+        wakeups += 1;
+        let event = channel
+            .try_get_event()
+            .unwrap()
+            .unwrap_or_else(|| panic!("event {id}: the fd was readable with no event"));
+        assert!(event.is_for(b.cq.id()));
+        assert_eq!(wait_for(&b.cq, 1)[0].wr_id(), id);
+        drop(event);
+        assert_eq!(
+            wait(0),
+            0,
+            "event {id}: the fd stayed readable after the event"
+        );
+    }
+    assert_eq!(wakeups, EVENTS);
+    assert_eq!(b.cq.stats().events_acked, EVENTS);
+    // SAFETY: closes the epoll descriptor this test created.
+    unsafe { libc::close(epfd) };
+}
