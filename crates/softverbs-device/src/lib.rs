@@ -78,5 +78,5 @@ pub use memory::{
     copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError, Rereg, Window,
 };
 pub use pcap::{Capture, CaptureFormat, CaptureRecord, Direction, PcapTransport};
-pub use transport::{Endpoint, Gid, Received, Sent, Transport, TransportCounters};
+pub use transport::{Endpoint, Gid, OutgoingPacket, Received, Sent, Transport, TransportCounters};
 pub use udp::{UdpConfig, UdpTransport};

@@ -75,7 +75,7 @@ use pcap_file::{DataLink, Endianness, PcapError};
 use softverbs_wire::icrc::{self, IpHeaderInfo, UdpHeaderInfo};
 use softverbs_wire::{PacketRepr, WireError};
 
-use crate::transport::{Endpoint, Received, Sent, Transport, TransportCounters};
+use crate::transport::{Endpoint, OutgoingPacket, Received, Sent, Transport, TransportCounters};
 
 /// Ethernet address of the capturing device in every frame (locally administered).
 pub const LOCAL_MAC: [u8; 6] = [0x02, 0x53, 0x56, 0x00, 0x00, 0x01];
@@ -667,6 +667,35 @@ impl<T: Transport> Transport for PcapTransport<T> {
             }
         }
         Ok(received)
+    }
+
+    /// The inner transport's batch, then every packet it sent recorded, in order.
+    fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+        let sent = self.inner.send_batch(packets);
+        for packet in packets.iter() {
+            if let Some(headers) = &packet.sent {
+                self.capture
+                    .record(Direction::Outbound, &headers.ip, &headers.udp, packet.bytes);
+            }
+        }
+        sent
+    }
+
+    /// The inner transport's batch, then every packet of it recorded, in order.
+    fn recv_batch(
+        &self,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let count = self.inner.recv_batch(bufs, received, timeout)?;
+        for (packet, buf) in received.iter().zip(bufs.iter()) {
+            if let Some(bytes) = buf.get(..packet.len) {
+                self.capture
+                    .record(Direction::Inbound, &packet.ip, &packet.udp, bytes);
+            }
+        }
+        Ok(count)
     }
 
     fn counters(&self) -> TransportCounters {

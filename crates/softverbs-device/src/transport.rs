@@ -11,6 +11,10 @@
 //!   path as they are. [`Transport::send`] does both. The split exists for middleware:
 //!   fault injection corrupts bytes after the ICRC is filled, pcap capture records the
 //!   bytes that are transmitted.
+//! - [`Transport::send_batch`] and [`Transport::recv_batch`] do the same for many packets
+//!   at once, so that a transport can move a burst in one system call (`sendmmsg(2)`,
+//!   `recvmmsg(2)`). Their defaults loop over the single-packet methods, so a transport
+//!   (or middleware) that has nothing better to do keeps working unchanged.
 //! - [`Transport::recv`] hands out only packets whose ICRC verified (or, where the path
 //!   makes that impossible and the configuration allows it, says so in
 //!   [`Received::icrc_checked`]). Malformed datagrams and bad ICRCs are dropped and
@@ -286,23 +290,38 @@ pub struct TransportCounters {
     pub dropped_undeliverable: u64,
     /// Packets handed out without an ICRC check (counted in `received_packets` too).
     pub icrc_unchecked: u64,
+    /// System calls made to send (`sendto`, `sendmmsg`), failed ones included:
+    /// `sent_packets / send_calls` is how many packets one call carried.
+    pub send_calls: u64,
+    /// System calls made to receive (`recvmsg`, `recvmmsg`), including those that found
+    /// nothing (`EAGAIN`): `received_packets / recv_calls` is how many one call carried.
+    pub recv_calls: u64,
+    /// Datagrams the kernel dropped because the socket's receive buffer was full, as the
+    /// kernel last reported it (`SO_RXQ_OVFL`, socket(7)): they never reach the transport,
+    /// so they are not in the sum above. Reported with the next datagram received after a
+    /// drop, so it can lag.
+    pub socket_drops: u64,
 }
 
 impl fmt::Display for TransportCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "sent {} pkts / {} B ({} errors), received {} pkts / {} B, dropped: bad icrc {}, \
-             malformed {}, truncated {}, undeliverable {}; icrc unchecked {}",
+            "sent {} pkts / {} B ({} errors) in {} calls, received {} pkts / {} B in {} calls, \
+             dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
+             {}; icrc unchecked {}",
             self.sent_packets,
             self.sent_bytes,
             self.send_errors,
+            self.send_calls,
             self.received_packets,
             self.received_bytes,
+            self.recv_calls,
             self.dropped_bad_icrc,
             self.dropped_malformed,
             self.dropped_truncated,
             self.dropped_undeliverable,
+            self.socket_drops,
             self.icrc_unchecked
         )
     }
@@ -327,6 +346,11 @@ pub(crate) struct AtomicCounters {
     pub(crate) dropped_truncated: AtomicU64,
     pub(crate) dropped_undeliverable: AtomicU64,
     pub(crate) icrc_unchecked: AtomicU64,
+    pub(crate) send_calls: AtomicU64,
+    pub(crate) recv_calls: AtomicU64,
+    /// The largest `SO_RXQ_OVFL` count seen (the kernel's count only grows; `fetch_max`
+    /// keeps two receiving threads from moving it back).
+    pub(crate) socket_drops: AtomicU64,
 }
 
 /// Adds one to a counter (see [`AtomicCounters`] for the ordering).
@@ -353,6 +377,9 @@ impl AtomicCounters {
             dropped_truncated: load(&self.dropped_truncated),
             dropped_undeliverable: load(&self.dropped_undeliverable),
             icrc_unchecked: load(&self.icrc_unchecked),
+            send_calls: load(&self.send_calls),
+            recv_calls: load(&self.recv_calls),
+            socket_drops: load(&self.socket_drops),
         }
     }
 
@@ -385,6 +412,35 @@ pub(crate) enum DropReason {
     Undeliverable,
 }
 
+/// One packet of [`Transport::send_batch`]: where it goes, the UDP source port hint, its
+/// bytes (BTH … ICRC; the ICRC is filled by the batch send, as by [`Transport::send`]),
+/// and, after the call, the headers it was sent with.
+#[derive(Debug)]
+pub struct OutgoingPacket<'a> {
+    /// The destination.
+    pub to: Endpoint,
+    /// The UDP source port hint (see [`udp_src_port_for_qps`]).
+    pub src_port: u16,
+    /// The IB transport packet; its last 4 bytes become the ICRC.
+    pub bytes: &'a mut [u8],
+    /// Set by [`Transport::send_batch`] to the headers the packet went with when it was
+    /// handed to the path; `None` if it was not (the failure was logged and, for a socket
+    /// error, counted in `send_errors`).
+    pub sent: Option<Sent>,
+}
+
+impl<'a> OutgoingPacket<'a> {
+    /// A packet for `to` from source port hint `src_port`, not sent yet.
+    pub fn new(to: Endpoint, src_port: u16, bytes: &'a mut [u8]) -> OutgoingPacket<'a> {
+        OutgoingPacket {
+            to,
+            src_port,
+            bytes,
+            sent: None,
+        }
+    }
+}
+
 /// True if `len` bytes can be an IB transport packet: a BTH and an ICRC at least, and a
 /// whole number of 4-byte words (headers, payload + pad and ICRC all are, §1.6).
 pub(crate) fn plausible_packet_len(len: usize) -> bool {
@@ -406,6 +462,8 @@ pub(crate) fn plausible_packet_len(len: usize) -> bool {
 ///   not wait) and returns `Ok(None)` when the time is up. It drops and counts datagrams
 ///   that are malformed, do not fit `buf` or fail the ICRC check, and keeps waiting for a
 ///   good one within the same timeout.
+/// - `send_batch` sends its packets in order, each as `send` would; `recv_batch` returns
+///   packets in the order they arrived, each checked as `recv` checks it.
 pub trait Transport: Send + Sync {
     /// The endpoint this transport receives on and sends from.
     fn local(&self) -> Endpoint;
@@ -425,8 +483,60 @@ pub trait Transport: Send + Sync {
         Ok(sent)
     }
 
+    /// Sends every packet of `packets`, in order, as [`Transport::send`] sends one (the
+    /// ICRC filled for the headers chosen), and sets [`OutgoingPacket::sent`] of each one
+    /// handed to the path. Returns how many were. A packet that cannot be sent is logged
+    /// and skipped (a socket error is counted in `send_errors`); the others still go.
+    /// The default sends them one by one.
+    fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+        let mut sent = 0;
+        for packet in packets.iter_mut() {
+            match self.send(&packet.to, packet.src_port, packet.bytes) {
+                Ok(headers) => {
+                    packet.sent = Some(headers);
+                    sent += 1;
+                }
+                Err(error) => {
+                    packet.sent = None;
+                    tracing::debug!(%error, to = %packet.to.addr(), "send failed");
+                }
+            }
+        }
+        sent
+    }
+
     /// Receives the next good packet into the front of `buf`; see the trait contract.
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>>;
+
+    /// Receives up to `bufs.len()` good packets: waits as [`Transport::recv`] does (at
+    /// most `timeout`) for the first, then takes only what is already there. Clears
+    /// `received` and appends one [`Received`] per packet, in arrival order; packet `k` is
+    /// at the front of `bufs[k]` (an implementation may swap the slices of `bufs` to put
+    /// it there). Returns how many packets there are; `Ok(0)` when the time is up. An error
+    /// after some packets were taken returns those packets (the error comes back on a
+    /// later call, if it persists). The default calls [`Transport::recv`] per packet.
+    fn recv_batch(
+        &self,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        received.clear();
+        for (index, buf) in bufs.iter_mut().enumerate() {
+            let wait = if index == 0 {
+                timeout
+            } else {
+                Some(Duration::ZERO)
+            };
+            match self.recv(buf, wait) {
+                Ok(Some(packet)) => received.push(packet),
+                Ok(None) => break,
+                Err(error) if received.is_empty() => return Err(error),
+                Err(_) => break,
+            }
+        }
+        Ok(received.len())
+    }
 
     /// Waits up to `timeout` until a packet may be there to receive, without receiving it
     /// (so a caller can wait without holding the lock that orders its receives). May
@@ -470,12 +580,23 @@ macro_rules! forward_transport {
             fn send(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
                 (**self).send(to, src_port, ib_packet)
             }
+            fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+                (**self).send_batch(packets)
+            }
             fn recv(
                 &self,
                 buf: &mut [u8],
                 timeout: Option<Duration>,
             ) -> io::Result<Option<Received>> {
                 (**self).recv(buf, timeout)
+            }
+            fn recv_batch(
+                &self,
+                bufs: &mut [&mut [u8]],
+                received: &mut Vec<Received>,
+                timeout: Option<Duration>,
+            ) -> io::Result<usize> {
+                (**self).recv_batch(bufs, received, timeout)
             }
             fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
                 (**self).wait_readable(timeout)

@@ -64,20 +64,20 @@
 //! panics on network input.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use rustix::net::sockopt;
+use rustix::net::{sockopt, MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
 use socket2::{Domain, MaybeUninitSlice, MsgHdrMut, Protocol, SockAddr, Socket, Type};
 use softverbs_wire::icrc::{self, IpHeaderInfo};
 
 use crate::transport::{
-    bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Received, Sent,
-    Transport, TransportCounters, DEFAULT_PORT,
+    bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, OutgoingPacket,
+    Received, Sent, Transport, TransportCounters, DEFAULT_PORT,
 };
 
 /// The environment variable that sets the device address: `IP`, `IP:PORT` or
@@ -300,6 +300,9 @@ fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Res
         }
     }
     if receive {
+        // socket(7) SO_RXQ_OVFL: every datagram received carries the socket's count of
+        // datagrams dropped for lack of buffer space, so those drops are counted too.
+        set_int_option(&socket, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1)?;
         // A requester keeps up to `max_unacked_psns` packets (128 of up to 4 KiB) in flight
         // per QP: the default 208 KiB receive buffer overflows under one such burst and
         // every overflow costs a go-back-N retransmission. Ask for 8 MiB; the kernel caps
@@ -353,11 +356,15 @@ fn as_uninit(buf: &mut [u8]) -> &mut [MaybeUninit<u8>] {
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len()) }
 }
 
-/// TOS / TTL (IPv6: traffic class / hop limit) found in the ancillary data of `recvmsg`.
+/// TOS / TTL (IPv6: traffic class / hop limit) and the socket's drop count found in the
+/// ancillary data of `recvmsg`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Ancillary {
     traffic_class: Option<u8>,
     hop_limit: Option<u8>,
+    /// `SO_RXQ_OVFL` (socket(7)): datagrams the socket dropped since it was opened, sent
+    /// by Linux only once there is at least one.
+    socket_drops: Option<u32>,
 }
 
 /// Reads the control messages Linux delivers (`struct cmsghdr`: `size_t len; int level;
@@ -395,6 +402,12 @@ fn parse_ancillary(control: &[u8]) -> Ancillary {
             }
             (libc::IPPROTO_IP, libc::IP_TTL) | (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
                 found.hop_limit = int_at(data);
+            }
+            (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                found.socket_drops = data
+                    .get(..4)
+                    .and_then(|bytes| bytes.try_into().ok())
+                    .map(u32::from_ne_bytes);
             }
             _ => {}
         }
@@ -520,30 +533,129 @@ impl UdpTransport {
     }
 
     fn receive_one(&self, buf: &mut [u8]) -> io::Result<Result<Received, DropReason>> {
-        let mut control = [0u8; 128];
+        let mut control = Control::new();
         let mut from = SockAddr::from(SocketAddr::new(self.local.addr(), 0));
         let (len, truncated, control_len) = {
             let mut bufs = [MaybeUninitSlice::new(as_uninit(buf))];
             let mut msg = MsgHdrMut::new()
                 .with_addr(&mut from)
                 .with_buffers(&mut bufs)
-                .with_control(as_uninit(&mut control));
+                .with_control(as_uninit(&mut control.0));
+            bump(&self.counters.recv_calls);
             let len = self
                 .socket
                 .recvmsg(&mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC)?;
             (len, msg.flags().is_truncated(), msg.control_len())
         };
+        let control = control.0.get(..control_len).unwrap_or(&[]);
+        Ok(self.check_datagram(buf, len, truncated, from.as_socket(), control))
+    }
+
+    /// Takes up to [`MAX_BATCH`] datagrams off the socket with one `recvmmsg(2)`
+    /// (`MSG_DONTWAIT`), checks each as [`UdpTransport::receive_one`] does and appends the
+    /// good ones to `received`, packet `k` moved to `bufs[k]`. Returns how many datagrams
+    /// were taken, good or dropped; `WouldBlock` if there were none.
+    fn receive_many(
+        &self,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) -> io::Result<usize> {
+        let count = bufs.len().min(MAX_BATCH);
+        if count == 0 {
+            return Ok(0);
+        }
+        let mut controls = [Control::new(); MAX_BATCH];
+        // SAFETY: `sockaddr_storage` is plain old data, for which all zeroes is valid.
+        let mut addresses: [libc::sockaddr_storage; MAX_BATCH] = unsafe { std::mem::zeroed() };
+        let mut iovecs = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_BATCH];
+        // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
+        // zeroes is valid: null pointers with zero lengths.
+        let mut messages: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+        for index in 0..count {
+            let buf = &mut bufs[index];
+            iovecs[index] = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let header = &mut messages[index].msg_hdr;
+            header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_iov = &mut iovecs[index];
+            header.msg_iovlen = 1;
+            header.msg_control = controls[index].0.as_mut_ptr().cast();
+            header.msg_controllen = controls[index].0.len() as _;
+        }
+        bump(&self.counters.recv_calls);
+        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
+        // first `count` messages points at live memory of this frame or of `bufs` that
+        // nothing else touches during the call: its address storage, one iovec over its
+        // buffer (`bufs[index]`, exclusively borrowed), its control buffer, each with its
+        // true length, which the kernel writes within. No timeout: MSG_DONTWAIT.
+        let taken = unsafe {
+            libc::recvmmsg(
+                self.socket.as_raw_fd(),
+                messages.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
+        for index in 0..taken.min(count) {
+            let message = &messages[index];
+            // With MSG_TRUNC, `msg_len` is the datagram's real length (recv(2)).
+            let len = message.msg_len as usize;
+            let truncated = message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            let address_len = message.msg_hdr.msg_namelen;
+            // SAFETY: the kernel wrote a socket address of `address_len` bytes (at most
+            // the storage's size, which it was told) into this storage.
+            let from = unsafe { SockAddr::new(addresses[index], address_len) };
+            let control_len = message.msg_hdr.msg_controllen as usize;
+            let control = controls[index].0.get(..control_len).unwrap_or(&[]);
+            let slot = received.len();
+            match self.check_datagram(bufs[index], len, truncated, from.as_socket(), control) {
+                Ok(packet) => {
+                    bufs.swap(slot, index);
+                    received.push(packet);
+                }
+                Err(reason) => {
+                    tracing::trace!(?reason, "dropped a datagram");
+                    self.counters.count_drop(reason);
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Checks a datagram of `len` bytes (its real length) taken into `buf` from `from`,
+    /// with the ancillary data `control`: a packet to hand out, or why it is dropped.
+    fn check_datagram(
+        &self,
+        buf: &[u8],
+        len: usize,
+        truncated: bool,
+        from: Option<SocketAddr>,
+        control: &[u8],
+    ) -> Result<Received, DropReason> {
+        let ancillary = parse_ancillary(control);
+        if let Some(drops) = ancillary.socket_drops {
+            self.counters
+                .socket_drops
+                .fetch_max(u64::from(drops), std::sync::atomic::Ordering::Relaxed);
+        }
         if truncated || len > buf.len() {
-            return Ok(Err(DropReason::Truncated));
+            return Err(DropReason::Truncated);
         }
         if !plausible_packet_len(len) {
-            return Ok(Err(DropReason::Malformed));
+            return Err(DropReason::Malformed);
         }
-        let Some(from) = from.as_socket() else {
-            return Ok(Err(DropReason::Malformed));
+        let Some(from) = from else {
+            return Err(DropReason::Malformed);
         };
         let from = Endpoint::from(from);
-        let ancillary = parse_ancillary(control.get(..control_len).unwrap_or(&[]));
         let traffic_class = ancillary.traffic_class.unwrap_or(0);
         let hop_limit = ancillary.hop_limit.unwrap_or(self.config.hop_limit);
         let Ok((mut ip, mut udp)) = path_headers(
@@ -554,7 +666,7 @@ impl UdpTransport {
             hop_limit,
             len,
         ) else {
-            return Ok(Err(DropReason::Malformed));
+            return Err(DropReason::Malformed);
         };
         udp.dst_port = self.local.port();
         let packet = &buf[..len];
@@ -563,26 +675,129 @@ impl UdpTransport {
             (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::AnyId) => {
                 // ID 0 (softverbs peers) costs one verify; another ID two multiplications.
                 let Ok(sent) = icrc::verify_any_ipv4_id(&ip, &udp, packet) else {
-                    return Ok(Err(DropReason::BadIcrc));
+                    return Err(DropReason::BadIcrc);
                 };
                 ip = sent;
                 true
             }
             _ => {
                 if icrc::verify(&ip, &udp, packet).is_err() {
-                    return Ok(Err(DropReason::BadIcrc));
+                    return Err(DropReason::BadIcrc);
                 }
                 true
             }
         };
-        Ok(Ok(Received {
+        self.counters.count_received(len);
+        if !icrc_checked {
+            bump(&self.counters.icrc_unchecked);
+        }
+        Ok(Received {
             from,
             to: self.local,
             len,
             ip,
             udp,
             icrc_checked,
-        }))
+        })
+    }
+
+    /// Sends `packets` (all prepared for `socket`) with as few `sendmmsg(2)` calls as it
+    /// takes, in order; sets `sent` of each one the kernel took.
+    fn transmit_group(&self, socket: &Socket, packets: &mut [OutgoingPacket<'_>]) {
+        for chunk in packets.chunks_mut(MAX_SEND_BATCH) {
+            let addresses: Vec<SocketAddrAny> = chunk
+                .iter()
+                .map(|packet| SocketAddrAny::from(packet.to.socket_addr()))
+                .collect();
+            let iovecs: Vec<[IoSlice<'_>; 1]> = chunk
+                .iter()
+                .map(|packet| [IoSlice::new(packet.bytes)])
+                .collect();
+            let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = chunk
+                .iter()
+                .map(|_| SendAncillaryBuffer::default())
+                .collect();
+            let mut messages: Vec<MMsgHdr<'_>> = addresses
+                .iter()
+                .zip(&iovecs)
+                .zip(controls.iter_mut())
+                .map(|((address, iov), control)| MMsgHdr::new_with_addr(address, iov, control))
+                .collect();
+            let mut done = vec![false; chunk.len()];
+            let mut at = 0;
+            let mut retries = 0;
+            while at < messages.len() {
+                bump(&self.counters.send_calls);
+                match rustix::net::sendmmsg(socket, &mut messages[at..], SendFlags::empty()) {
+                    Ok(0) => {
+                        // Nothing taken and no error: count the head as failed so the loop
+                        // always moves on.
+                        bump(&self.counters.send_errors);
+                        at += 1;
+                    }
+                    Ok(taken) => {
+                        for (offset, message) in messages[at..at + taken].iter().enumerate() {
+                            let index = at + offset;
+                            if message.bytes_sent() == iovecs[index][0].len() {
+                                self.counters.count_sent(message.bytes_sent());
+                                done[index] = true;
+                            } else {
+                                bump(&self.counters.send_errors);
+                            }
+                        }
+                        at += taken;
+                    }
+                    Err(rustix::io::Errno::INTR) => {}
+                    // The send buffer is full for now (sendmmsg(2): the rest can be
+                    // retried from the first message not sent): a few more tries, then
+                    // the packet counts as failed, like a loss the peer recovers from.
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::NOBUFS)
+                        if retries < SEND_RETRIES =>
+                    {
+                        retries += 1;
+                        std::thread::yield_now();
+                    }
+                    Err(errno) => {
+                        bump(&self.counters.send_errors);
+                        tracing::debug!(
+                            error = %io::Error::from(errno),
+                            to = %chunk[at].to.addr(),
+                            "send failed"
+                        );
+                        at += 1;
+                    }
+                }
+            }
+            drop(messages);
+            drop(controls);
+            drop(iovecs);
+            for (packet, done) in chunk.iter_mut().zip(done) {
+                if !done {
+                    packet.sent = None;
+                }
+            }
+        }
+    }
+}
+
+/// The most datagrams one `recvmmsg(2)` takes.
+pub const MAX_BATCH: usize = 64;
+
+/// The most datagrams one `sendmmsg(2)` is given (`UIO_MAXIOV`, sendmmsg(2)).
+const MAX_SEND_BATCH: usize = 1024;
+
+/// How many times a batch send retries after `EAGAIN` / `ENOBUFS` before it counts the
+/// packet it is at as failed.
+const SEND_RETRIES: u32 = 8;
+
+/// A control-message buffer for one `recvmsg`, aligned for `struct cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct Control([u8; 128]);
+
+impl Control {
+    const fn new() -> Control {
+        Control([0; 128])
     }
 }
 
@@ -630,6 +845,7 @@ impl Transport for UdpTransport {
     fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
         let (flow_socket, _) = self.source_socket(sent.udp.src_port);
         let socket = flow_socket.as_deref().unwrap_or(&self.socket);
+        bump(&self.counters.send_calls);
         let result = socket.send_to(ib_packet, &SockAddr::from(to.socket_addr()));
         match result {
             Ok(n) if n == ib_packet.len() => {
@@ -654,13 +870,7 @@ impl Transport for UdpTransport {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             match self.receive_one(buf) {
-                Ok(Ok(received)) => {
-                    self.counters.count_received(received.len);
-                    if !received.icrc_checked {
-                        bump(&self.counters.icrc_unchecked);
-                    }
-                    return Ok(Some(received));
-                }
+                Ok(Ok(received)) => return Ok(Some(received)),
                 Ok(Err(reason)) => {
                     tracing::trace!(?reason, "dropped a datagram");
                     self.counters.count_drop(reason);
@@ -687,6 +897,102 @@ impl Transport for UdpTransport {
         }
     }
 
+    /// Prepares every packet, then hands each run of consecutive packets that leave from
+    /// the same socket (the same UDP source port, see [`SourcePorts`]) to one
+    /// `sendmmsg(2)`, in order.
+    fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+        let mut sockets: Vec<Option<Arc<Socket>>> = Vec::with_capacity(packets.len());
+        for packet in packets.iter_mut() {
+            let (socket, port) = self.source_socket(packet.src_port);
+            packet.sent = path_headers(
+                &self.local,
+                &packet.to,
+                port,
+                self.config.traffic_class,
+                self.config.hop_limit,
+                packet.bytes.len(),
+            )
+            .and_then(|(ip, udp)| {
+                let icrc =
+                    icrc::fill(&ip, &udp, packet.bytes).map_err(crate::transport::invalid_input)?;
+                Ok(Sent {
+                    from: self.local,
+                    ip,
+                    udp,
+                    icrc,
+                })
+            })
+            .inspect_err(|error| {
+                tracing::debug!(%error, to = %packet.to.addr(), "send failed");
+            })
+            .ok();
+            sockets.push(socket);
+        }
+        // Runs of packets for one socket; a packet that could not be prepared ends a run.
+        let same = |a: &Option<Arc<Socket>>, b: &Option<Arc<Socket>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        let mut start = 0;
+        while start < packets.len() {
+            if packets[start].sent.is_none() {
+                start += 1;
+                continue;
+            }
+            let mut end = start + 1;
+            while end < packets.len()
+                && packets[end].sent.is_some()
+                && same(&sockets[start], &sockets[end])
+            {
+                end += 1;
+            }
+            let socket = sockets[start].as_deref().unwrap_or(&self.socket);
+            self.transmit_group(socket, &mut packets[start..end]);
+            start = end;
+        }
+        packets
+            .iter()
+            .filter(|packet| packet.sent.is_some())
+            .count()
+    }
+
+    /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call,
+    /// waiting (without the call) up to `timeout` for the first.
+    fn recv_batch(
+        &self,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        received.clear();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            match self.receive_many(bufs, received) {
+                Ok(_) if !received.is_empty() => return Ok(received.len()),
+                // Every datagram taken was dropped: look again at once.
+                Ok(taken) if taken > 0 => continue,
+                Ok(_) => return Ok(0), // no buffers
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                // ICMP errors queued on the socket are not about this receive (as `recv`).
+                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(error) => return Err(error),
+            }
+            let remaining = match deadline {
+                None => None,
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(0);
+                    }
+                    Some(deadline - now)
+                }
+            };
+            wait_readable(&self.socket, remaining)?;
+        }
+    }
+
     fn counters(&self) -> TransportCounters {
         self.counters.snapshot()
     }
@@ -705,7 +1011,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ancillary_parser_reads_tos_and_ttl_and_survives_garbage() {
+    fn ancillary_parser_reads_tos_ttl_and_socket_drops_and_survives_garbage() {
         let mut control = Vec::new();
         let push = |control: &mut Vec<u8>, level: i32, kind: i32, data: &[u8]| {
             let header = std::mem::size_of::<libc::cmsghdr>();
@@ -724,11 +1030,19 @@ mod tests {
             libc::IP_TTL,
             &64i32.to_ne_bytes(),
         );
+        // socket(7) SO_RXQ_OVFL: a u32 count of datagrams the socket dropped.
+        push(
+            &mut control,
+            libc::SOL_SOCKET,
+            libc::SO_RXQ_OVFL,
+            &70_000u32.to_ne_bytes(),
+        );
         assert_eq!(
             parse_ancillary(&control),
             Ancillary {
                 traffic_class: Some(2),
-                hop_limit: Some(64)
+                hop_limit: Some(64),
+                socket_drops: Some(70_000),
             }
         );
         for len in 0..control.len() {

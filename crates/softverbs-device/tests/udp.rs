@@ -541,3 +541,104 @@ fn kernel_delivered_ipv4_packet_with_nonzero_ip_id_is_accepted() {
     assert_eq!(received_id(&received), 0x1F4B);
     assert_eq!(received.ip, ip);
 }
+
+/// A packet of `psn` with the ICRC a plain socket at `from` sending to `to` makes valid.
+fn plain_socket_packet(from: &Endpoint, to: &Endpoint, psn: u32) -> Vec<u8> {
+    let mut packet = send_only(psn, b"from a plain socket");
+    let mut udp = UdpHeaderInfo::rocev2(from.port(), packet.len()).unwrap();
+    udp.dst_port = to.port();
+    let ip = match (from.addr(), to.addr()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            IpHeaderInfo::linux_ipv4(src, dst, 0, 64, udp.length).unwrap()
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => IpHeaderInfo::ipv6(src, dst, 0, 0, 64, udp.length),
+        _ => unreachable!(),
+    };
+    icrc::fill(&ip, &udp, &mut packet).unwrap();
+    packet
+}
+
+// recvmmsg(2) takes several datagrams at once; each is checked as recvmsg's is (reference
+// §1.6, §1.7 step 5): a runt and a bad ICRC inside the batch are dropped and counted, the
+// good packets around them are handed out in order, packet k at the front of bufs[k].
+#[test]
+fn a_malformed_datagram_inside_a_received_batch_is_dropped_and_the_good_ones_around_it_delivered() {
+    let target = bind("127.0.0.6");
+    let plain = UdpSocket::bind("127.0.0.7:0").unwrap();
+    let from = Endpoint::from(plain.local_addr().unwrap());
+    let to = target.local();
+    let mut corrupted = plain_socket_packet(&from, &to, 3);
+    corrupted[20] ^= 0x01;
+    for datagram in [
+        plain_socket_packet(&from, &to, 1),
+        vec![1, 2, 3],
+        plain_socket_packet(&from, &to, 2),
+        corrupted,
+        plain_socket_packet(&from, &to, 4),
+    ] {
+        plain.send_to(&datagram, to.socket_addr()).unwrap();
+    }
+    let mut storage = vec![0u8; 8 * 1024];
+    let mut bufs: Vec<&mut [u8]> = storage.chunks_mut(1024).collect();
+    let mut received = Vec::new();
+    let count = target
+        .recv_batch(&mut bufs, &mut received, Some(PATIENCE))
+        .unwrap();
+    let psns: Vec<u32> = received
+        .iter()
+        .zip(&bufs)
+        .map(|(packet, buf)| {
+            assert_eq!(packet.from, from);
+            assert!(packet.icrc_checked);
+            let (repr, _) = PacketRepr::parse(&buf[..packet.len]).unwrap();
+            repr.bth.psn.value()
+        })
+        .collect();
+    assert_eq!((count, psns), (3, vec![1, 2, 4]));
+    let c = target.counters();
+    assert_eq!(
+        (c.received_packets, c.dropped_malformed, c.dropped_bad_icrc),
+        (3, 1, 1),
+        "{c}"
+    );
+    // All five were queued: one recvmmsg took them.
+    assert_eq!(c.recv_calls, 1, "{c}");
+}
+
+// socket(7) SO_RXQ_OVFL: datagrams the kernel drops because the socket's receive buffer
+// is full never reach the transport; the count the kernel attaches to the next datagram
+// received is kept as `socket_drops`.
+#[test]
+fn datagrams_the_kernel_drops_on_a_full_receive_buffer_are_counted_as_socket_drops() {
+    let target = bind("127.0.0.8");
+    let plain = UdpSocket::bind("127.0.0.9:0").unwrap();
+    let from = Endpoint::from(plain.local_addr().unwrap());
+    let to = target.local();
+    // Far more than the receive buffer holds (at most 8 MiB, see `UdpConfig`): 2000
+    // datagrams of 60000 bytes (too large for an IB packet; dropped as truncated when read).
+    let big = vec![0u8; 60_000];
+    let sent = 2000u64;
+    for _ in 0..sent {
+        plain.send_to(&big, to.socket_addr()).unwrap();
+    }
+    let drain = |target: &UdpTransport| {
+        let mut storage = vec![0u8; 16 * 1024];
+        let mut bufs: Vec<&mut [u8]> = storage.chunks_mut(1024).collect();
+        let mut received = Vec::new();
+        while target
+            .recv_batch(&mut bufs, &mut received, Some(Duration::from_millis(50)))
+            .unwrap()
+            > 0
+        {}
+    };
+    drain(&target);
+    // The datagrams queued before the first drop carry no count: one sent after it does.
+    plain
+        .send_to(&plain_socket_packet(&from, &to, 1), to.socket_addr())
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    recv_one(&target, &mut buf, "the packet after the drops");
+    let c = target.counters();
+    assert!(c.socket_drops > 0, "{c}");
+    assert!(c.socket_drops + c.dropped_truncated == sent, "{c}");
+}

@@ -117,6 +117,21 @@ impl Transport for Link {
         }
     }
 
+    fn recv_batch(
+        &self,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        match &self.udp {
+            Some(udp) => udp.recv_batch(bufs, received, timeout),
+            None => {
+                received.clear();
+                Ok(0)
+            }
+        }
+    }
+
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
         match &self.udp {
             Some(udp) => udp.wait_readable(timeout),

@@ -8,6 +8,12 @@
 //! produced them (the send lock is taken before the state lock is released), and are
 //! handled in the order they arrived (the receive lock is held from taking a packet off
 //! the transport until the engine has handled it).
+//!
+//! Packets move in batches: a run's packets for the transport go to
+//! [`Transport::send_batch`] together (one `sendmmsg(2)` on UDP), and what
+//! [`Transport::recv_batch`] takes off the transport is handled in one run, so the
+//! engine's acknowledgements of a burst coalesce into one (IBTA vol. 1 §9.7.5.1.1: a
+//! responder may acknowledge several packets with one ACK) before any is sent.
 
 use super::completions::push_completion;
 use super::grh::grh_bytes;
@@ -16,7 +22,8 @@ use super::registry::registry;
 use super::{lock, DeviceInner, State};
 use crate::pcap::{Capture, Direction};
 use crate::transport::{
-    invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, Sent, Transport,
+    invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, OutgoingPacket, Received,
+    Sent, Transport,
 };
 use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
@@ -42,11 +49,54 @@ const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
 /// packets back (as `FaultTransport::wait_readable` bounds a UDP device's wait).
 const HELD_PACKETS_TICK: Duration = Duration::from_millis(1);
 
-/// A packet produced by a run, to send once the state lock is released.
+/// Slots of a receive batch ([`Transport::recv_batch`]): packets handled in one run.
+const RECEIVE_SLOTS: usize = 32;
+
+/// Batches one round of progress takes off the transport at most.
+const RECEIVE_ROUNDS: usize = 2;
+
+/// The size of a receive slot: an IB transport packet at the largest path MTU (4096,
+/// IBTA vol. 1 §9.6.1.1) with every header, twice over. A larger datagram cannot be an IB
+/// packet and is dropped as truncated.
+const RECEIVE_SLOT_LEN: usize = 8 * 1024;
+
+/// The packets a run produced, to send once the state lock is released: their bytes one
+/// after another in `bytes` (reused from run to run, so no allocation per packet).
+#[derive(Default)]
 struct Outgoing {
+    packets: Vec<OutgoingSlot>,
+    bytes: Vec<u8>,
+}
+
+/// One packet of [`Outgoing`]: the next `len` bytes.
+struct OutgoingSlot {
     to: Endpoint,
     src_port: u16,
-    bytes: Vec<u8>,
+    len: usize,
+}
+
+impl Outgoing {
+    fn clear(&mut self) {
+        self.packets.clear();
+        self.bytes.clear();
+    }
+
+    /// The packets, each with its bytes.
+    fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8])> {
+        let mut rest: &mut [u8] = &mut self.bytes;
+        self.packets.iter().map(move |slot| {
+            let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(slot.len);
+            rest = tail;
+            (slot, bytes)
+        })
+    }
+}
+
+/// Buffers a thread receives into, reused from batch to batch.
+struct ReceiveBuffers {
+    /// [`RECEIVE_SLOTS`] slots of [`RECEIVE_SLOT_LEN`] bytes.
+    slots: Vec<u8>,
+    received: Vec<Received>,
 }
 
 /// A packet for a device of this process.
@@ -71,6 +121,13 @@ thread_local! {
     /// whether a run on this thread is already draining the queue.
     static LOCAL_DELIVERY: RefCell<(bool, LocalQueue)> =
         const { RefCell::new((false, VecDeque::new())) };
+
+    /// The packets of a run, kept for the next run on this thread (a run nested in
+    /// another, through local delivery, finds it taken and starts an empty one).
+    static OUTGOING: RefCell<Outgoing> = RefCell::new(Outgoing::default());
+
+    /// This thread's receive buffers (taken while in use, as `OUTGOING`).
+    static RECEIVE_BUFFERS: RefCell<Option<ReceiveBuffers>> = const { RefCell::new(None) };
 }
 
 /// The progress thread of a device: rounds of progress until the device is dropped.
@@ -89,7 +146,8 @@ impl DeviceInner {
     /// events to the async queue, packets (after the lock is released) to their peers.
     pub(super) fn run<R>(self: &Arc<Self>, f: impl FnOnce(&mut State) -> R) -> R {
         let now = DeviceClock::now();
-        let mut outgoing = Vec::new();
+        let mut outgoing = OUTGOING.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        outgoing.clear();
         let (result, sending) = {
             // The device's span (module doc of `device`): not over the delivery below,
             // which runs other devices' engines.
@@ -100,17 +158,18 @@ impl DeviceInner {
             // Packets leave in the order the engine produced them, whichever thread ran
             // it: the send lock is taken before the state lock is released (a reordered
             // pair of packets costs the peer a NAK and a go-back-N).
-            let sending = (!outgoing.is_empty()).then(|| lock(&self.tx));
+            let sending = (!outgoing.packets.is_empty()).then(|| lock(&self.tx));
             (result, sending)
         };
         if let Some(guard) = sending {
-            self.send_all(outgoing, guard);
+            self.send_all(&mut outgoing, guard);
         }
+        OUTGOING.with(|cell| *cell.borrow_mut() = outgoing);
         result
     }
 
     /// Collects transmits, completions and events from the engine.
-    fn drain(&self, st: &mut State, now: u64, outgoing: &mut Vec<Outgoing>) {
+    fn drain(&self, st: &mut State, now: u64, outgoing: &mut Outgoing) {
         let State {
             engine,
             memory,
@@ -128,11 +187,12 @@ impl DeviceInner {
                 // The peer's address as the path check reads it (a link-local GID is the
                 // address it was made from).
                 let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
-                outgoing.push(Outgoing {
+                outgoing.packets.push(OutgoingSlot {
                     to,
                     src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
-                    bytes: scratch[..tx.len].to_vec(),
+                    len: tx.len,
                 });
+                outgoing.bytes.extend_from_slice(&scratch[..tx.len]);
                 sent += 1;
             }
             if ran == 0 && sent == 0 {
@@ -191,38 +251,39 @@ impl DeviceInner {
             .map_or(crate::transport::DEFAULT_PORT, |t| t.local().port())
     }
 
-    /// Sends packets: to devices of this process directly, to others over the transport;
-    /// with a capture or faults, all of them through the device's stack (`link.rs`).
-    fn send_all(self: &Arc<Self>, outgoing: Vec<Outgoing>, sending: MutexGuard<'_, ()>) {
+    /// Sends packets: to devices of this process directly, to others over the transport
+    /// in one batch ([`Transport::send_batch`], in order); with a capture or faults, all
+    /// of them through the device's stack (`link.rs`).
+    fn send_all(self: &Arc<Self>, outgoing: &mut Outgoing, sending: MutexGuard<'_, ()>) {
         if let Some(tap) = &self.tap {
             send_through(&*tap.stack, outgoing, sending);
             return;
         }
         let mut local = Vec::new();
+        let mut batch = Vec::with_capacity(outgoing.packets.len());
         {
-            let reg = lock(registry());
             let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
-            for mut out in outgoing {
-                let peer = if shortcut {
-                    reg.get(&out.to.addr()).and_then(Weak::upgrade)
-                } else {
-                    None
-                };
+            let reg = shortcut.then(|| lock(registry()));
+            for (slot, bytes) in outgoing.split() {
+                let peer = reg
+                    .as_ref()
+                    .and_then(|reg| reg.get(&slot.to.addr()).and_then(Weak::upgrade));
                 match peer {
-                    Some(peer) => local.push((peer, out.src_port, out.bytes)),
-                    None => match &self.transport {
-                        Some(t) => {
-                            if let Err(e) = t.send(&out.to, out.src_port, &mut out.bytes) {
-                                tracing::debug!(error = %e, to = %out.to.addr(), "send failed");
-                            }
-                        }
-                        None => {
-                            tracing::debug!(to = %out.to.addr(), "no route for in-process device");
-                        }
-                    },
+                    Some(peer) => local.push((peer, slot.src_port, bytes.to_vec())),
+                    None if self.transport.is_some() => {
+                        batch.push(OutgoingPacket::new(slot.to, slot.src_port, bytes));
+                    }
+                    None => {
+                        tracing::debug!(to = %slot.to.addr(), "no route for in-process device");
+                    }
                 }
             }
         }
+        if let (Some(transport), false) = (&self.transport, batch.is_empty()) {
+            // Still under the send lock: the batch leaves in the order of the run.
+            transport.send_batch(&mut batch);
+        }
+        drop(batch);
         let from = self.address;
         let drain_here = LOCAL_DELIVERY.with(|cell| {
             let mut q = cell.borrow_mut();
@@ -313,6 +374,53 @@ impl DeviceInner {
         });
     }
 
+    /// Takes the packets already queued on the transport off it, a batch at a time, and
+    /// handles each batch in one run (so its acknowledgements coalesce and leave together).
+    /// The caller holds the receive lock. Returns how many packets it handled.
+    fn receive_queued(self: &Arc<Self>, transport: &dyn Transport) -> usize {
+        let mut buffers = RECEIVE_BUFFERS
+            .with(|cell| cell.borrow_mut().take())
+            .unwrap_or_else(|| ReceiveBuffers {
+                slots: vec![0u8; RECEIVE_SLOTS * RECEIVE_SLOT_LEN],
+                received: Vec::with_capacity(RECEIVE_SLOTS),
+            });
+        let ReceiveBuffers { slots, received } = &mut buffers;
+        let mut handled = 0;
+        for _ in 0..RECEIVE_ROUNDS {
+            let mut bufs: [&mut [u8]; RECEIVE_SLOTS] = {
+                let mut chunks = slots.chunks_exact_mut(RECEIVE_SLOT_LEN);
+                std::array::from_fn(|_| chunks.next().unwrap_or_default())
+            };
+            let count = match transport.recv_batch(&mut bufs, received, Some(Duration::ZERO)) {
+                Ok(count) => count,
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed");
+                    break;
+                }
+            };
+            if count == 0 {
+                break;
+            }
+            handled += count;
+            let now = DeviceClock::now();
+            self.run(|st| {
+                let State { engine, memory, .. } = st;
+                for (packet, buf) in received.iter().zip(bufs.iter()) {
+                    let Some(bytes) = buf.get(..packet.len) else {
+                        continue;
+                    };
+                    let grh = grh_bytes(packet.from.addr(), self.address, bytes.len());
+                    engine.handle_packet(now, bytes, Some(&grh), memory);
+                }
+            });
+            if count < RECEIVE_SLOTS {
+                break;
+            }
+        }
+        RECEIVE_BUFFERS.with(|cell| *cell.borrow_mut() = Some(buffers));
+        handled
+    }
+
     /// One round of progress: receive (waiting up to `wait`, or until the next deadline
     /// when `None`), handle, and run due timers.
     /// Returns how many packets it received.
@@ -357,28 +465,7 @@ impl DeviceInner {
                     got
                 };
                 if let Some(_receiving) = receiving {
-                    thread_local! {
-                        static RECV_BUF: RefCell<Vec<u8>> = RefCell::new(vec![0u8; 16 * 1024]);
-                    }
-                    let mut buf = RECV_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
-                    if buf.len() < 16 * 1024 {
-                        buf = vec![0u8; 16 * 1024];
-                    }
-                    // Handle everything already queued, without waiting.
-                    for _ in 0..64 {
-                        match transport.recv(&mut buf, Some(Duration::ZERO)) {
-                            Ok(Some(rx)) => {
-                                received += 1;
-                                self.receive(&buf[..rx.len], rx.from.addr());
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                tracing::warn!(error = %e, "receive failed");
-                                break;
-                            }
-                        }
-                    }
-                    RECV_BUF.with(|b| *b.borrow_mut() = buf);
+                    received += self.receive_queued(&**transport);
                 }
                 if self.tap.is_some() {
                     // Receiving released packets the fault layer held back: those for
@@ -455,12 +542,13 @@ impl DeviceInner {
 /// it hands to devices of this process; then delivers those (other devices' engines run:
 /// never while holding the send lock).
 #[inline(never)]
-fn send_through(stack: &dyn Transport, outgoing: Vec<Outgoing>, sending: MutexGuard<'_, ()>) {
-    for mut out in outgoing {
-        if let Err(e) = stack.send(&out.to, out.src_port, &mut out.bytes) {
-            tracing::debug!(error = %e, to = %out.to.addr(), "send failed");
-        }
-    }
+fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGuard<'_, ()>) {
+    let mut batch: Vec<OutgoingPacket<'_>> = outgoing
+        .split()
+        .map(|(slot, bytes)| OutgoingPacket::new(slot.to, slot.src_port, bytes))
+        .collect();
+    stack.send_batch(&mut batch);
+    drop(batch);
     drop(sending);
     deliver_local();
 }

@@ -109,8 +109,9 @@ pub struct DeviceStats {
     /// The queue-pair engine: packets, retransmissions, timeouts, ACKs, NAKs, RNR NAKs,
     /// duplicates, drops by reason.
     pub engine: Counters,
-    /// The transport (`None` in-process): datagrams sent and received, and dropped by
-    /// reason (bad ICRC, malformed, truncated, undeliverable).
+    /// The transport (`None` in-process): datagrams sent and received, the system calls
+    /// that carried them, and drops by reason (bad ICRC, malformed, truncated,
+    /// undeliverable, and the socket's own overflow).
     pub transport: Option<TransportCounters>,
     /// Fault injection (`None` without `SOFTVERBS_FAULTS`): the packets it saw and what it
     /// did to them, by kind.
@@ -133,19 +134,22 @@ impl fmt::Display for DeviceStats {
         if let Some(t) = &self.transport {
             write!(
                 f,
-                "; transport: sent_packets={} sent_bytes={} send_errors={} \
-                 received_packets={} received_bytes={} dropped_bad_icrc={} \
+                "; transport: sent_packets={} sent_bytes={} send_errors={} send_calls={} \
+                 received_packets={} received_bytes={} recv_calls={} dropped_bad_icrc={} \
                  dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
-                 icrc_unchecked={}",
+                 socket_drops={} icrc_unchecked={}",
                 t.sent_packets,
                 t.sent_bytes,
                 t.send_errors,
+                t.send_calls,
                 t.received_packets,
                 t.received_bytes,
+                t.recv_calls,
                 t.dropped_bad_icrc,
                 t.dropped_malformed,
                 t.dropped_truncated,
                 t.dropped_undeliverable,
+                t.socket_drops,
                 t.icrc_unchecked
             )?;
         }
