@@ -77,6 +77,8 @@ struct Pair {
     client: u8,
     /// TCP port of the program's address exchange.
     tcp_port: u16,
+    /// Whether both sides print their device's `SOFTVERBS_STATS` line on stderr.
+    stats: bool,
 }
 
 /// One process's end: its command line, environment, status and output.
@@ -176,10 +178,12 @@ fn spawn(
     path: &Path,
     args: &[String],
     octet: u8,
+    stats: bool,
 ) -> Result<Running, Side> {
     let addr = device_addr(octet);
+    let stats_env = if stats { "SOFTVERBS_STATS=stderr " } else { "" };
     let command = format!(
-        "SOFTVERBS_ADDR={addr} LD_LIBRARY_PATH={} LD_BIND_NOW=1 {STDBUF} -oL -eL {} {}",
+        "SOFTVERBS_ADDR={addr} {stats_env}LD_LIBRARY_PATH={} LD_BIND_NOW=1 {STDBUF} -oL -eL {} {}",
         lib.display(),
         path.display(),
         args.join(" ")
@@ -194,7 +198,11 @@ fn spawn(
     };
     // stdbuf (which execs the program, keeping the pid) makes its stdout line-buffered,
     // so a process killed after the timeout still shows what it printed.
-    match Command::new(STDBUF)
+    let mut command = Command::new(STDBUF);
+    if stats {
+        command.env("SOFTVERBS_STATS", "stderr");
+    }
+    match command
         .args(["-oL", "-eL"])
         .arg(path)
         .args(args)
@@ -264,7 +272,14 @@ impl Pair {
             server,
             client,
             tcp_port,
+            stats: false,
         }
+    }
+
+    /// Both sides print their device's statistics line (`SOFTVERBS_STATS=stderr`).
+    fn with_stats(mut self) -> Pair {
+        self.stats = true;
+        self
     }
 
     /// The client gets `args` instead of the server's.
@@ -309,7 +324,7 @@ impl Pair {
         };
 
         let start = Instant::now();
-        let mut server = match spawn("server", &lib, &path, &server_args, self.server) {
+        let mut server = match spawn("server", &lib, &path, &server_args, self.server, self.stats) {
             Ok(server) => server,
             Err(side) => {
                 return Outcome {
@@ -342,7 +357,7 @@ impl Pair {
             std::thread::sleep(TICK);
         }
 
-        let mut client = match spawn("client", &lib, &path, &client_args, self.client) {
+        let mut client = match spawn("client", &lib, &path, &client_args, self.client, self.stats) {
             Ok(client) => client,
             Err(side) => {
                 return Outcome {
@@ -555,9 +570,18 @@ fn assert_perftest(
             .collect();
         let expect =
             |octet: u8| format!("GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:{octet}");
+        // One local and one remote address line per QP (`-q`), locals first.
+        let qps = pair
+            .args
+            .iter()
+            .position(|a| a == "-q")
+            .and_then(|i| pair.args.get(i + 1)?.parse().ok())
+            .unwrap_or(1usize);
         assert!(
-            gids.len() == 2 && gids[0] == expect(own) && gids[1] == expect(peer),
-            "{}: the {} shows GIDs {gids:?}, expected local {} and remote {}:\n{}",
+            gids.len() == 2 * qps
+                && gids[..qps].iter().all(|g| *g == expect(own))
+                && gids[qps..].iter().all(|g| *g == expect(peer)),
+            "{}: the {} shows GIDs {gids:?}, expected {qps} local {} and {qps} remote {}:\n{}",
             pair.program,
             side.role,
             expect(own),
@@ -840,6 +864,73 @@ fn ib_write_lat_reports_rdma_write_latency() {
 fn ib_write_bw_reports_rdma_write_bandwidth() {
     let (out, pair) = perftest("ib_write_bw", &["-n", "200", "-s", "4096"], 139, 140, 18635);
     assert_perftest(&out, &pair, Table::Bandwidth, 4096, 200, true);
+}
+
+/// A counter of the engine's part of a `SOFTVERBS_STATS` line (`engine: name=N …`) a
+/// side printed on stderr.
+fn engine_counter(out: &Outcome, side: &Side, name: &str) -> u64 {
+    let line = side
+        .stderr
+        .lines()
+        .rfind(|l| l.starts_with("softverbs stats:"))
+        .unwrap_or_else(|| panic!("the {} printed no statistics:\n{}", side.role, out.report()));
+    let engine = line
+        .split("; ")
+        .find_map(|part| part.split_once("engine: ").map(|(_, e)| e))
+        .unwrap_or_else(|| panic!("no engine counters in {line:?}"));
+    engine
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or_else(|| panic!("no counter {name} in {line:?}"))
+}
+
+/// Many RC QPs to one peer on a loopback path that loses nothing but what overflows a
+/// socket: perftest completes with no error completion (IBTA 9.7.5.1.3 — a QP reaches
+/// `RETRY_EXC_ERR` only when the retry budget runs out, which a lossless path must never
+/// cause), and the client's retransmissions stay below 1 % of the packets it sent (what
+/// it has in flight is bounded by what the peer absorbs).
+fn assert_many_qps_complete_without_collapse(program: &'static str, server: u8, port: u16) {
+    let pair = Pair::new(
+        program,
+        PERFTEST,
+        &[
+            "-d",
+            "softverbs0",
+            "-F",
+            "-q",
+            "512",
+            "-s",
+            "4096",
+            "-n",
+            "200",
+        ],
+        server,
+        server + 1,
+        port,
+    )
+    .with_stats();
+    let out = pair.run();
+    // The table counts the iterations of all QPs.
+    assert_perftest(&out, &pair, Table::Bandwidth, 4096, 200 * 512, true);
+    let sent = engine_counter(&out, &out.client, "packets_sent");
+    let again = engine_counter(&out, &out.client, "retransmitted_packets");
+    assert!(
+        sent > 0 && again * 100 < sent,
+        "{program} -q 512: the client retransmitted {again} of {sent} packets (limit 1 %):\n{}",
+        out.report()
+    );
+}
+
+/// `ib_write_bw -q 512`: 512 RC QPs writing 4 KiB messages to one peer at once.
+#[test]
+fn ib_write_bw_on_512_qps_completes_with_under_1_percent_retransmitted() {
+    assert_many_qps_complete_without_collapse("ib_write_bw", 157, 18643);
+}
+
+/// `ib_send_bw -q 512`: 512 RC QPs sending 4 KiB messages to one peer at once.
+#[test]
+fn ib_send_bw_on_512_qps_completes_with_under_1_percent_retransmitted() {
+    assert_many_qps_complete_without_collapse("ib_send_bw", 159, 18644);
 }
 
 /// `ib_read_lat(1)`: RDMA READ latency (outstanding reads from `max_qp_rd_atom`); only
