@@ -14,6 +14,9 @@
 #   4. ib_send_lat -s 8 -R: the same program connected through the RDMA CM (the drop-in
 #      librdmacm.so.1), against row 1: connection set-up aside, the data path must be
 #      the same                                                     target <= 1.1x
+#   5. ib_write_bw -s 4096 with 512 and 2048 QPs at once, against the same program with
+#      8 QPs and as many messages in all: load without collapse     target >= 0.8x
+#      (the retransmitted packets of each run are printed beside the table)
 #
 # Usage: scripts/bench-dropin.sh [--json] [--reps N]
 #   --json    print the results as one JSON document on stdout (progress goes to stderr)
@@ -181,6 +184,15 @@ dropin_bw() { # SIZE
     record "dropin_bw_$1" "$(perftest_col "$WORK/dropin_bw.out" 'BW average[MB/sec]' "$MIB_TO_GBIT")" || return 1
     note "dropin_bw_retrans_$1" "$(dropin_retrans dropin_bw)"
 }
+# The same 4 KiB writes spread over QPS queue pairs at once, as many messages in all
+# (perftest's -n counts per QP): what the device has in flight must stay within what the
+# peer absorbs whatever the number of QPs.
+LOAD_MESSAGES=163840
+dropin_load() { # QPS
+    dropin_pair "dropin_load_$1" ib_write_bw -s 4096 -q "$1" -n "$((LOAD_MESSAGES / $1))" -F || return 1
+    record "dropin_load_$1" "$(perftest_col "$WORK/dropin_load_$1.out" 'BW average[MB/sec]' "$MIB_TO_GBIT")" || return 1
+    note "dropin_load_retrans_$1" "$(dropin_retrans "dropin_load_$1")"
+}
 
 # ---------------------------------------------------------------------------- run
 bench_start
@@ -207,6 +219,8 @@ for rep in $(seq "$REPS"); do
     try "drop-in ib_send_lat -e" dropin_lat_ev
     log "  4. 8-byte send latency connected through the RDMA CM (-R)"
     try "drop-in ib_send_lat -R" dropin_lat_cm
+    log "  5. 4 KiB write bandwidth on 8, 512 and 2048 QPs at once"
+    for q in 8 512 2048; do try "drop-in ib_write_bw -q $q" dropin_load "$q"; done
 done
 bench_done
 
@@ -227,11 +241,14 @@ for s in SIZES:
     row(f"2. write bw {size_name(s)} vs UDP stream", f"dropin_bw_{s}", "udp_stream_best", "Gbit/s", False, None, UDP_STREAM)
 row("3. send 8 B RTT median, -e vs polling", "dropin_lat_ev_rtt_med", "dropin_lat_rtt_med", "us", True, None, "ib_send_lat busy-polling (drop-in, row 1)")
 row("4. send 8 B RTT median, -R vs TCP set-up", "dropin_lat_cm_rtt_med", "dropin_lat_rtt_med", "us", True, ("ratio<=", 1.1), "ib_send_lat set up over TCP (drop-in, row 1)")
+for q in (512, 2048):
+    row(f"5. write bw 4 KiB, {q} QPs vs 8 QPs", f"dropin_load_{q}", "dropin_load_8", "Gbit/s", False, ("ratio>=", 0.8), "ib_write_bw -q 8, as many 4 KiB messages")
 
 def ratio(a, b):
     return med[a] / med[b] if a in med and med.get(b) else None
 retrans = {side: {str(s): samples.get(f"{key}_{s}", []) for s in SIZES}
            for side, key in [("drop_in", "dropin_bw_retrans"), ("safe_api", "sv_xp_bw_retrans")]}
+retrans["drop_in_load"] = {f"{q}_qps": samples.get(f"dropin_load_retrans_{q}", []) for q in (8, 512, 2048)}
 safe_vs_floor = {"send_8_rtt_median": ratio("sv_xp_lat_rtt_med", "udp_pp_rtt_med")}
 safe_vs_floor.update({f"write_bw_{s}": ratio(f"sv_xp_bw_{s}", "udp_stream_best") for s in SIZES})
 

@@ -528,11 +528,9 @@ impl DeviceInner {
             if st.engine.poll_timeout().is_some_and(|d| d <= now) {
                 st.engine.handle_timeout(now);
             }
-            for route in st.routes.values() {
-                route.send.moderation_timer(now);
-                if route.recv.cq_id() != route.send.cq_id() {
-                    route.recv.moderation_timer(now);
-                }
+            // Each CQ once, however many QPs complete into it.
+            for cq in st.cqs.values() {
+                cq.moderation_timer(now);
             }
         });
     }
@@ -601,11 +599,10 @@ fn drain_local() {
 /// The earliest deadline of the engine's timers and of the CQs' moderation periods.
 fn next_deadline(st: &State) -> u64 {
     let mut deadline = st.engine.poll_timeout().unwrap_or(u64::MAX);
-    for route in st.routes.values() {
-        for cq in [&route.send, &route.recv] {
-            if let Some(d) = cq.moderation_deadline() {
-                deadline = deadline.min(d);
-            }
+    // Each CQ once: a run costs the number of CQs here, not the number of QPs.
+    for cq in st.cqs.values() {
+        if let Some(d) = cq.moderation_deadline() {
+            deadline = deadline.min(d);
         }
     }
     deadline
