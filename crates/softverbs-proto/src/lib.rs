@@ -24,6 +24,7 @@
 //! | `responder` | request checks and execution, duplicates, RNR, UC and UD receive |
 //! | `codec` | the only user of `softverbs-wire`: packets to and from bytes |
 //! | `gsi` | QP1, the General Services Interface: management datagrams in and out, bounded ([`GsiMad`]) |
+//! | `window` | the per-peer congestion window over the RC requesters ([`PeerWindow`]) |
 //! | `gid` | GIDs as addresses: the address a GID names, the link-local GID of a port |
 //! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
 //!
@@ -89,6 +90,7 @@ mod requester;
 mod responder;
 mod srq;
 mod types;
+mod window;
 mod wr;
 
 pub use engine::Engine;
@@ -106,6 +108,7 @@ pub use types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
     QpType, SrqId,
 };
+pub use window::PeerWindow;
 pub use wr::{
     FlushPlacement, FlushSelectivity, Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
 };

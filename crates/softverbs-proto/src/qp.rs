@@ -164,6 +164,11 @@ pub(crate) struct Qp {
     pub rnr_deadline: Option<u64>,
     /// A NAK-triggered retry already restarted from this PSN.
     pub nak_retry_from: Option<u32>,
+    /// A loss signal (a go-back-N) the peer's congestion window has not yet seen
+    /// (`window.rs`).
+    pub window_loss: bool,
+    /// The peer's congestion window held this QP's next request (counted once per stall).
+    pub window_held: bool,
 
     // Responder.
     pub epsn: u32,
@@ -314,6 +319,8 @@ impl Qp {
             retrans_deadline: None,
             rnr_deadline: None,
             nak_retry_from: None,
+            window_loss: false,
+            window_held: false,
             epsn: 0,
             msn: 0,
             nak_sent: false,

@@ -116,17 +116,23 @@ pub(crate) fn packets_for(op: &SendOp, len: u64, mtu: u32) -> u32 {
 
 impl Qp {
     /// Next outgoing packet of this QP: responder packets first, then requests.
+    ///
+    /// `room` is how many PSNs this QP may have unacknowledged before its peer's congestion
+    /// window is full (`window.rs`; `None`: not governed). It holds requests only, never
+    /// the responder's packets, and never the first request of a QP with nothing in
+    /// flight.
     pub(crate) fn poll_transmit(
         &mut self,
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
+        room: Option<u32>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
         if let Some(t) = self.responder_transmit(buf, mem, ctx) {
             return Some(t);
         }
-        self.requester_transmit(now, buf, mem, ctx)
+        self.requester_transmit(now, buf, mem, room, ctx)
     }
 
     fn responder_transmit(
@@ -294,6 +300,7 @@ impl Qp {
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
+        room: Option<u32>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
         loop {
@@ -349,6 +356,13 @@ impl Qp {
             if qp_type == QpType::Rc {
                 let inflight = psn::diff(self.req_psn, self.comp_psn);
                 if inflight > 0 && inflight as u32 + consume > ctx.config.max_unacked_psns {
+                    return None;
+                }
+                if inflight > 0 && room.is_some_and(|room| inflight as u32 + consume > room) {
+                    if !self.window_held {
+                        self.window_held = true;
+                        ctx.counters.window_limited += 1;
+                    }
                     return None;
                 }
             }
@@ -571,6 +585,7 @@ impl Qp {
             }
 
             // Commit.
+            self.window_held = false;
             let sent_psn = self.req_psn;
             let w = &mut self.sq[index];
             if first {
