@@ -169,6 +169,9 @@ pub(crate) struct Qp {
     pub window_loss: bool,
     /// The peer's congestion window held this QP's next request (counted once per stall).
     pub window_held: bool,
+    /// One past the last PSN sent that the responder answers for certain: a packet with
+    /// AckReq, or a read or atomic (and ATOMIC WRITE, FLUSH), which get responses.
+    pub answer_end: u32,
 
     // Responder.
     pub epsn: u32,
@@ -321,6 +324,7 @@ impl Qp {
             nak_retry_from: None,
             window_loss: false,
             window_held: false,
+            answer_end: 0,
             epsn: 0,
             msn: 0,
             nak_sent: false,
@@ -421,6 +425,7 @@ impl Qp {
             self.req_psn = attr.sq_psn;
             self.comp_psn = attr.sq_psn;
             self.sent_high = attr.sq_psn;
+            self.answer_end = attr.sq_psn;
         }
         if m(AttrMask::MAX_DEST_RD_ATOMIC) {
             self.attr.max_dest_rd_atomic = attr.max_dest_rd_atomic;

@@ -12,11 +12,14 @@
 //!   `req_psn − comp_psn` (a READ counts one per response packet, as it consumes PSNs).
 //!   Responses (ACKs, NAKs, read responses, atomic ACKs) are never held: the responder
 //!   sends them before any request of its QP and they are not charged.
-//! - **The rule.** A request packet consuming `n` PSNs may leave a QP that has something
-//!   in flight only if the peer's charges plus `n` stay within `cwnd`; a QP with nothing in
-//!   flight may always send one request (so a QP never starves and the engine always
-//!   progresses, whatever the window). The peer's sum therefore stays within `cwnd` plus
-//!   one packet (one READ) per member.
+//! - **The rule.** A request packet consuming `n` PSNs may leave a QP only if the peer's
+//!   charges plus `n` stay within `cwnd` — or if none of the QP's packets in flight will be
+//!   answered (nothing in flight, or only packets without AckReq): then it may send one
+//!   more, with AckReq set (the requester's `Qp::answer_end`). So a QP never starves and
+//!   never waits for a local ACK timeout to hear of packets the window stranded (a
+//!   WRITE FIRST without AckReq, behind a window other QPs filled), and the engine always
+//!   progresses, whatever the window. Each QP has at most one such packet (one READ)
+//!   unanswered, so the peer's sum stays within `cwnd` plus one packet per member.
 //! - **Growth** (RFC 5681 §3.1, counted in packets instead of bytes): every PSN newly
 //!   acknowledged (`comp_psn` moving forward) adds one to `cwnd` while `cwnd < ssthresh`
 //!   (slow start), and one per `cwnd` acknowledged PSNs above it (congestion avoidance),
