@@ -43,6 +43,12 @@
 //! - Out-of-order read responses trigger an immediate re-read from the first missing
 //!   response (rxe waits for the timeout, reference §5.8 item 8).
 //! - Retransmitted request packets carry AckReq, so recovery hears of progress per packet.
+//! - The RC requesters towards one peer (destination GID) share a congestion window
+//!   (`window.rs`, TCP's AIMD of RFC 5681 counted in packets): IBTA leaves the rate of
+//!   requests to the requester, and without a bound over all QPs hundreds of QPs overflow
+//!   the peer's socket buffer. A request sent beyond the window (one per QP with no
+//!   answer coming) carries AckReq. The wire is unchanged otherwise: same packets, sent
+//!   later.
 //! - A UC responder drops packets whose PSN is before the expected one (duplicates and
 //!   late reordered packets) instead of resynchronising on them, so UC never delivers
 //!   twice or out of order.
