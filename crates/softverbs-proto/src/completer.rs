@@ -129,6 +129,7 @@ impl Qp {
                     "retry count exhausted: the request at this PSN fails (RETRY_EXC_ERR)"
                 );
                 ctx.counters.retries += 1;
+                self.window_loss = true;
                 self.complete_head(WcStatus::RetryExcErr, 0, ctx);
                 return;
             }
@@ -154,6 +155,9 @@ impl Qp {
             "go-back-N: retransmitting from PSN"
         );
         ctx.counters.retries += 1;
+        // Every go-back-N means a packet was lost: a congestion signal for the peer's
+        // window (RFC 5681 §3.1); an RNR NAK rewinds without coming here.
+        self.window_loss = true;
         self.rewind();
     }
 

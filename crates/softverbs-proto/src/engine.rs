@@ -12,6 +12,7 @@ use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
 use crate::qp::{Ctx, Qp};
 use crate::srq::{Srq, SrqInit};
 use crate::types::{AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId};
+use crate::window::{PeerWindow, Windows};
 use crate::wr::{RecvWr, SendWr};
 
 /// The queue-pair engine of one device: every QP and SRQ, no I/O.
@@ -48,6 +49,9 @@ pub struct Engine {
     cursor: u32,
     /// QP1: management datagrams in and out (`gsi.rs`).
     gsi: Gsi,
+    /// The per-peer congestion windows of the RC requesters (`window.rs`); every entry
+    /// point that may change what a QP has in flight re-syncs that QP's charge.
+    windows: Windows,
 }
 
 macro_rules! ctx {
@@ -80,6 +84,7 @@ impl Engine {
             counters: Counters::default(),
             cursor: 0,
             gsi: Gsi::default(),
+            windows: Windows::default(),
         }
     }
 
@@ -149,6 +154,7 @@ impl Engine {
     /// `ibv_destroy_qp`: forgets the QP (no completions are generated).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
+        self.windows.release(qpn);
         tracing::debug!(qpn, state = ?qp.state, "QP destroyed");
         if let Some(id) = qp.init.srq {
             if let Some(srq) = self.srqs.get_mut(&id.0) {
@@ -171,6 +177,7 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let from = qp.state;
         let result = qp.modify(attr, mask, &mut ctx!(self));
+        self.windows.sync(qp, &self.config, &mut self.counters);
         if let Err(error) = &result {
             let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
             tracing::debug!(qpn, ?from, ?to, %error, "modify_qp refused");
@@ -192,13 +199,17 @@ impl Engine {
     /// `ibv_post_send` (one work request; a list is a loop that stops at the first error).
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
-        qp.post_send(wr, &mut ctx!(self))
+        let result = qp.post_send(wr, &mut ctx!(self));
+        self.windows.sync(qp, &self.config, &mut self.counters);
+        result
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
-        qp.post_recv(wr, &mut ctx!(self))
+        let result = qp.post_recv(wr, &mut ctx!(self));
+        self.windows.sync(qp, &self.config, &mut self.counters);
+        result
     }
 
     /// `ibv_create_srq`.
@@ -334,11 +345,17 @@ impl Engine {
         } else {
             qp.on_request(now, &pkt, grh, mem, &mut ctx);
         }
+        self.windows.sync(qp, &self.config, &mut self.counters);
     }
 
     /// Writes the next packet to send into `buf`: queued management datagrams first
     /// ([`Engine::gsi_send`]), then round robin over QPs (responses before requests within
     /// a QP). `mem` is read for payloads (gather, read responses).
+    ///
+    /// An RC QP's requests wait while its peer's congestion window is full
+    /// ([`Engine::peer_window`]; a QP with nothing in flight may always send one); the
+    /// QP's turn comes again in a later call, once acknowledgments have opened the window.
+    /// Responses never wait.
     pub fn poll_transmit(
         &mut self,
         now: u64,
@@ -349,18 +366,25 @@ impl Engine {
             return Some(t);
         }
         let start = self.cursor;
-        let mut ctx = ctx!(self);
+        let mut try_qp = |qp: &mut Qp| {
+            let room = self.windows.room(qp, &self.config);
+            let sent = qp.poll_transmit(now, buf, mem, room, &mut ctx!(self));
+            // Sending moves `req_psn`; a failed work request found on the way may have
+            // moved the QP to ERR.
+            self.windows.sync(qp, &self.config, &mut self.counters);
+            sent
+        };
         let after = self
             .qps
             .range_mut((Bound::Excluded(start), Bound::Unbounded));
         for (&qpn, qp) in after {
-            if let Some(t) = qp.poll_transmit(now, buf, mem, &mut ctx) {
+            if let Some(t) = try_qp(qp) {
                 self.cursor = qpn;
                 return Some(t);
             }
         }
         for (&qpn, qp) in self.qps.range_mut(..=start) {
-            if let Some(t) = qp.poll_transmit(now, buf, mem, &mut ctx) {
+            if let Some(t) = try_qp(qp) {
                 self.cursor = qpn;
                 return Some(t);
             }
@@ -373,11 +397,12 @@ impl Engine {
     /// sends nothing past a local operation, so after any input call this and
     /// [`poll_transmit`](Self::poll_transmit) in turn until neither has anything to do.
     pub fn execute_local_operations(&mut self, mem: &mut impl Memory) -> usize {
-        let mut ctx = ctx!(self);
-        self.qps
-            .values_mut()
-            .map(|qp| qp.execute_local_operations(mem, &mut ctx))
-            .sum()
+        let mut ran = 0;
+        for qp in self.qps.values_mut() {
+            ran += qp.execute_local_operations(mem, &mut ctx!(self));
+            self.windows.sync(qp, &self.config, &mut self.counters);
+        }
+        ran
     }
 
     /// Queues a management datagram (a MAD, 1..=[`MAD_LEN`](crate::MAD_LEN) bytes) to
@@ -434,10 +459,10 @@ impl Engine {
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
-        let mut ctx = ctx!(self);
         for qp in self.qps.values_mut() {
             if qp.poll_timeout().is_some_and(|t| t <= now) {
-                qp.handle_timeout(now, &mut ctx);
+                qp.handle_timeout(now, &mut ctx!(self));
+                self.windows.sync(qp, &self.config, &mut self.counters);
             }
         }
     }
@@ -445,6 +470,20 @@ impl Engine {
     /// Counters over all QPs.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// The congestion window of the RC requests towards the peer whose GID is `dgid` (the
+    /// `ah_attr.dgid` of the QPs' path), while an RC QP in RTS or SQD has that path
+    /// (`None` otherwise). See [`EngineConfig::initial_cwnd_packets`].
+    pub fn peer_window(&self, dgid: &[u8; 16]) -> Option<PeerWindow> {
+        self.windows.window(dgid)
+    }
+
+    /// Recomputes every peer's in-flight count from its QPs and compares it with the
+    /// count the window keeps; `Err` names the first difference. For tests and
+    /// simulations, which check it after every step: the engine never needs it.
+    pub fn check_peer_windows(&self) -> Result<(), String> {
+        self.windows.check(self.qps.values())
     }
 }
 
@@ -521,12 +560,30 @@ mod tests {
     }
 
     fn rts_with(ep: &mut Engine, init: QpInit, mtu: Mtu, psn: u32) -> u32 {
+        rts_from(ep, init, mtu, psn, QpAttr::default())
+    }
+
+    /// An RC QP in RTS that retries (`retry_cnt` 7, `rnr_retry` 7) and answers remote
+    /// reads and writes (`max_dest_rd_atomic` 4).
+    fn rts_rc_retrying(ep: &mut Engine) -> u32 {
+        let base = QpAttr {
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_dest_rd_atomic: 4,
+            qp_access_flags: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+            ..QpAttr::default()
+        };
+        rts_from(ep, QpInit::new(QpType::Rc), Mtu::Mtu1024, 0, base)
+    }
+
+    /// `rts_with`, the attributes it does not set taken from `base`.
+    fn rts_from(ep: &mut Engine, init: QpInit, mtu: Mtu, psn: u32, base: QpAttr) -> u32 {
         let qp_type = init.qp_type;
         let qpn = ep.create_qp(init).unwrap();
         let mut attr = QpAttr {
             qp_state: QpState::Init,
             port_num: 1,
-            ..QpAttr::default()
+            ..base
         };
         let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
         ep.modify_qp(qpn, &attr, m | AttrMask::ACCESS_FLAGS)
@@ -953,6 +1010,191 @@ mod tests {
         v6[24..40].copy_from_slice(&ip_octets("fd99::2"));
         assert!(from_path(&v6, &crate::link_local_gid(ip("fd99::3"))));
         assert!(!from_path(&v6, &crate::link_local_gid(ip("fd99::4"))));
+    }
+
+    /// One response packet (ACK, NAK or RNR NAK by `syndrome`) for `qpn` at `psn`.
+    fn aeth_packet(qpn: u32, psn: u32, syndrome: u8) -> Vec<u8> {
+        let hdr = codec::Headers {
+            bth: codec::Bth {
+                opcode: codec::op::ACKNOWLEDGE,
+                pkey: 0xFFFF,
+                dest_qp: qpn,
+                psn,
+                ..Default::default()
+            },
+            aeth: Some(codec::Aeth { syndrome, msn: 0 }),
+            ..Default::default()
+        };
+        let mut buf = [0u8; 64];
+        let n = codec::emit(&hdr, &[], &mut buf).unwrap();
+        buf[..n].to_vec()
+    }
+
+    /// The window of the QPs made by `rts` (their path's GID is all zeros).
+    fn window(ep: &Engine) -> PeerWindow {
+        ep.peer_window(&[0; 16])
+            .expect("an RC QP in RTS has a peer window")
+    }
+
+    /// RFC 5681 §3.1 (in packets): the window starts at `initial_cwnd_packets`, grows by
+    /// one per acknowledged packet in slow start, halves on a NAK PSN sequence error (a
+    /// loss), once per recovery episode, then grows by one per window of acknowledged
+    /// packets. An RNR NAK (IBTA 9.7.5.2.8: the responder had no receive WQE) is no loss.
+    #[test]
+    fn peer_window_halves_on_nak_sequence_error_not_on_rnr_nak_and_grows_on_acks() {
+        let mut ep = Engine::new(EngineConfig::default());
+        let mut mem = Flat(vec![0; 64]);
+        let qpn = rts_rc_retrying(&mut ep);
+        for i in 0..200 {
+            ep.post_send(qpn, SendWr::new(i, SendOp::Send, vec![]))
+                .unwrap();
+        }
+        assert_eq!(drain(&mut ep, &mem).len(), 64, "the initial window");
+        let w = window(&ep);
+        assert_eq!((w.cwnd, w.ssthresh, w.in_flight, w.qps), (64, 1024, 64, 1));
+        assert_eq!(ep.counters().window_limited, 1);
+
+        // Slow start: 10 PSNs acknowledged, 10 more packets of window.
+        ep.handle_packet(1, &aeth_packet(qpn, 9, codec::SYNDROME_ACK), None, &mut mem);
+        assert_eq!((window(&ep).cwnd, window(&ep).in_flight), (74, 54));
+        assert_eq!(drain(&mut ep, &mem).len(), 20);
+        assert_eq!(window(&ep).in_flight, 74);
+
+        // RNR NAK at PSN 10 (timer code 1: 10 µs): the QP rewinds and waits, the window
+        // stays.
+        let rnr = codec::SYNDROME_RNR | 1;
+        ep.handle_packet(2, &aeth_packet(qpn, 10, rnr), None, &mut mem);
+        assert_eq!(ep.counters().rnr_naks_received, 1);
+        let w = window(&ep);
+        assert_eq!((w.cwnd, w.in_flight), (74, 0));
+        assert_eq!(ep.counters().cwnd_reductions, 0);
+        assert!(drain(&mut ep, &mem).is_empty(), "waiting for the RNR timer");
+        ep.handle_timeout(20_002);
+        assert_eq!(drain(&mut ep, &mem).len(), 74);
+
+        // NAK sequence error at PSN 20: PSNs 10..20 acknowledged (cwnd 84), then halved.
+        ep.handle_packet(3, &aeth_packet(qpn, 20, codec::NAK_PSN_SEQ), None, &mut mem);
+        let w = window(&ep);
+        assert_eq!((w.cwnd, w.ssthresh), (42, 42));
+        assert_eq!(ep.counters().cwnd_reductions, 1);
+        // A second loss signal in the same episode (74 PSNs were in flight at the cut,
+        // 5 acknowledged since) does not halve again.
+        ep.handle_packet(4, &aeth_packet(qpn, 25, codec::NAK_PSN_SEQ), None, &mut mem);
+        assert_eq!(ep.counters().retries, 2, "both NAKs went back N");
+        assert_eq!((window(&ep).cwnd, ep.counters().cwnd_reductions), (42, 1));
+
+        // Congestion avoidance: 5 + 59 acknowledged PSNs, one more packet per 42.
+        ep.handle_packet(
+            5,
+            &aeth_packet(qpn, 83, codec::SYNDROME_ACK),
+            None,
+            &mut mem,
+        );
+        let w = window(&ep);
+        assert_eq!((w.cwnd, w.ssthresh, w.in_flight), (43, 42, 0));
+        ep.check_peer_windows().unwrap();
+    }
+
+    /// A local ACK timeout (IBTA 9.7.6.1.3: the requester heard nothing) is a loss: the
+    /// window halves; UC QPs have no window.
+    #[test]
+    fn peer_window_halves_on_local_ack_timeout() {
+        let mut ep = Engine::new(EngineConfig::default());
+        let mem = Flat(vec![0; 64]);
+        let qpn = rts_rc_retrying(&mut ep);
+        for i in 0..10 {
+            ep.post_send(qpn, SendWr::new(i, SendOp::Send, vec![]))
+                .unwrap();
+        }
+        assert_eq!(drain(&mut ep, &mem).len(), 10);
+        let deadline = ep.poll_timeout().expect("the retransmit timer runs");
+        ep.handle_timeout(deadline);
+        assert_eq!(ep.counters().timeouts, 1);
+        let w = window(&ep);
+        assert_eq!((w.cwnd, w.ssthresh, w.in_flight), (32, 32, 0));
+        assert_eq!(ep.counters().cwnd_reductions, 1);
+        assert_eq!(
+            drain(&mut ep, &mem).len(),
+            10,
+            "go-back-N within the window"
+        );
+
+        let mut uc = Engine::new(EngineConfig::default());
+        rts(&mut uc, QpType::Uc, Mtu::Mtu1024, 0);
+        assert_eq!(uc.peer_window(&[0; 16]), None);
+    }
+
+    /// Responses are never held by the requester's window (IBTA 9.7.5: the responder
+    /// answers every request it accepts): with the window full of this engine's own
+    /// requests, an incoming READ is answered with all its response packets and a WRITE
+    /// with its ACK, and no request slips out with them.
+    #[test]
+    fn acks_and_read_responses_leave_while_the_peer_window_is_full() {
+        let config = EngineConfig {
+            initial_cwnd_packets: 4,
+            min_cwnd_packets: 4,
+            max_cwnd_packets: 4,
+            ..EngineConfig::default()
+        };
+        let mut ep = Engine::new(config);
+        let mut mem = Flat(vec![7; 8192]);
+        let qpn = rts_rc_retrying(&mut ep);
+        for i in 0..10 {
+            ep.post_send(qpn, SendWr::new(i, SendOp::Send, vec![]))
+                .unwrap();
+        }
+        assert_eq!(drain(&mut ep, &mem).len(), 4);
+        assert_eq!(window(&ep).in_flight, 4);
+
+        let request = |opcode, psn, len| {
+            let hdr = codec::Headers {
+                bth: codec::Bth {
+                    opcode,
+                    pkey: 0xFFFF,
+                    dest_qp: qpn,
+                    psn,
+                    ack_req: true,
+                    ..Default::default()
+                },
+                reth: Some(codec::Reth {
+                    va: 0,
+                    rkey: 1,
+                    dma_len: len,
+                }),
+                ..Default::default()
+            };
+            let mut buf = vec![0u8; 4200];
+            let payload = vec![
+                1u8;
+                if opcode == codec::op::WRITE_ONLY {
+                    len as usize
+                } else {
+                    0
+                }
+            ];
+            let n = codec::emit(&hdr, &payload, &mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        };
+        ep.handle_packet(
+            1,
+            &request(codec::op::READ_REQUEST, 0, 3000),
+            None,
+            &mut mem,
+        );
+        let out: Vec<u8> = drain(&mut ep, &mem).iter().map(|p| p[0]).collect();
+        assert_eq!(
+            out,
+            [
+                codec::op::READ_RESPONSE_FIRST,
+                codec::op::READ_RESPONSE_MIDDLE,
+                codec::op::READ_RESPONSE_LAST
+            ]
+        );
+        ep.handle_packet(2, &request(codec::op::WRITE_ONLY, 3, 16), None, &mut mem);
+        let out: Vec<u8> = drain(&mut ep, &mem).iter().map(|p| p[0]).collect();
+        assert_eq!(out, [codec::op::ACKNOWLEDGE]);
+        assert_eq!(window(&ep).in_flight, 4, "the window is still full");
     }
 
     fn ip_octets(s: &str) -> [u8; 16] {

@@ -24,6 +24,7 @@
 //! | `responder` | request checks and execution, duplicates, RNR, UC and UD receive |
 //! | `codec` | the only user of `softverbs-wire`: packets to and from bytes |
 //! | `gsi` | QP1, the General Services Interface: management datagrams in and out, bounded ([`GsiMad`]) |
+//! | `window` | the per-peer congestion window over the RC requesters ([`PeerWindow`]) |
 //! | `gid` | GIDs as addresses: the address a GID names, the link-local GID of a port |
 //! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
 //!
@@ -42,6 +43,12 @@
 //! - Out-of-order read responses trigger an immediate re-read from the first missing
 //!   response (rxe waits for the timeout, reference §5.8 item 8).
 //! - Retransmitted request packets carry AckReq, so recovery hears of progress per packet.
+//! - The RC requesters towards one peer (destination GID) share a congestion window
+//!   (`window.rs`, TCP's AIMD of RFC 5681 counted in packets): IBTA leaves the rate of
+//!   requests to the requester, and without a bound over all QPs hundreds of QPs overflow
+//!   the peer's socket buffer. A request sent beyond the window (one per QP with no
+//!   answer coming) carries AckReq. The wire is unchanged otherwise: same packets, sent
+//!   later.
 //! - A UC responder drops packets whose PSN is before the expected one (duplicates and
 //!   late reordered packets) instead of resynchronising on them, so UC never delivers
 //!   twice or out of order.
@@ -89,6 +96,7 @@ mod requester;
 mod responder;
 mod srq;
 mod types;
+mod window;
 mod wr;
 
 pub use engine::Engine;
@@ -106,6 +114,7 @@ pub use types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
     QpType, SrqId,
 };
+pub use window::PeerWindow;
 pub use wr::{
     FlushPlacement, FlushSelectivity, Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
 };

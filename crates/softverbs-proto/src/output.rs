@@ -296,6 +296,12 @@ pub struct Counters {
     pub gsi_received: u64,
     /// Management datagrams QP1 sent (part of `packets_sent`).
     pub gsi_sent: u64,
+    /// Times a peer's congestion window was halved on a loss signal (at most once per
+    /// recovery episode; the `window` module of this crate).
+    pub cwnd_reductions: u64,
+    /// Times an RC QP had a request ready but its peer's congestion window was full (counted
+    /// once per stall: again only after the QP has sent).
+    pub window_limited: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -332,6 +338,8 @@ impl Counters {
             ),
             ("gsi_received", self.gsi_received),
             ("gsi_sent", self.gsi_sent),
+            ("cwnd_reductions", self.cwnd_reductions),
+            ("window_limited", self.window_limited),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))

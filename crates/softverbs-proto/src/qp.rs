@@ -164,6 +164,14 @@ pub(crate) struct Qp {
     pub rnr_deadline: Option<u64>,
     /// A NAK-triggered retry already restarted from this PSN.
     pub nak_retry_from: Option<u32>,
+    /// A loss signal (a go-back-N) the peer's congestion window has not yet seen
+    /// (`window.rs`).
+    pub window_loss: bool,
+    /// The peer's congestion window held this QP's next request (counted once per stall).
+    pub window_held: bool,
+    /// One past the last PSN sent that the responder answers for certain: a packet with
+    /// AckReq, or a read or atomic (and ATOMIC WRITE, FLUSH), which get responses.
+    pub answer_end: u32,
 
     // Responder.
     pub epsn: u32,
@@ -314,6 +322,9 @@ impl Qp {
             retrans_deadline: None,
             rnr_deadline: None,
             nak_retry_from: None,
+            window_loss: false,
+            window_held: false,
+            answer_end: 0,
             epsn: 0,
             msn: 0,
             nak_sent: false,
@@ -414,6 +425,7 @@ impl Qp {
             self.req_psn = attr.sq_psn;
             self.comp_psn = attr.sq_psn;
             self.sent_high = attr.sq_psn;
+            self.answer_end = attr.sq_psn;
         }
         if m(AttrMask::MAX_DEST_RD_ATOMIC) {
             self.attr.max_dest_rd_atomic = attr.max_dest_rd_atomic;

@@ -116,17 +116,23 @@ pub(crate) fn packets_for(op: &SendOp, len: u64, mtu: u32) -> u32 {
 
 impl Qp {
     /// Next outgoing packet of this QP: responder packets first, then requests.
+    ///
+    /// `room` is how many PSNs this QP may have unacknowledged before its peer's congestion
+    /// window is full (`window.rs`; `None`: not governed). It holds requests only, never
+    /// the responder's packets, and never a QP none of whose packets in flight will be
+    /// answered (that one sends a packet more, with AckReq).
     pub(crate) fn poll_transmit(
         &mut self,
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
+        room: Option<u32>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
         if let Some(t) = self.responder_transmit(buf, mem, ctx) {
             return Some(t);
         }
-        self.requester_transmit(now, buf, mem, ctx)
+        self.requester_transmit(now, buf, mem, room, ctx)
     }
 
     fn responder_transmit(
@@ -294,6 +300,7 @@ impl Qp {
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
+        room: Option<u32>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
         loop {
@@ -346,10 +353,27 @@ impl Qp {
             let npkts = packets_for(&w.wr.op, w.len, mtu);
             let is_read = matches!(w.wr.op, SendOp::RdmaRead { .. });
             let consume = if is_read { npkts - k } else { 1 };
+            let mut beyond_window = false;
             if qp_type == QpType::Rc {
                 let inflight = psn::diff(self.req_psn, self.comp_psn);
                 if inflight > 0 && inflight as u32 + consume > ctx.config.max_unacked_psns {
                     return None;
+                }
+                if room.is_some_and(|room| inflight.max(0) as u32 + consume > room) {
+                    // Beyond the peer's window. A QP none of whose packets in flight will be
+                    // answered (nothing in flight, or only packets without AckReq) may send
+                    // one more, with AckReq: so no QP waits for a timeout to hear of the
+                    // packets it has out, and every QP progresses.
+                    let answer_coming = psn::diff(self.answer_end, self.comp_psn) > 0
+                        && psn::diff(self.answer_end, self.req_psn) <= 0;
+                    if answer_coming {
+                        if !self.window_held {
+                            self.window_held = true;
+                            ctx.counters.window_limited += 1;
+                        }
+                        return None;
+                    }
+                    beyond_window = true;
                 }
             }
 
@@ -376,11 +400,13 @@ impl Qp {
                     solicited: last && solicited_ok && w.wr.flags.contains(SendFlags::SOLICITED),
                     pkey: DEFAULT_PKEY,
                     dest_qp: self.attr.dest_qp_num,
-                    // AckReq on the last packet, every 64th packet, and every
-                    // retransmitted packet (so recovery needs no whole message to get
-                    // through before the requester hears of progress).
+                    // AckReq on the last packet, every 64th packet, every retransmitted
+                    // packet (so recovery needs no whole message to get through before
+                    // the requester hears of progress), and a packet sent beyond the
+                    // peer's congestion window (`window.rs`).
                     ack_req: qp_type == QpType::Rc
                         && (last
+                            || beyond_window
                             || (k + 1).is_multiple_of(ACK_REQ_EVERY)
                             || psn::diff(self.req_psn, self.sent_high) < 0),
                     psn: self.req_psn,
@@ -571,6 +597,7 @@ impl Qp {
             }
 
             // Commit.
+            self.window_held = false;
             let sent_psn = self.req_psn;
             let w = &mut self.sq[index];
             if first {
@@ -590,6 +617,9 @@ impl Qp {
                 ctx.counters.retransmitted_packets += 1;
             }
             self.req_psn = psn::add(self.req_psn, consume);
+            if hdr.bth.ack_req || rd_atomic || w.wr.op.is_placement() {
+                self.answer_end = self.req_psn;
+            }
             if psn::diff(self.req_psn, self.sent_high) > 0 {
                 self.sent_high = self.req_psn;
             }

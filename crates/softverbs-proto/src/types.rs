@@ -373,6 +373,21 @@ pub struct EngineConfig {
     /// of one host (20–60 µs measured): a flood reflects at most about 15,000 replies a
     /// second per QP, where it reflected one per packet.
     pub duplicate_reply_window_ns: u64,
+    /// Congestion window, in request packets (PSNs), a peer starts with: the RC QPs whose
+    /// path leads to one destination GID share one window, and the unacknowledged request
+    /// PSNs of all of them together stay within it (a QP with nothing in flight may always
+    /// send one request). The window grows on acknowledgments and halves on loss, as
+    /// TCP's (RFC 5681: slow start below the threshold, about one packet per window of
+    /// acknowledged packets above it); see the `window` module of this crate. The
+    /// default, 64, is a quarter of a 1 MiB socket buffer of 4 KiB packets. Clamped into
+    /// `min_cwnd_packets..=max_cwnd_packets`.
+    pub initial_cwnd_packets: u32,
+    /// The smallest window a loss may leave (at least 1). Default 8.
+    pub min_cwnd_packets: u32,
+    /// The largest window acknowledgments may grow to (at least `min_cwnd_packets`).
+    /// Default 1024: 4 MiB of 4 KiB packets, half the 8 MiB UDP receive buffer a
+    /// privileged softverbs device asks for.
+    pub max_cwnd_packets: u32,
 }
 
 impl Default for EngineConfig {
@@ -389,6 +404,9 @@ impl Default for EngineConfig {
             max_unacked_psns: 128,
             gid_table_len: 2,
             duplicate_reply_window_ns: 65_536,
+            initial_cwnd_packets: 64,
+            min_cwnd_packets: 8,
+            max_cwnd_packets: 1024,
         }
     }
 }

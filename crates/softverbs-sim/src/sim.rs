@@ -31,6 +31,10 @@ pub struct FaultRules {
     pub latency_ns: u64,
     /// Largest extra delay of a reordered packet.
     pub jitter_ns: u64,
+    /// Packets the fabric holds towards one node, like the receive buffer of its UDP
+    /// socket: a packet that finds this many already on their way to its destination is
+    /// dropped (counted in [`FabricStats::overflowed`]). 0: unbounded.
+    pub receive_queue: usize,
 }
 
 impl FaultRules {
@@ -43,6 +47,7 @@ impl FaultRules {
             corrupt: 0.0,
             latency_ns: 1_000,
             jitter_ns: 0,
+            receive_queue: 0,
         }
     }
 
@@ -55,6 +60,7 @@ impl FaultRules {
             corrupt: loss / 10.0,
             latency_ns: 1_000,
             jitter_ns: 20_000,
+            receive_queue: 0,
         }
     }
 }
@@ -76,6 +82,11 @@ pub struct FabricStats {
     pub corrupted: u64,
     /// Packets whose destination GID matched no node.
     pub unroutable: u64,
+    /// Packets dropped because their destination's receive queue was full
+    /// ([`FaultRules::receive_queue`]).
+    pub overflowed: u64,
+    /// The most packets ever on their way to one node at once.
+    pub peak_queued: u64,
 }
 
 /// Why a simulation run failed; its `Display` names the seed and how to replay it.
@@ -195,6 +206,8 @@ pub struct Sim {
     pub intercept: Option<Intercept>,
     rng: ChaCha8Rng,
     queue: BinaryHeap<Reverse<InFlight>>,
+    /// Packets in `queue` per destination node.
+    queued: Vec<usize>,
     seq: u64,
     tracker: Tracker,
     buf: Vec<u8>,
@@ -223,6 +236,7 @@ impl Sim {
             intercept: None,
             rng: ChaCha8Rng::seed_from_u64(seed),
             queue: BinaryHeap::new(),
+            queued: Vec::new(),
             seq: 0,
             tracker: Tracker::default(),
             buf: vec![0; 8192],
@@ -238,6 +252,7 @@ impl Sim {
         gid[11] = 0xFF;
         gid[12..].copy_from_slice(&[10, 0, 0, i as u8 + 1]);
         let engine = Engine::new(config);
+        self.queued.push(0);
         self.buf
             .resize(engine.max_packet_len().max(self.buf.len()), 0);
         self.nodes.push(Node {
@@ -397,6 +412,12 @@ impl Sim {
                 delay += self.rng.gen_range(0..self.rules.jitter_ns);
                 self.stats.reordered += 1;
             }
+            if self.rules.receive_queue > 0 && self.queued[to] >= self.rules.receive_queue {
+                self.stats.overflowed += 1;
+                continue;
+            }
+            self.queued[to] += 1;
+            self.stats.peak_queued = self.stats.peak_queued.max(self.queued[to] as u64);
             self.seq += 1;
             self.queue.push(Reverse(InFlight {
                 at: self.now + delay,
@@ -426,6 +447,7 @@ impl Sim {
     }
 
     fn deliver(&mut self, p: InFlight) {
+        self.queued[p.to] = self.queued[p.to].saturating_sub(1);
         let Ok((ip, udp)) = self.headers(p.from, p.to, p.bytes.len()) else {
             return;
         };
@@ -460,11 +482,14 @@ impl Sim {
             while let Some(e) = self.nodes[i].engine.poll_event() {
                 self.nodes[i].events.push(e);
             }
+            if let Err(msg) = self.nodes[i].engine.check_peer_windows() {
+                return Err(self.error(SimErrorKind::Invariant(format!("node {i}: {msg}"))));
+            }
         }
         Ok(())
     }
 
-    /// Invariants: every completion matches a posted, not yet completed WR; send
+    /// Invariants (with [`Engine::check_peer_windows`] after every step): every completion matches a posted, not yet completed WR; send
     /// completions of a QP come in posting order (an unsignaled WR before a completed one
     /// is implicitly complete, a signaled one must have completed first); receive
     /// completions of a QP come in posting order; SRQ entries complete once.

@@ -1,0 +1,290 @@
+//! The per-peer congestion window: how many request packets the RC QPs of this engine may
+//! have unacknowledged towards one destination, all QPs together.
+//!
+//! Each RC QP already bounds its own unacknowledged PSNs (`EngineConfig::max_unacked_psns`,
+//! reference §2.2); nothing bounded their sum, so hundreds of QPs to one peer could put
+//! tens of thousands of packets in flight and overflow the peer's receive buffer, every
+//! overflow costing a go-back-N retransmission. Here the RC QPs in RTS or SQD whose path
+//! leads to one destination GID (`ah_attr.dgid`) are the *members* of that peer's
+//! [`Peer`] entry, and:
+//!
+//! - **What counts.** A member's charge is its unacknowledged request PSNs,
+//!   `req_psn − comp_psn` (a READ counts one per response packet, as it consumes PSNs).
+//!   Responses (ACKs, NAKs, read responses, atomic ACKs) are never held: the responder
+//!   sends them before any request of its QP and they are not charged.
+//! - **The rule.** A request packet consuming `n` PSNs may leave a QP only if the peer's
+//!   charges plus `n` stay within `cwnd` — or if none of the QP's packets in flight will be
+//!   answered (nothing in flight, or only packets without AckReq): then it may send one
+//!   more, with AckReq set (the requester's `Qp::answer_end`). So a QP never starves and
+//!   never waits for a local ACK timeout to hear of packets the window stranded (a
+//!   WRITE FIRST without AckReq, behind a window other QPs filled), and the engine always
+//!   progresses, whatever the window. Each QP has at most one such packet (one READ)
+//!   unanswered, so the peer's sum stays within `cwnd` plus one packet per member.
+//! - **Growth** (RFC 5681 §3.1, counted in packets instead of bytes): every PSN newly
+//!   acknowledged (`comp_psn` moving forward) adds one to `cwnd` while `cwnd < ssthresh`
+//!   (slow start), and one per `cwnd` acknowledged PSNs above it (congestion avoidance),
+//!   up to `max_cwnd_packets`.
+//! - **Reduction**: a loss signal from a member — a local ACK timeout, a NAK PSN sequence
+//!   error, an implied NAK or an out-of-order read response, every cause of a go-back-N
+//!   (RFC 5681 §3.1 and §3.2: loss means congestion) — sets
+//!   `ssthresh = cwnd = max(cwnd / 2, min_cwnd_packets)`. An RNR NAK is not a loss (the
+//!   peer had no receive posted) and changes nothing. **At most one reduction per
+//!   recovery episode**: after a reduction no other loss signal reduces the window until
+//!   as many PSNs have been acknowledged as were in flight at the reduction (the counted
+//!   form of RFC 6582's recovery point), so the burst of timeouts and NAKs one overflow
+//!   causes on many QPs halves the window once.
+//! - **Exactness.** Every QP's charge, with the `comp_psn` it was taken at, is kept here;
+//!   after every engine entry point that may touch a QP (posting, packets, transmits,
+//!   timers, local operations, modify, destroy) the engine calls [`Windows::sync`], which
+//!   compares the charge with what the QP has in flight now and moves the difference.
+//!   [`Windows::check`] recomputes every sum from the QPs (the simulator's invariant).
+//!   An entry lives while it has members: the table holds at most one entry per QP.
+
+use std::collections::BTreeMap;
+
+use crate::output::Counters;
+use crate::psn;
+use crate::qp::Qp;
+use crate::types::{EngineConfig, QpState, QpType};
+
+/// One peer's window as [`Engine::peer_window`](crate::Engine::peer_window) reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerWindow {
+    /// The congestion window, in request packets (PSNs).
+    pub cwnd: u32,
+    /// The slow-start threshold: below it the window grows by one per acknowledged packet.
+    pub ssthresh: u32,
+    /// Unacknowledged request PSNs of the peer's QPs, all together.
+    pub in_flight: u32,
+    /// The RC QPs in RTS or SQD whose path leads to this peer.
+    pub qps: u32,
+}
+
+/// The window state of one destination GID.
+#[derive(Clone, Copy, Debug)]
+struct Peer {
+    cwnd: u32,
+    ssthresh: u32,
+    in_flight: u32,
+    members: u32,
+    /// PSNs acknowledged since the entry was made.
+    acked_total: u64,
+    /// Acknowledged PSNs counted towards the next one-packet growth above `ssthresh`.
+    avoidance_acked: u32,
+    /// While `acked_total` is below this, a loss signal does not reduce the window again.
+    recover_at: u64,
+}
+
+/// What a QP is charged to its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Charge {
+    dgid: [u8; 16],
+    psns: u32,
+    /// The QP's `comp_psn` when the charge was taken: how acknowledgments are counted.
+    comp_psn: u32,
+}
+
+/// The window limits of a config, made consistent: `1 <= min <= initial <= max`.
+fn limits(config: &EngineConfig) -> (u32, u32, u32) {
+    let min = config.min_cwnd_packets.max(1);
+    let max = config.max_cwnd_packets.max(min);
+    (min, config.initial_cwnd_packets.clamp(min, max), max)
+}
+
+/// Every peer's window and every QP's charge (module doc).
+#[derive(Debug, Default)]
+pub(crate) struct Windows {
+    peers: BTreeMap<[u8; 16], Peer>,
+    charges: BTreeMap<u32, Charge>,
+}
+
+/// The peer a QP's requests count against and how many PSNs it has in flight; `None` for
+/// a QP the window does not govern (UC, UD, or an RC QP outside RTS and SQD).
+fn member_of(qp: &Qp) -> Option<([u8; 16], u32)> {
+    if qp.init.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+        return None;
+    }
+    let in_flight = psn::diff(qp.req_psn, qp.comp_psn).max(0) as u32;
+    Some((qp.attr.ah_attr.dgid, in_flight))
+}
+
+impl Windows {
+    /// How many PSNs `qp` may have unacknowledged, its own included, before its peer's
+    /// window is full; `None` when the window does not govern it.
+    pub(crate) fn room(&self, qp: &Qp, config: &EngineConfig) -> Option<u32> {
+        let (dgid, _) = member_of(qp)?;
+        let own = self
+            .charges
+            .get(&qp.qpn)
+            .filter(|c| c.dgid == dgid)
+            .map_or(0, |c| c.psns);
+        Some(match self.peers.get(&dgid) {
+            Some(peer) => peer.cwnd.saturating_sub(peer.in_flight.saturating_sub(own)),
+            None => limits(config).1,
+        })
+    }
+
+    /// Brings `qp`'s charge up to date with what it has in flight now, counting the PSNs
+    /// acknowledged since the last sync (growth) and its pending loss signal (reduction)
+    /// against the peer it was charged to.
+    pub(crate) fn sync(&mut self, qp: &mut Qp, config: &EngineConfig, counters: &mut Counters) {
+        let loss = std::mem::take(&mut qp.window_loss);
+        let now = member_of(qp);
+        let old = self.charges.get(&qp.qpn).copied();
+        let unchanged = match (old, now) {
+            (Some(c), Some((dgid, psns))) => {
+                c.dgid == dgid && c.psns == psns && c.comp_psn == qp.comp_psn
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if unchanged && !loss {
+            return;
+        }
+        if let Some(c) = old {
+            if let Some(peer) = self.peers.get_mut(&c.dgid) {
+                let acked = psn::diff(qp.comp_psn, c.comp_psn);
+                if acked > 0 {
+                    peer.on_acked(acked as u32, config);
+                }
+                if loss {
+                    peer.on_loss(config, counters, qp.qpn);
+                }
+                peer.in_flight = peer.in_flight.saturating_sub(c.psns);
+                peer.members = peer.members.saturating_sub(1);
+                if peer.members == 0 && now.is_none_or(|(dgid, _)| dgid != c.dgid) {
+                    self.peers.remove(&c.dgid);
+                }
+            }
+        }
+        match now {
+            Some((dgid, psns)) => {
+                let (_, initial, max) = limits(config);
+                let peer = self.peers.entry(dgid).or_insert(Peer {
+                    cwnd: initial,
+                    ssthresh: max,
+                    in_flight: 0,
+                    members: 0,
+                    acked_total: 0,
+                    avoidance_acked: 0,
+                    recover_at: 0,
+                });
+                peer.in_flight = peer.in_flight.saturating_add(psns);
+                peer.members += 1;
+                self.charges.insert(
+                    qp.qpn,
+                    Charge {
+                        dgid,
+                        psns,
+                        comp_psn: qp.comp_psn,
+                    },
+                );
+            }
+            None => {
+                self.charges.remove(&qp.qpn);
+            }
+        }
+    }
+
+    /// Forgets a destroyed QP's charge.
+    pub(crate) fn release(&mut self, qpn: u32) {
+        let Some(c) = self.charges.remove(&qpn) else {
+            return;
+        };
+        if let Some(peer) = self.peers.get_mut(&c.dgid) {
+            peer.in_flight = peer.in_flight.saturating_sub(c.psns);
+            peer.members = peer.members.saturating_sub(1);
+            if peer.members == 0 {
+                self.peers.remove(&c.dgid);
+            }
+        }
+    }
+
+    /// The window towards `dgid`, if a QP of this engine is connected there.
+    pub(crate) fn window(&self, dgid: &[u8; 16]) -> Option<PeerWindow> {
+        self.peers.get(dgid).map(|p| PeerWindow {
+            cwnd: p.cwnd,
+            ssthresh: p.ssthresh,
+            in_flight: p.in_flight,
+            qps: p.members,
+        })
+    }
+
+    /// Recomputes every charge and sum from `qps` and compares.
+    pub(crate) fn check<'a>(&self, qps: impl Iterator<Item = &'a Qp>) -> Result<(), String> {
+        let mut sums: BTreeMap<[u8; 16], (u32, u32)> = BTreeMap::new();
+        for qp in qps {
+            let now = member_of(qp);
+            let charged = self.charges.get(&qp.qpn).map(|c| (c.dgid, c.psns));
+            if now != charged {
+                return Err(format!(
+                    "QP {:#x}: charged {charged:?} to its peer window, has {now:?} in flight",
+                    qp.qpn
+                ));
+            }
+            if let Some((dgid, psns)) = now {
+                let sum = sums.entry(dgid).or_default();
+                sum.0 += psns;
+                sum.1 += 1;
+            }
+        }
+        if self.charges.len() != sums.values().map(|s| s.1 as usize).sum::<usize>() {
+            return Err("a destroyed QP is still charged to a peer window".into());
+        }
+        for (dgid, peer) in &self.peers {
+            let (in_flight, members) = sums.get(dgid).copied().unwrap_or_default();
+            if (peer.in_flight, peer.members) != (in_flight, members) {
+                return Err(format!(
+                    "peer {dgid:02x?}: window counts {} PSNs of {} QPs, the QPs have {in_flight} of {members}",
+                    peer.in_flight, peer.members
+                ));
+            }
+        }
+        if sums.keys().any(|dgid| !self.peers.contains_key(dgid)) {
+            return Err("a QP is charged to a peer without a window".into());
+        }
+        Ok(())
+    }
+}
+
+impl Peer {
+    /// `acked` PSNs newly acknowledged: slow start below `ssthresh`, congestion avoidance
+    /// above (RFC 5681 §3.1).
+    fn on_acked(&mut self, acked: u32, config: &EngineConfig) {
+        let (_, _, max) = limits(config);
+        self.acked_total += u64::from(acked);
+        if self.cwnd < self.ssthresh {
+            self.cwnd = self.cwnd.saturating_add(acked).min(max);
+            return;
+        }
+        self.avoidance_acked = self.avoidance_acked.saturating_add(acked);
+        while self.avoidance_acked >= self.cwnd && self.cwnd < max {
+            self.avoidance_acked -= self.cwnd;
+            self.cwnd += 1;
+        }
+        if self.cwnd >= max {
+            self.avoidance_acked = 0;
+        }
+    }
+
+    /// A loss signal: halve the window, once per recovery episode (module doc).
+    fn on_loss(&mut self, config: &EngineConfig, counters: &mut Counters, qpn: u32) {
+        if self.acked_total < self.recover_at {
+            return;
+        }
+        let (min, _, _) = limits(config);
+        let cwnd = (self.cwnd / 2).max(min);
+        tracing::debug!(
+            qpn,
+            from = self.cwnd,
+            to = cwnd,
+            in_flight = self.in_flight,
+            "loss: the peer's congestion window is halved"
+        );
+        self.ssthresh = cwnd;
+        self.cwnd = cwnd;
+        self.avoidance_acked = 0;
+        self.recover_at = self.acked_total + u64::from(self.in_flight.max(1));
+        counters.cwnd_reductions += 1;
+    }
+}
