@@ -45,6 +45,9 @@ const PROGRESS_TICK: Duration = Duration::from_millis(5);
 /// leave the socket to it.
 const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
 
+/// Receive rounds ([`DeviceInner::receive_queued`]) at most before due timers fire.
+const DRAIN_BEFORE_TIMERS: usize = 64;
+
 /// How long an in-process progress thread sleeps at most while the fault layer holds
 /// packets back (as `FaultTransport::wait_readable` bounds a UDP device's wait).
 const HELD_PACKETS_TICK: Duration = Duration::from_millis(1);
@@ -505,9 +508,37 @@ impl DeviceInner {
             DeviceClock::now()
         };
         if self.next_deadline.load(Ordering::Relaxed) <= now {
-            self.run_due_timers(now);
+            // `None`: another thread is receiving; it runs the timers once it has.
+            if let Some(more) = self.receive_before_timers() {
+                received += more;
+                self.run_due_timers(now);
+            }
         }
         received
+    }
+
+    /// Handles everything already waiting on the transport before a timer fires, so an
+    /// ACK that arrived in time is never taken for a loss (a local ACK timeout fires only
+    /// when no acknowledgement came within the timeout: IBTA 9.7.6.1.3). A busy
+    /// application thread, or a progress thread that left the socket to a polling
+    /// application, would otherwise fire timers with the answers unread in the socket.
+    /// Bounded: at most [`DRAIN_BEFORE_TIMERS`] batches. `None` when another thread holds
+    /// the receive lock (it runs the timers after receiving); the packets handled
+    /// otherwise.
+    fn receive_before_timers(self: &Arc<Self>) -> Option<usize> {
+        let Some(transport) = &self.transport else {
+            return Some(0);
+        };
+        let _receiving = self.rx.try_lock().ok()?;
+        let mut handled = 0;
+        for _ in 0..DRAIN_BEFORE_TIMERS {
+            let got = self.receive_queued(&**transport);
+            handled += got;
+            if got == 0 {
+                break;
+            }
+        }
+        Some(handled)
     }
 
     /// Sends the packets the fault layer of an in-process device held back (delay,
