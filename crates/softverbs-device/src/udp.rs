@@ -68,6 +68,7 @@ use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -548,7 +549,10 @@ impl UdpTransport {
             (len, msg.flags().is_truncated(), msg.control_len())
         };
         let control = control.0.get(..control_len).unwrap_or(&[]);
-        Ok(self.check_datagram(buf, len, truncated, from.as_socket(), control))
+        let checked = self
+            .check_datagram(buf, len, truncated, from.as_socket(), control)
+            .inspect(|packet| self.count_accepted(packet));
+        Ok(checked)
     }
 
     /// Takes up to [`MAX_BATCH`] datagrams off the socket with one `recvmmsg(2)`
@@ -564,60 +568,21 @@ impl UdpTransport {
         if count == 0 {
             return Ok(0);
         }
-        let mut controls = [Control::new(); MAX_BATCH];
-        // SAFETY: `sockaddr_storage` is plain old data, for which all zeroes is valid.
-        let mut addresses: [libc::sockaddr_storage; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        let mut iovecs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_BATCH];
-        // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
-        // zeroes is valid: null pointers with zero lengths.
-        let mut messages: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        for index in 0..count {
-            let buf = &mut bufs[index];
-            iovecs[index] = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            let header = &mut messages[index].msg_hdr;
-            header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
-            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            header.msg_iov = &mut iovecs[index];
-            header.msg_iovlen = 1;
-            header.msg_control = controls[index].0.as_mut_ptr().cast();
-            header.msg_controllen = controls[index].0.len() as _;
-        }
-        bump(&self.counters.recv_calls);
-        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
-        // first `count` messages points at live memory of this frame or of `bufs` that
-        // nothing else touches during the call: its address storage, one iovec over its
-        // buffer (`bufs[index]`, exclusively borrowed), its control buffer, each with its
-        // true length, which the kernel writes within. No timeout: MSG_DONTWAIT.
-        let taken = unsafe {
-            libc::recvmmsg(
-                self.socket.as_raw_fd(),
-                messages.as_mut_ptr(),
-                count as libc::c_uint,
-                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        };
-        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
-        for index in 0..taken.min(count) {
-            let message = &messages[index];
-            // With MSG_TRUNC, `msg_len` is the datagram's real length (recv(2)).
-            let len = message.msg_len as usize;
-            let truncated = message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            let address_len = message.msg_hdr.msg_namelen;
-            // SAFETY: the kernel wrote a socket address of `address_len` bytes (at most
-            // the storage's size, which it was told) into this storage.
-            let from = unsafe { SockAddr::new(addresses[index], address_len) };
-            let control_len = message.msg_hdr.msg_controllen as usize;
-            let control = controls[index].0.get(..control_len).unwrap_or(&[]);
+        let mut batch = ReceiveBatch::new();
+        let mut slots = bufs.iter_mut().map(|buf| &mut **buf);
+        let taken = self.receive_into(&mut batch, &mut slots, count)?;
+        for index in 0..taken {
+            let datagram = batch.datagram(index);
             let slot = received.len();
-            match self.check_datagram(bufs[index], len, truncated, from.as_socket(), control) {
+            match self.check_datagram(
+                bufs[index],
+                datagram.len,
+                datagram.truncated,
+                datagram.from,
+                datagram.control,
+            ) {
                 Ok(packet) => {
+                    self.count_accepted(&packet);
                     bufs.swap(slot, index);
                     received.push(packet);
                 }
@@ -630,6 +595,80 @@ impl UdpTransport {
         Ok(taken)
     }
 
+    /// One `recvmmsg(2)` (`MSG_DONTWAIT`) of up to `count` datagrams into the first
+    /// `count` buffers `slots` yields, with `batch` for their addresses and control
+    /// messages. Returns how many were taken; `WouldBlock` if there were none.
+    fn receive_into<'a>(
+        &self,
+        batch: &mut ReceiveBatch,
+        slots: &mut impl Iterator<Item = &'a mut [u8]>,
+        count: usize,
+    ) -> io::Result<usize> {
+        let mut count = count.min(MAX_BATCH);
+        let ReceiveBatch {
+            controls,
+            addresses,
+            iovecs,
+            messages,
+        } = batch;
+        for index in 0..count {
+            let Some(buf) = slots.next() else {
+                count = index;
+                break;
+            };
+            iovecs[index] = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let header = &mut messages[index].msg_hdr;
+            header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_iov = &mut iovecs[index];
+            header.msg_iovlen = 1;
+            header.msg_control = controls[index].0.as_mut_ptr().cast();
+            header.msg_controllen = controls[index].0.len() as _;
+        }
+        if count == 0 {
+            return Ok(0);
+        }
+        bump(&self.counters.recv_calls);
+        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
+        // first `count` messages points at live memory that nothing else touches during
+        // the call: its address storage and control buffer in `batch`, and one iovec over
+        // a buffer `slots` lent exclusively for `'a` (which outlives this call), each with
+        // its true length, which the kernel writes within. No timeout: MSG_DONTWAIT.
+        let taken = unsafe {
+            libc::recvmmsg(
+                self.socket.as_raw_fd(),
+                messages.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
+        Ok(taken.min(count))
+    }
+
+    /// Counts a packet handed out.
+    fn count_accepted(&self, packet: &Received) {
+        self.counters.count_received(packet.len);
+        if !packet.icrc_checked {
+            bump(&self.counters.icrc_unchecked);
+        }
+    }
+
+    /// Reads the ancillary data of a datagram, keeping the socket's drop count.
+    fn check_ancillary(&self, control: &[u8]) -> Ancillary {
+        let ancillary = parse_ancillary(control);
+        if let Some(drops) = ancillary.socket_drops {
+            self.counters
+                .socket_drops
+                .fetch_max(u64::from(drops), Ordering::Relaxed);
+        }
+        ancillary
+    }
+
     /// Checks a datagram of `len` bytes (its real length) taken into `buf` from `from`,
     /// with the ancillary data `control`: a packet to hand out, or why it is dropped.
     fn check_datagram(
@@ -640,22 +679,27 @@ impl UdpTransport {
         from: Option<SocketAddr>,
         control: &[u8],
     ) -> Result<Received, DropReason> {
-        let ancillary = parse_ancillary(control);
-        if let Some(drops) = ancillary.socket_drops {
-            self.counters
-                .socket_drops
-                .fetch_max(u64::from(drops), std::sync::atomic::Ordering::Relaxed);
-        }
-        if truncated || len > buf.len() {
+        let ancillary = self.check_ancillary(control);
+        if truncated {
             return Err(DropReason::Truncated);
         }
+        let bytes = buf.get(..len).ok_or(DropReason::Truncated)?;
+        let from = from.ok_or(DropReason::Malformed)?;
+        self.check_packet(bytes, Endpoint::from(from), &ancillary)
+    }
+
+    /// Checks one packet from `from`, with the ancillary data of its datagram: a packet to
+    /// hand out, or why it is dropped. Counts nothing.
+    fn check_packet(
+        &self,
+        packet: &[u8],
+        from: Endpoint,
+        ancillary: &Ancillary,
+    ) -> Result<Received, DropReason> {
+        let len = packet.len();
         if !plausible_packet_len(len) {
             return Err(DropReason::Malformed);
         }
-        let Some(from) = from else {
-            return Err(DropReason::Malformed);
-        };
-        let from = Endpoint::from(from);
         let traffic_class = ancillary.traffic_class.unwrap_or(0);
         let hop_limit = ancillary.hop_limit.unwrap_or(self.config.hop_limit);
         let Ok((mut ip, mut udp)) = path_headers(
@@ -669,7 +713,6 @@ impl UdpTransport {
             return Err(DropReason::Malformed);
         };
         udp.dst_port = self.local.port();
-        let packet = &buf[..len];
         let icrc_checked = match (ip, self.config.ipv4_icrc) {
             (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::Skip) => false,
             (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::AnyId) => {
@@ -687,10 +730,6 @@ impl UdpTransport {
                 true
             }
         };
-        self.counters.count_received(len);
-        if !icrc_checked {
-            bump(&self.counters.icrc_unchecked);
-        }
         Ok(Received {
             from,
             to: self.local,
@@ -798,6 +837,65 @@ struct Control([u8; 128]);
 impl Control {
     const fn new() -> Control {
         Control([0; 128])
+    }
+}
+
+/// The addresses, control buffers, iovecs and headers of one `recvmmsg(2)`
+/// ([`UdpTransport::receive_into`] points the headers at the rest and at the buffers).
+struct ReceiveBatch {
+    controls: [Control; MAX_BATCH],
+    addresses: [libc::sockaddr_storage; MAX_BATCH],
+    iovecs: [libc::iovec; MAX_BATCH],
+    messages: [libc::mmsghdr; MAX_BATCH],
+}
+
+/// What `recvmmsg(2)` says of one datagram it took.
+struct Datagram<'a> {
+    /// Its real length (`MSG_TRUNC`, recv(2)).
+    len: usize,
+    /// Whether it was longer than its buffer.
+    truncated: bool,
+    /// The sender.
+    from: Option<SocketAddr>,
+    /// Its control messages.
+    control: &'a [u8],
+}
+
+impl ReceiveBatch {
+    fn new() -> ReceiveBatch {
+        ReceiveBatch {
+            controls: [Control::new(); MAX_BATCH],
+            // SAFETY: `sockaddr_storage` is plain old data, for which all zeroes is valid.
+            addresses: unsafe { std::mem::zeroed() },
+            iovecs: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_BATCH],
+            // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
+            // zeroes is valid: null pointers with zero lengths.
+            messages: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    /// Datagram `index` of those the last `recvmmsg(2)` took (`index` below its count).
+    fn datagram(&self, index: usize) -> Datagram<'_> {
+        let message = &self.messages[index];
+        let address_len = message
+            .msg_hdr
+            .msg_namelen
+            .min(std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t);
+        // SAFETY: the kernel wrote a socket address of `address_len` bytes (at most the
+        // storage's size, which it was told, and clamped to it) into this storage; a
+        // storage it did not write is all zeroes, an address of no family.
+        let from = unsafe { SockAddr::new(self.addresses[index], address_len) };
+        // `size_t` on glibc, `socklen_t` elsewhere.
+        let control_len: usize = message.msg_hdr.msg_controllen as _;
+        Datagram {
+            len: message.msg_len as usize,
+            truncated: message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            from: from.as_socket(),
+            control: self.controls[index].0.get(..control_len).unwrap_or(&[]),
+        }
     }
 }
 
