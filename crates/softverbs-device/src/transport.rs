@@ -266,8 +266,9 @@ pub struct Received {
 
 /// A snapshot of a transport's counters. Receive drops are counted per reason:
 /// `received_packets` + `dropped_bad_icrc` + `dropped_malformed` + `dropped_truncated` is
-/// every datagram the transport took in. `dropped_undeliverable` counts on the sending
-/// side (in-process transport only).
+/// every packet the transport took in (every datagram, a coalesced one counting once per
+/// segment). `dropped_undeliverable` counts on the sending side (in-process transport
+/// only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct TransportCounters {
     /// Packets handed to the path.
@@ -307,6 +308,10 @@ pub struct TransportCounters {
     /// message that the kernel (or the NIC) cuts into several packets, each counted in
     /// `sent_packets`.
     pub gso_sends: u64,
+    /// Packets that arrived coalesced with others into one datagram by UDP receive
+    /// offload (`UDP_GRO`, udp(7)), good or dropped: each is also counted as a packet
+    /// above (received or dropped by reason).
+    pub gro_segments: u64,
 }
 
 impl fmt::Display for TransportCounters {
@@ -315,7 +320,7 @@ impl fmt::Display for TransportCounters {
             f,
             "sent {} pkts / {} B ({} errors) in {} calls, received {} pkts / {} B in {} calls, \
              dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
-             {}; icrc unchecked {}; offload: {} GSO sends",
+             {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments",
             self.sent_packets,
             self.sent_bytes,
             self.send_errors,
@@ -329,7 +334,8 @@ impl fmt::Display for TransportCounters {
             self.dropped_undeliverable,
             self.socket_drops,
             self.icrc_unchecked,
-            self.gso_sends
+            self.gso_sends,
+            self.gro_segments
         )
     }
 }
@@ -359,6 +365,7 @@ pub(crate) struct AtomicCounters {
     /// keeps two receiving threads from moving it back).
     pub(crate) socket_drops: AtomicU64,
     pub(crate) gso_sends: AtomicU64,
+    pub(crate) gro_segments: AtomicU64,
 }
 
 /// Adds one to a counter (see [`AtomicCounters`] for the ordering).
@@ -389,6 +396,7 @@ impl AtomicCounters {
             recv_calls: load(&self.recv_calls),
             socket_drops: load(&self.socket_drops),
             gso_sends: load(&self.gso_sends),
+            gro_segments: load(&self.gro_segments),
         }
     }
 

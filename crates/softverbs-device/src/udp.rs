@@ -63,7 +63,7 @@
 //! than the caller's buffer or with a bad ICRC are dropped and counted; `recv` never
 //! panics on network input.
 //!
-//! # Segmentation offload (udp(7) `UDP_SEGMENT`)
+//! # Segmentation offload (udp(7) `UDP_SEGMENT`, `UDP_GRO`)
 //!
 //! The kernel's cost is per datagram, and RoCEv2 packets are at most a path MTU (4 KiB)
 //! long. With [`UdpConfig::offload`] on (the default; `SOFTVERBS_UDP_OFFLOAD=off`,
@@ -86,27 +86,38 @@
 //!   segments in hardware (USO) is expected to number the IDs the same way, as for TCP
 //!   segmentation; that is not verified here (`SOFTVERBS_UDP_OFFLOAD=off` if a peer drops
 //!   such packets as bad ICRCs).
-//! - **Fallback.** If a GSO send is refused (`EINVAL`, `EOPNOTSUPP`, `EIO`: a kernel or
-//!   path without support), GSO is turned off for the transport and the packets go again
-//!   one per message (their ICRCs refilled for ID 0). This is logged once.
+//! - **GRO on receive.** The device socket sets `UDP_GRO`, so several packets of one flow
+//!   may arrive as one datagram with a `UDP_GRO` control message giving the segment
+//!   size (on loopback: exactly what a GSO sender sent). The transport receives into slots
+//!   of 64 KiB of its own, cuts each datagram into its segments, checks each one as a
+//!   datagram of its own (a malformed or corrupted segment is dropped and counted, the
+//!   others delivered) and copies the good ones into the caller's buffers; segments that do
+//!   not fit this call's buffers wait for the next call.
+//! - **Fallback.** If `UDP_GRO` cannot be set, the socket receives one packet per datagram
+//!   as before. If a GSO send is refused (`EINVAL`, `EOPNOTSUPP`, `EIO`: a kernel or path
+//!   without support), GSO is turned off for the transport and the packets go again one
+//!   per message (their ICRCs refilled for ID 0). Either is logged once.
 //!
-//! A receiver sees a segment of a softverbs GSO sender with IPv4 ID `k` (0 … 63): its
-//! kernel (or the sender's, or the NIC) cuts the message and numbers the pieces. So
-//! [`Ipv4IcrcCheck::IdZero`] accepts the IDs 0 … 63, trying ID 0 first: a corrupted
-//! packet passes if its ICRC happens to fit one of 64 IDs, a check of 26 bits instead of
-//! 32. [`Ipv4IcrcCheck::AnyId`] is unchanged (16 bits).
+//! A receiver sees a segment of a softverbs GSO sender with IPv4 ID `k` (0 … 63), whether
+//! it arrives coalesced (segment `k` of its datagram) or alone (a receiver without GRO:
+//! its kernel cuts the message and numbers the pieces the same way). So
+//! [`Ipv4IcrcCheck::IdZero`] accepts the IDs 0 … 63, trying first the one expected (the
+//! segment's index in its datagram: 0 for a lone datagram, `k` for segment `k` of a
+//! coalesced one, exact on loopback): a corrupted packet passes if its ICRC happens to fit
+//! one of 64 IDs, a check of 26 bits instead of 32. [`Ipv4IcrcCheck::AnyId`] tries the
+//! expected ID the same way and then any ID, as before (16 bits).
 //!
 //! Capture and fault injection (`pcap`, `fault`) sit above the socket and still see every
 //! RoCEv2 packet on its own; a device with either sends one packet per message.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use rustix::net::sockopt;
@@ -128,7 +139,7 @@ pub const ADDR_ENV: &str = "SOFTVERBS_ADDR";
 pub const IPV4_ICRC_ENV: &str = "SOFTVERBS_IPV4_ICRC";
 
 /// The environment variable that sets [`UdpConfig::offload`]: `on` (the default) or `off`
-/// (no GSO on send; for tests and comparisons).
+/// (no GSO on send, no GRO on receive; for tests and comparisons).
 pub const UDP_OFFLOAD_ENV: &str = "SOFTVERBS_UDP_OFFLOAD";
 
 /// Parses the value of `SOFTVERBS_UDP_OFFLOAD`: `on` or `off` (ASCII case and surrounding
@@ -222,7 +233,7 @@ pub struct UdpConfig {
     pub ipv4_icrc: Ipv4IcrcCheck,
     /// Which UDP source port packets go from.
     pub source_ports: SourcePorts,
-    /// Segmentation offload: GSO on send (see the module documentation).
+    /// Segmentation offload: GSO on send, GRO on receive (see the module documentation).
     /// On by default; where the kernel refuses either, the transport does without it.
     pub offload: bool,
 }
@@ -319,7 +330,61 @@ pub struct UdpTransport {
     /// a `UDP_SEGMENT` message (then off for good). `Relaxed`: a switch read per batch,
     /// nothing is published through it.
     gso: AtomicBool,
+    /// Where datagrams are received when the device socket has `UDP_GRO` on; `None`
+    /// without GRO (datagrams then go straight into the caller's buffers).
+    gro: Option<Mutex<GroArena>>,
+    /// How many packets wait in the arena (`GroArena::held`), so that
+    /// [`Transport::wait_readable`] does not wait while some do. Written under the arena's
+    /// lock; read `Relaxed` as a hint (a stale zero costs one wait, bounded by its
+    /// timeout, and the packets are handed out by the next receive).
+    held: AtomicUsize,
 }
+
+/// Where a transport with GRO receives: slots for datagrams of up to 64 KiB (a coalesced
+/// one holds several packets), and the packets taken off the socket and checked that were
+/// not handed out yet.
+struct GroArena {
+    /// [`GRO_SLOTS`] slots of [`GRO_SLOT_LEN`] bytes, allocated on first use (their pages
+    /// are mapped as datagrams are written into them).
+    slots: Vec<u8>,
+    /// Packets waiting to be checked and handed out, in arrival order. The slots are
+    /// refilled only once this is empty.
+    held: VecDeque<HeldPacket>,
+    /// The `recvmmsg(2)` headers, kept from call to call (a receive that finds nothing
+    /// then costs no 20 KiB of zeroing).
+    batch: Option<Box<ReceiveBatch>>,
+}
+
+/// A packet in the GRO arena: a datagram of its own, or segment `segment` of a coalesced
+/// one.
+#[derive(Debug, Clone, Copy)]
+struct HeldPacket {
+    /// Where it starts in the arena's slots.
+    start: usize,
+    len: usize,
+    /// The sender.
+    from: Endpoint,
+    /// The ancillary data of its datagram (TOS, TTL: the same for every segment).
+    ancillary: Ancillary,
+    /// Its index in its datagram (0 for a datagram of its own).
+    segment: usize,
+}
+
+impl std::fmt::Debug for GroArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroArena")
+            .field("slots", &self.slots.len())
+            .field("held", &self.held.len())
+            .finish()
+    }
+}
+
+/// Slots of the GRO arena: datagrams one `recvmmsg(2)` takes at most.
+const GRO_SLOTS: usize = 32;
+
+/// The size of a GRO slot: the largest UDP datagram (a coalesced one is at most 64 KiB,
+/// `UDP_GRO`), rounded up.
+const GRO_SLOT_LEN: usize = 64 * 1024;
 
 /// The most packets one GSO message carries (`UDP_MAX_SEGMENTS`, linux/udp.h).
 const UDP_MAX_SEGMENTS: usize = 64;
@@ -454,6 +519,9 @@ struct Ancillary {
     /// `SO_RXQ_OVFL` (socket(7)): datagrams the socket dropped since it was opened, sent
     /// by Linux only once there is at least one.
     socket_drops: Option<u32>,
+    /// `UDP_GRO` (udp(7)): the datagram is several packets of this size coalesced (the
+    /// last may be shorter).
+    segment_size: Option<u16>,
 }
 
 /// Reads the control messages Linux delivers (`struct cmsghdr`: `size_t len; int level;
@@ -498,6 +566,15 @@ fn parse_ancillary(control: &[u8]) -> Ancillary {
                     .and_then(|bytes| bytes.try_into().ok())
                     .map(u32::from_ne_bytes);
             }
+            // Linux puts the segment size as an `int` (udp_cmsg_recv).
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                found.segment_size = data
+                    .get(..4)
+                    .and_then(|bytes| bytes.try_into().ok())
+                    .map(i32::from_ne_bytes)
+                    .and_then(|size| u16::try_from(size).ok())
+                    .filter(|&size| size > 0);
+            }
             _ => {}
         }
         at += align(len);
@@ -534,6 +611,15 @@ impl UdpTransport {
             .as_socket()
             .ok_or_else(|| io::Error::other("socket has no IP address"))?;
         tracing::debug!(local = %bound, requested = %addr, "UDP RoCEv2 transport bound");
+        // udp(7) UDP_GRO (Linux 5.0): without it, one packet per datagram as before.
+        let gro = config.offload
+            && match set_int_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1) {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::info!(%error, "no UDP receive offload (UDP_GRO): one packet per datagram");
+                    false
+                }
+            };
         Ok(UdpTransport {
             socket,
             local: Endpoint::from(bound),
@@ -541,6 +627,14 @@ impl UdpTransport {
             config,
             flow_sockets: RwLock::new(HashMap::new()),
             counters: AtomicCounters::default(),
+            gro: gro.then(|| {
+                Mutex::new(GroArena {
+                    slots: Vec::new(),
+                    held: VecDeque::new(),
+                    batch: None,
+                })
+            }),
+            held: AtomicUsize::new(0),
         })
     }
 
@@ -739,6 +833,139 @@ impl UdpTransport {
         Ok(taken.min(count))
     }
 
+    /// Receives through the GRO arena: hands out into `bufs` (in order, appended to
+    /// `received`) the packets an earlier call left waiting, then, if `bufs` has room,
+    /// takes up to [`GRO_SLOTS`] datagrams off the socket with one `recvmmsg(2)`, cuts
+    /// each into its segments and hands them out; each is checked as a datagram of its own
+    /// as it is handed out (dropped and counted if bad), and those `bufs` has no room for
+    /// wait for the next call. Returns how many datagrams were taken off the socket, or,
+    /// if no packet was handed out, the socket's error (`WouldBlock`: nothing there).
+    fn receive_coalesced(
+        &self,
+        arena: &Mutex<GroArena>,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) -> io::Result<usize> {
+        let mut arena = arena
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = self.receive_coalesced_locked(&mut arena, bufs, received);
+        self.held.store(arena.held.len(), Ordering::Relaxed);
+        result
+    }
+
+    fn receive_coalesced_locked(
+        &self,
+        arena: &mut MutexGuard<'_, GroArena>,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) -> io::Result<usize> {
+        let GroArena { slots, held, batch } = &mut **arena;
+        self.hand_out(slots, held, bufs, received);
+        let room = bufs.len() - received.len();
+        if !held.is_empty() || room == 0 {
+            return Ok(0);
+        }
+        if slots.is_empty() {
+            *slots = vec![0u8; GRO_SLOTS * GRO_SLOT_LEN];
+        }
+        let batch = batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()));
+        let mut chunks = slots.chunks_exact_mut(GRO_SLOT_LEN);
+        let taken = match self.receive_into(batch, &mut chunks, room.min(GRO_SLOTS)) {
+            Ok(taken) => taken,
+            // Packets were handed out: they go back now, the error (if it persists) on a
+            // later call.
+            Err(_) if !received.is_empty() => return Ok(0),
+            Err(error) => return Err(error),
+        };
+        for index in 0..taken {
+            let datagram = batch.datagram(index);
+            let ancillary = self.check_ancillary(datagram.control);
+            // A datagram is at most 64 KiB: one longer than its slot cannot be RoCEv2.
+            let (false, Some(from)) = (
+                datagram.truncated || datagram.len > GRO_SLOT_LEN,
+                datagram.from,
+            ) else {
+                let reason = if datagram.from.is_some() {
+                    DropReason::Truncated
+                } else {
+                    DropReason::Malformed
+                };
+                tracing::trace!(?reason, "dropped a datagram");
+                self.counters.count_drop(reason);
+                continue;
+            };
+            let start = index * GRO_SLOT_LEN;
+            let packet = HeldPacket {
+                start,
+                len: datagram.len,
+                from: Endpoint::from(from),
+                ancillary,
+                segment: 0,
+            };
+            match ancillary
+                .segment_size
+                .map(usize::from)
+                .filter(|&size| size < datagram.len)
+            {
+                None => held.push_back(packet),
+                Some(size) => {
+                    // udp(7) UDP_GRO: segments of `size` bytes, the last maybe shorter.
+                    let segments = datagram.len.div_ceil(size);
+                    add(&self.counters.gro_segments, segments);
+                    held.extend((0..segments).map(|segment| HeldPacket {
+                        start: start + segment * size,
+                        len: size.min(datagram.len - segment * size),
+                        segment,
+                        ..packet
+                    }));
+                }
+            }
+        }
+        self.hand_out(slots, held, bufs, received);
+        Ok(taken)
+    }
+
+    /// Checks the waiting packets, in order, while `bufs[received.len()..]` has room: one
+    /// too long for its buffer, malformed or with a bad ICRC is dropped and counted, a
+    /// good one copied into its buffer and appended to `received`.
+    fn hand_out(
+        &self,
+        slots: &[u8],
+        held: &mut VecDeque<HeldPacket>,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) {
+        while received.len() < bufs.len() {
+            let Some(packet) = held.pop_front() else {
+                break;
+            };
+            let buf = &mut bufs[received.len()];
+            let checked = match (
+                buf.get_mut(..packet.len),
+                slots.get(packet.start..packet.start + packet.len),
+            ) {
+                (Some(buf), Some(bytes)) => self
+                    .check_packet(bytes, packet.from, &packet.ancillary, packet.segment)
+                    .map(|checked| (checked, buf, bytes)),
+                (None, _) => Err(DropReason::Truncated),
+                // Cannot happen: every held packet lies within its slot.
+                (_, None) => Err(DropReason::Malformed),
+            };
+            match checked {
+                Ok((checked, buf, bytes)) => {
+                    buf.copy_from_slice(bytes);
+                    self.count_accepted(&checked);
+                    received.push(checked);
+                }
+                Err(reason) => {
+                    tracing::trace!(?reason, segment = packet.segment, "dropped a packet");
+                    self.counters.count_drop(reason);
+                }
+            }
+        }
+    }
+
     /// Counts a packet handed out.
     fn count_accepted(&self, packet: &Received) {
         self.counters.count_received(packet.len);
@@ -774,16 +1001,18 @@ impl UdpTransport {
         }
         let bytes = buf.get(..len).ok_or(DropReason::Truncated)?;
         let from = from.ok_or(DropReason::Malformed)?;
-        self.check_packet(bytes, Endpoint::from(from), &ancillary)
+        self.check_packet(bytes, Endpoint::from(from), &ancillary, 0)
     }
 
-    /// Checks one packet from `from`, with the ancillary data of its datagram: a packet to
-    /// hand out, or why it is dropped. Counts nothing.
+    /// Checks one packet from `from`, with the ancillary data of its datagram, segment
+    /// `segment` of it (0 for a datagram of its own): a packet to hand out, or why it is
+    /// dropped. Counts nothing.
     fn check_packet(
         &self,
         packet: &[u8],
         from: Endpoint,
         ancillary: &Ancillary,
+        segment: usize,
     ) -> Result<Received, DropReason> {
         let len = packet.len();
         if !plausible_packet_len(len) {
@@ -802,10 +1031,12 @@ impl UdpTransport {
             return Err(DropReason::Malformed);
         };
         udp.dst_port = self.local.port();
-        let icrc_checked = match (ip, self.config.ipv4_icrc) {
+        let icrc_checked = match (&mut ip, self.config.ipv4_icrc) {
             (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::Skip) => false,
-            (IpHeaderInfo::V4 { .. }, check) => {
-                // ID 0 (softverbs peers) costs one verify; another ID two multiplications.
+            (IpHeaderInfo::V4 { id, .. }, check) => {
+                // The ID a softverbs sender gave it (module documentation) costs one
+                // verify; another ID two multiplications more.
+                *id = u16::try_from(segment).unwrap_or(0);
                 let Ok(sent) = icrc::verify_any_ipv4_id(&ip, &udp, packet) else {
                     return Err(DropReason::BadIcrc);
                 };
@@ -1051,6 +1282,12 @@ struct Datagram<'a> {
     control: &'a [u8],
 }
 
+// SAFETY: the raw pointers in `iovecs` and `messages` are only ever dereferenced by the
+// kernel, inside the `recvmmsg(2)` of `UdpTransport::receive_into`, which sets every one
+// it passes to memory borrowed for that call. Between calls they are stale and nothing
+// reads through them, so the batch may move to (and be used by) another thread.
+unsafe impl Send for ReceiveBatch {}
+
 impl ReceiveBatch {
     fn new() -> ReceiveBatch {
         ReceiveBatch {
@@ -1239,6 +1476,12 @@ impl Transport for UdpTransport {
     }
 
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
+        if self.gro.is_some() {
+            // A datagram may hold several packets: through the arena, one packet at most.
+            let mut received = Vec::with_capacity(1);
+            self.recv_batch(&mut [buf], &mut received, timeout)?;
+            return Ok(received.pop());
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             match self.receive_one(buf) {
@@ -1327,8 +1570,9 @@ impl Transport for UdpTransport {
             .count()
     }
 
-    /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call,
-    /// waiting (without the call) up to `timeout` for the first.
+    /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call
+    /// (32 with GRO, each possibly several packets), waiting (without the call)
+    /// up to `timeout` for the first.
     fn recv_batch(
         &self,
         bufs: &mut [&mut [u8]],
@@ -1338,7 +1582,11 @@ impl Transport for UdpTransport {
         received.clear();
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            match self.receive_many(bufs, received) {
+            let taken = match &self.gro {
+                Some(arena) => self.receive_coalesced(arena, bufs, received),
+                None => self.receive_many(bufs, received),
+            };
+            match taken {
                 Ok(_) if !received.is_empty() => return Ok(received.len()),
                 // Every datagram taken was dropped: look again at once.
                 Ok(taken) if taken > 0 => continue,
@@ -1367,10 +1615,17 @@ impl Transport for UdpTransport {
         self.counters.snapshot()
     }
 
+    /// Returns at once while packets of a coalesced datagram wait to be handed out.
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        if self.held.load(Ordering::Relaxed) > 0 {
+            return Ok(());
+        }
         wait_readable(&self.socket, Some(timeout)).map(|_| ())
     }
 
+    /// The socket. Packets of a coalesced datagram already taken off it and waiting to be
+    /// handed out do not show on it; [`Transport::wait_readable`] sees them, and the
+    /// device's progress thread hands them out.
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.socket.as_fd())
     }
@@ -1381,7 +1636,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ancillary_parser_reads_tos_ttl_and_socket_drops_and_survives_garbage() {
+    fn ancillary_parser_reads_tos_ttl_socket_drops_and_segment_size_and_survives_garbage() {
         let mut control = Vec::new();
         let push = |control: &mut Vec<u8>, level: i32, kind: i32, data: &[u8]| {
             let header = std::mem::size_of::<libc::cmsghdr>();
@@ -1407,12 +1662,20 @@ mod tests {
             libc::SO_RXQ_OVFL,
             &70_000u32.to_ne_bytes(),
         );
+        // udp(7) UDP_GRO: the segment size of a coalesced datagram, an int.
+        push(
+            &mut control,
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            &4112i32.to_ne_bytes(),
+        );
         assert_eq!(
             parse_ancillary(&control),
             Ancillary {
                 traffic_class: Some(2),
                 hop_limit: Some(64),
                 socket_drops: Some(70_000),
+                segment_size: Some(4112),
             }
         );
         for len in 0..control.len() {

@@ -1,7 +1,8 @@
-//! UDP segmentation offload (udp(7) `UDP_SEGMENT`; Linux
+//! UDP segmentation offload (udp(7) `UDP_SEGMENT`, `UDP_GRO`; Linux
 //! `Documentation/networking/segmentation-offloads.rst`): runs of equal packets leave as
-//! one GSO message, which becomes standard RoCEv2 packets, each with its own ICRC (IBTA
-//! Annex A17), and the transport does without it where the kernel refuses it.
+//! one GSO message, coalesced datagrams are cut back into packets on receive, each one a
+//! standard RoCEv2 packet with its own ICRC (IBTA Annex A17), and the transport does
+//! without either where the kernel refuses it.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::rc::{connect_mtu, side, wait_for, Side};
 use common::{bth, emit, send_only, PATIENCE};
@@ -18,7 +19,7 @@ use softverbs_device::transport::OutgoingPacket;
 use softverbs_device::udp::{Ipv4IcrcCheck, SourcePorts};
 use softverbs_device::{DeviceConfig, Endpoint, Transport, UdpConfig, UdpTransport};
 use softverbs_proto::{Mtu, SendOp, SendWr, Sge};
-use softverbs_wire::icrc::{self, IpHeaderInfo};
+use softverbs_wire::icrc::{self, IpHeaderInfo, UdpHeaderInfo};
 use softverbs_wire::{Opcode, PacketRepr, RethRepr};
 
 /// A UDP device on 127.0.0.`last`, port 4791, with segmentation offload on or off.
@@ -95,15 +96,13 @@ fn write_stream(
     (sender, receiver)
 }
 
-// udp(7) UDP_SEGMENT: a 64 KiB RDMA WRITE at MTU 4096 is a FIRST (with a RETH, IBTA
-// 9.7.1) and 15 packets of one length: the 15 leave as one GSO message, the FIRST as a
-// message of its own in the same sendmmsg(2). The receiving kernel cuts the message and
-// numbers the pieces' IPv4 IDs 0, 1, 2, … (inet_gso_segment), which is what the sender
-// computed each ICRC for: even the strict check (Ipv4IcrcCheck::IdZero: IDs a softverbs
-// sender writes) accepts every packet, and the data lands byte for byte.
+// udp(7) UDP_SEGMENT / UDP_GRO: a 64 KiB RDMA WRITE at MTU 4096 is a FIRST (with a RETH,
+// IBTA 9.7.1) and 15 packets of one length: the 15 leave as one GSO message, the FIRST as
+// a message of its own in the same sendmmsg(2), and on loopback the receiver gets the
+// message whole (UDP_GRO) and cuts it back into packets. The data lands byte for byte.
 #[test]
-fn rdma_writes_of_64_kib_leave_as_gso_messages_and_every_icrc_verifies() {
-    let (sender, receiver) = write_stream((83, true), (84, true, Ipv4IcrcCheck::IdZero));
+fn rdma_writes_of_64_kib_leave_as_gso_messages_and_arrive_coalesced() {
+    let (sender, receiver) = write_stream((83, true), (84, true, Ipv4IcrcCheck::AnyId));
     let context = format!("sender: {sender}\nreceiver: {receiver}");
     // 32 WRITEs of 16 packets.
     assert!(sender.sent_packets >= 32 * 16, "{context}");
@@ -116,23 +115,42 @@ fn rdma_writes_of_64_kib_leave_as_gso_messages_and_every_icrc_verifies() {
         sender.sent_packets >= 4 * sender.send_calls,
         "fewer than 4 packets per send call\n{context}"
     );
+    assert!(receiver.gro_segments >= 32 * 15, "{context}");
     assert_eq!(
         receiver.dropped_bad_icrc + receiver.dropped_malformed + receiver.dropped_truncated,
         0,
         "{context}"
     );
-    assert!(receiver.received_packets >= 32 * 16, "{context}");
+    // The receiver took several packets per receive call.
+    assert!(
+        receiver.received_packets >= 4 * receiver.recv_calls,
+        "{context}"
+    );
 }
 
-// SOFTVERBS_UDP_OFFLOAD=off (UdpConfig::offload = false): one packet per datagram, and
-// the same WRITEs still land intact.
+// SOFTVERBS_UDP_OFFLOAD=off (UdpConfig::offload = false): one packet per datagram both
+// ways, and the same WRITEs still land intact.
 #[test]
 fn with_offload_off_packets_go_one_per_datagram_and_the_writes_still_land() {
     let (sender, receiver) = write_stream((85, false), (86, false, Ipv4IcrcCheck::AnyId));
     let context = format!("sender: {sender}\nreceiver: {receiver}");
     assert!(sender.sent_packets >= 32 * 16, "{context}");
-    assert_eq!(sender.gso_sends, 0, "{context}");
+    assert_eq!(sender.gso_sends + receiver.gro_segments, 0, "{context}");
     assert_eq!(receiver.dropped_bad_icrc, 0, "{context}");
+}
+
+// A GSO sender and a receiver without GRO: the receiving kernel cuts the message and
+// numbers the pieces' IPv4 IDs 0, 1, 2, … (inet_gso_segment), which is what the sender
+// computed each ICRC for; even the strict check (Ipv4IcrcCheck::IdZero: IDs a softverbs
+// sender writes) accepts every packet.
+#[test]
+fn a_gso_sender_and_a_receiver_without_gro_agree_on_every_icrc() {
+    let (sender, receiver) = write_stream((87, true), (88, false, Ipv4IcrcCheck::IdZero));
+    let context = format!("sender: {sender}\nreceiver: {receiver}");
+    assert!(sender.gso_sends >= 32, "{context}");
+    assert_eq!(receiver.gro_segments, 0, "{context}");
+    assert_eq!(receiver.dropped_bad_icrc, 0, "{context}");
+    assert!(receiver.received_packets >= 32 * 16, "{context}");
 }
 
 /// `asm-generic/socket.h` SO_NO_CHECK: no UDP checksums on send, which udp(7) GSO refuses
@@ -224,6 +242,131 @@ fn a_refused_gso_message_goes_again_one_packet_per_datagram_and_gso_stays_off() 
     );
     let r = receiver.counters();
     assert_eq!((r.received_packets, r.dropped_bad_icrc), (12, 0), "{r}");
+}
+
+/// `udp_len`-byte-payload packets from `from` to `to` as a plain socket sends them, each
+/// with the ICRC for IPv4 ID `k` where `k` is its place in `packets` (what a GSO sender's
+/// segments carry).
+fn fill_for_ids(from: Endpoint, to: Endpoint, packets: &mut [Vec<u8>]) {
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.addr(), to.addr()) else {
+        panic!("IPv4 only")
+    };
+    for (k, packet) in packets.iter_mut().enumerate() {
+        let mut udp = UdpHeaderInfo::rocev2(from.port(), packet.len()).unwrap();
+        udp.dst_port = to.port();
+        let IpHeaderInfo::V4 {
+            tos,
+            ttl,
+            flags_frag,
+            total_len,
+            ..
+        } = IpHeaderInfo::linux_ipv4(src, dst, 0, 64, udp.length).unwrap()
+        else {
+            unreachable!()
+        };
+        let ip = IpHeaderInfo::V4 {
+            src,
+            dst,
+            tos,
+            ttl,
+            id: k as u16,
+            flags_frag,
+            total_len,
+        };
+        icrc::fill(&ip, &udp, packet).unwrap();
+    }
+}
+
+// udp(7) UDP_GRO: a coalesced datagram is several packets; each is checked on its own
+// (IBTA Annex A17 ICRC; reference §1.6 lengths), so a corrupted segment in the middle and
+// a runt at the end are dropped and counted, the good ones around them delivered in order,
+// with the IPv4 ID each was sent with (its index). Segments the caller has no buffer for
+// wait for the next call, and the transport does not wait on its socket meanwhile.
+#[test]
+fn a_coalesced_datagram_with_a_bad_segment_in_the_middle_delivers_the_others() {
+    for (address, check) in [
+        ("127.0.0.91", Ipv4IcrcCheck::AnyId),
+        ("127.0.0.92", Ipv4IcrcCheck::IdZero),
+    ] {
+        let target = bind(address, check);
+        let plain = UdpSocket::bind("127.0.0.93:0").unwrap();
+        let from = Endpoint::from(plain.local_addr().unwrap());
+        let to = target.local();
+        let mut packets = equal_packets(0..5);
+        fill_for_ids(from, to, &mut packets);
+        packets[2][20] ^= 0x01; // a payload bit of the middle segment
+        let size = packets[0].len();
+        let mut message: Vec<u8> = packets.concat();
+        message.extend_from_slice(&[1, 2, 3]); // a runt as the last, shorter segment
+                                               // Every datagram of this socket is cut into segments of `size` bytes.
+        set_int_option(
+            &plain,
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            size as libc::c_int,
+        );
+        plain.send_to(&message, to.socket_addr()).unwrap();
+
+        let mut storage = vec![0u8; 8 * 2048];
+        let mut got = Vec::new();
+        {
+            // Room for two packets: the rest of the datagram waits.
+            let mut bufs: Vec<&mut [u8]> = storage.chunks_mut(2048).take(2).collect();
+            let mut received = Vec::new();
+            let n = target
+                .recv_batch(&mut bufs, &mut received, Some(PATIENCE))
+                .unwrap();
+            assert_eq!(n, 2);
+            for (packet, buf) in received.iter().zip(&bufs) {
+                got.push((psn_of(&buf[..packet.len]), packet.ip));
+            }
+        }
+        let started = Instant::now();
+        target.wait_readable(Duration::from_secs(2)).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited on the socket while packets of a datagram waited"
+        );
+        let mut bufs: Vec<&mut [u8]> = storage.chunks_mut(2048).collect();
+        let mut received = Vec::new();
+        target
+            .recv_batch(&mut bufs, &mut received, Some(PATIENCE))
+            .unwrap();
+        for (packet, buf) in received.iter().zip(&bufs) {
+            assert!(packet.icrc_checked);
+            assert_eq!(packet.from, from);
+            assert_eq!(
+                icrc::verify(&packet.ip, &packet.udp, &buf[..packet.len]),
+                Ok(())
+            );
+            got.push((psn_of(&buf[..packet.len]), packet.ip));
+        }
+        let ids: Vec<(u32, u16)> = got
+            .iter()
+            .map(|(psn, ip)| match ip {
+                IpHeaderInfo::V4 { id, .. } => (*psn, *id),
+                IpHeaderInfo::V6 { .. } => unreachable!(),
+            })
+            .collect();
+        assert_eq!(ids, [(0, 0), (1, 1), (3, 3), (4, 4)], "{check:?}");
+        let c = target.counters();
+        assert_eq!(
+            (
+                c.received_packets,
+                c.dropped_bad_icrc,
+                c.dropped_malformed,
+                c.gro_segments
+            ),
+            (4, 1, 1, 6),
+            "{check:?}: {c}"
+        );
+        assert_eq!(
+            target
+                .recv(&mut [0u8; 2048], Some(Duration::from_millis(50)))
+                .unwrap(),
+            None
+        );
+    }
 }
 
 /// A test that lacks the privileges it needs: fails as root or in CI (`CI=true`: there it
