@@ -7,7 +7,7 @@
 //! | [`events`] | [`AsyncEventQueue`]: the async event queue behind a pollable fd, of [`AsyncEvent`]s (the engine's type, re-exported) |
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
-//! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address |
+//! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address, batches in one system call, segmentation offload (GSO / GRO) |
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
 //! | [`fault`] | [`FaultTransport`]: seeded drop / duplicate / delay / reorder / corrupt middleware |
 //! | [`pcap`] | [`PcapTransport`]: capture middleware writing Wireshark-readable RoCEv2 pcap or pcapng files (`*.pcapng`: pcapng), and a reader of both |

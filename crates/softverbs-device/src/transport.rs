@@ -230,7 +230,8 @@ pub fn udp_src_port_for_qp(qpn: u32) -> u16 {
 pub struct Sent {
     /// Source endpoint (the transport's local endpoint).
     pub from: Endpoint,
-    /// The IP header (for IPv4 over a socket: ID 0, DF, as Linux writes it, §5.2).
+    /// The IP header (for IPv4 over a socket: ID 0, DF, as Linux writes it, §5.2; ID `k`
+    /// for segment `k` of a GSO message, see [`crate::udp`]).
     pub ip: IpHeaderInfo,
     /// The UDP header (its checksum is masked out of the ICRC and not kept).
     pub udp: UdpHeaderInfo,
@@ -253,7 +254,8 @@ pub struct Received {
     pub len: usize,
     /// The IP header as far as the receiver knows it. A socket cannot see the IPv4 ID:
     /// the UDP transport recovers it from the ICRC (`icrc::verify_any_ipv4_id`), so it is
-    /// the sender's (0 from softverbs peers, rxe's own numbering from rxe).
+    /// the sender's (0 from softverbs peers, `k` for segment `k` of their GSO messages,
+    /// rxe's own numbering from rxe).
     pub ip: IpHeaderInfo,
     /// The UDP header.
     pub udp: UdpHeaderInfo,
@@ -264,8 +266,9 @@ pub struct Received {
 
 /// A snapshot of a transport's counters. Receive drops are counted per reason:
 /// `received_packets` + `dropped_bad_icrc` + `dropped_malformed` + `dropped_truncated` is
-/// every datagram the transport took in. `dropped_undeliverable` counts on the sending
-/// side (in-process transport only).
+/// every packet the transport took in (every datagram, a coalesced one counting once per
+/// segment). `dropped_undeliverable` counts on the sending side (in-process transport
+/// only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct TransportCounters {
     /// Packets handed to the path.
@@ -301,6 +304,14 @@ pub struct TransportCounters {
     /// so they are not in the sum above. Reported with the next datagram received after a
     /// drop, so it can lag.
     pub socket_drops: u64,
+    /// Super-datagrams sent with UDP segmentation offload (`UDP_SEGMENT`, udp(7)): one
+    /// message that the kernel (or the NIC) cuts into several packets, each counted in
+    /// `sent_packets`.
+    pub gso_sends: u64,
+    /// Packets that arrived coalesced with others into one datagram by UDP receive
+    /// offload (`UDP_GRO`, udp(7)), good or dropped: each is also counted as a packet
+    /// above (received or dropped by reason).
+    pub gro_segments: u64,
 }
 
 impl fmt::Display for TransportCounters {
@@ -309,7 +320,7 @@ impl fmt::Display for TransportCounters {
             f,
             "sent {} pkts / {} B ({} errors) in {} calls, received {} pkts / {} B in {} calls, \
              dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
-             {}; icrc unchecked {}",
+             {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments",
             self.sent_packets,
             self.sent_bytes,
             self.send_errors,
@@ -322,7 +333,9 @@ impl fmt::Display for TransportCounters {
             self.dropped_truncated,
             self.dropped_undeliverable,
             self.socket_drops,
-            self.icrc_unchecked
+            self.icrc_unchecked,
+            self.gso_sends,
+            self.gro_segments
         )
     }
 }
@@ -351,6 +364,8 @@ pub(crate) struct AtomicCounters {
     /// The largest `SO_RXQ_OVFL` count seen (the kernel's count only grows; `fetch_max`
     /// keeps two receiving threads from moving it back).
     pub(crate) socket_drops: AtomicU64,
+    pub(crate) gso_sends: AtomicU64,
+    pub(crate) gro_segments: AtomicU64,
 }
 
 /// Adds one to a counter (see [`AtomicCounters`] for the ordering).
@@ -380,6 +395,8 @@ impl AtomicCounters {
             send_calls: load(&self.send_calls),
             recv_calls: load(&self.recv_calls),
             socket_drops: load(&self.socket_drops),
+            gso_sends: load(&self.gso_sends),
+            gro_segments: load(&self.gro_segments),
         }
     }
 

@@ -62,22 +62,71 @@
 //! Datagrams shorter than a BTH and an ICRC, not a whole number of 4-byte words, larger
 //! than the caller's buffer or with a bad ICRC are dropped and counted; `recv` never
 //! panics on network input.
+//!
+//! # Segmentation offload (udp(7) `UDP_SEGMENT`, `UDP_GRO`)
+//!
+//! The kernel's cost is per datagram, and RoCEv2 packets are at most a path MTU (4 KiB)
+//! long. With [`UdpConfig::offload`] on (the default; `SOFTVERBS_UDP_OFFLOAD=off`,
+//! [`UDP_OFFLOAD_ENV`], turns it off):
+//!
+//! - **GSO on send.** [`Transport::send_batch`] gives consecutive packets for the same
+//!   destination from the same socket, all of one length but the last (which may be
+//!   shorter), to the kernel as one message with a `UDP_SEGMENT` control message whose
+//!   segment size is that length — e.g. the MIDDLE … LAST packets of an RDMA WRITE (its
+//!   FIRST carries a RETH, so it is a message of its own in the same `sendmmsg(2)`). The
+//!   kernel, or the NIC, cuts the message back into those packets (Linux
+//!   `Documentation/networking/segmentation-offloads.rst`), at most `UDP_MAX_SEGMENTS`
+//!   (64) of them and 65,507 bytes in all. Each packet keeps its own ICRC, computed over
+//!   the headers it has on the wire: over IPv4 these differ in one field the ICRC covers,
+//!   the Identification. Linux gives the message ID 0 (as any of our datagrams, above) and
+//!   numbers the segments from it (`inet_gso_segment`: ID `k` for segment `k`), so
+//!   segment `k`'s ICRC is computed for ID `k` ([`Sent::ip`] says so). This is checked by
+//!   the `gso_segments_on_the_wire_are_rocev2_packets_with_ids_0_1_2` test, which reads
+//!   what the kernel hands to a network device without segmentation offload. A NIC that
+//!   segments in hardware (USO) is expected to number the IDs the same way, as for TCP
+//!   segmentation; that is not verified here (`SOFTVERBS_UDP_OFFLOAD=off` if a peer drops
+//!   such packets as bad ICRCs).
+//! - **GRO on receive.** The device socket sets `UDP_GRO`, so several packets of one flow
+//!   may arrive as one datagram with a `UDP_GRO` control message giving the segment
+//!   size (on loopback: exactly what a GSO sender sent). The transport receives into slots
+//!   of 64 KiB of its own, cuts each datagram into its segments, checks each one as a
+//!   datagram of its own (a malformed or corrupted segment is dropped and counted, the
+//!   others delivered) and copies the good ones into the caller's buffers; segments that do
+//!   not fit this call's buffers wait for the next call.
+//! - **Fallback.** If `UDP_GRO` cannot be set, the socket receives one packet per datagram
+//!   as before. If a GSO send is refused (`EINVAL`, `EOPNOTSUPP`, `EIO`: a kernel or path
+//!   without support), GSO is turned off for the transport and the packets go again one
+//!   per message (their ICRCs refilled for ID 0). Either is logged once.
+//!
+//! A receiver sees a segment of a softverbs GSO sender with IPv4 ID `k` (0 … 63), whether
+//! it arrives coalesced (segment `k` of its datagram) or alone (a receiver without GRO:
+//! its kernel cuts the message and numbers the pieces the same way). So
+//! [`Ipv4IcrcCheck::IdZero`] accepts the IDs 0 … 63, trying first the one expected (the
+//! segment's index in its datagram: 0 for a lone datagram, `k` for segment `k` of a
+//! coalesced one, exact on loopback): a corrupted packet passes if its ICRC happens to fit
+//! one of 64 IDs, a check of 26 bits instead of 32. [`Ipv4IcrcCheck::AnyId`] tries the
+//! expected ID the same way and then any ID, as before (16 bits).
+//!
+//! Capture and fault injection (`pcap`, `fault`) sit above the socket and still see every
+//! RoCEv2 packet on its own; a device with either sends one packet per message.
 
-use std::collections::HashMap;
-use std::io::{self, IoSlice};
+use std::collections::{HashMap, VecDeque};
+use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use rustix::net::{sockopt, MMsgHdr, SendAncillaryBuffer, SendFlags, SocketAddrAny};
+use rustix::net::sockopt;
 use socket2::{Domain, MaybeUninitSlice, MsgHdrMut, Protocol, SockAddr, Socket, Type};
 use softverbs_wire::icrc::{self, IpHeaderInfo};
 
 use crate::transport::{
-    bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, OutgoingPacket,
-    Received, Sent, Transport, TransportCounters, DEFAULT_PORT,
+    add, bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint,
+    OutgoingPacket, Received, Sent, Transport, TransportCounters, DEFAULT_PORT,
 };
 
 /// The environment variable that sets the device address: `IP`, `IP:PORT` or
@@ -89,6 +138,30 @@ pub const ADDR_ENV: &str = "SOFTVERBS_ADDR";
 /// ([`Ipv4IcrcCheck::Skip`]).
 pub const IPV4_ICRC_ENV: &str = "SOFTVERBS_IPV4_ICRC";
 
+/// The environment variable that sets [`UdpConfig::offload`]: `on` (the default) or `off`
+/// (no GSO on send, no GRO on receive; for tests and comparisons).
+pub const UDP_OFFLOAD_ENV: &str = "SOFTVERBS_UDP_OFFLOAD";
+
+/// Parses the value of `SOFTVERBS_UDP_OFFLOAD`: `on` or `off` (ASCII case and surrounding
+/// blanks ignored). `InvalidInput` otherwise.
+///
+/// ```
+/// # use softverbs_device::udp::parse_offload;
+/// assert!(parse_offload("on").unwrap());
+/// assert!(!parse_offload(" OFF ").unwrap());
+/// assert!(parse_offload("maybe").is_err());
+/// ```
+pub fn parse_offload(value: &str) -> io::Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{UDP_OFFLOAD_ENV}={value:?} is not on or off"),
+        )),
+    }
+}
+
 /// How IPv4 ICRCs are checked on receive (see the module documentation). A socket does not
 /// see the sender's IPv4 ID, which the ICRC covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -99,8 +172,10 @@ pub enum Ipv4IcrcCheck {
     /// leaves 16 bits of the check. Works with softverbs peers, `rxe` and NICs.
     #[default]
     AnyId,
-    /// Accept only packets valid for ID 0, what a softverbs sender writes: the full 32-bit
-    /// check, but packets from `rxe` or NICs are dropped as bad ICRCs.
+    /// Accept only packets valid for an ID a softverbs sender writes: 0 for a datagram of
+    /// its own, `k` (below 64) for segment `k` of a GSO message (see the module
+    /// documentation). The expected ID is tried first; the check keeps 26 of the ICRC's 32
+    /// bits, and packets from `rxe` or NICs are dropped as bad ICRCs.
     IdZero,
     /// Accept IPv4 packets without an ICRC check and count them (`icrc_unchecked`).
     Skip,
@@ -158,6 +233,9 @@ pub struct UdpConfig {
     pub ipv4_icrc: Ipv4IcrcCheck,
     /// Which UDP source port packets go from.
     pub source_ports: SourcePorts,
+    /// Segmentation offload: GSO on send, GRO on receive (see the module documentation).
+    /// On by default; where the kernel refuses either, the transport does without it.
+    pub offload: bool,
 }
 
 impl Default for UdpConfig {
@@ -169,16 +247,27 @@ impl Default for UdpConfig {
             hop_limit: 64,
             ipv4_icrc: Ipv4IcrcCheck::default(),
             source_ports: SourcePorts::default(),
+            offload: true,
         }
     }
 }
 
 impl UdpConfig {
-    /// The default configuration with the address (and port) of `SOFTVERBS_ADDR` and the
-    /// IPv4 ICRC check of `SOFTVERBS_IPV4_ICRC` ([`Ipv4IcrcCheck::parse`]) where those are
+    /// The default configuration with the address (and port) of `SOFTVERBS_ADDR`, the
+    /// IPv4 ICRC check of `SOFTVERBS_IPV4_ICRC` ([`Ipv4IcrcCheck::parse`]) and the
+    /// segmentation offload of `SOFTVERBS_UDP_OFFLOAD` ([`parse_offload`]) where those are
     /// set. `InvalidInput` if one is set but cannot be parsed.
     pub fn from_env() -> io::Result<UdpConfig> {
         let mut config = UdpConfig::default();
+        if let Some(value) = std::env::var_os(UDP_OFFLOAD_ENV) {
+            let value = value.to_str().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{UDP_OFFLOAD_ENV} is not UTF-8"),
+                )
+            })?;
+            config.offload = parse_offload(value)?;
+        }
         if let Some(value) = std::env::var_os(IPV4_ICRC_ENV) {
             let value = value.to_str().ok_or_else(|| {
                 io::Error::new(
@@ -237,7 +326,72 @@ pub struct UdpTransport {
     /// port that could not be bound, so it is not retried on every packet.
     flow_sockets: RwLock<HashMap<u16, Option<Arc<Socket>>>>,
     counters: AtomicCounters,
+    /// Whether batches are sent with GSO: [`UdpConfig::offload`], until the kernel refuses
+    /// a `UDP_SEGMENT` message (then off for good). `Relaxed`: a switch read per batch,
+    /// nothing is published through it.
+    gso: AtomicBool,
+    /// Where datagrams are received when the device socket has `UDP_GRO` on; `None`
+    /// without GRO (datagrams then go straight into the caller's buffers).
+    gro: Option<Mutex<GroArena>>,
+    /// How many packets wait in the arena (`GroArena::held`), so that
+    /// [`Transport::wait_readable`] does not wait while some do. Written under the arena's
+    /// lock; read `Relaxed` as a hint (a stale zero costs one wait, bounded by its
+    /// timeout, and the packets are handed out by the next receive).
+    held: AtomicUsize,
 }
+
+/// Where a transport with GRO receives: slots for datagrams of up to 64 KiB (a coalesced
+/// one holds several packets), and the packets taken off the socket and checked that were
+/// not handed out yet.
+struct GroArena {
+    /// [`GRO_SLOTS`] slots of [`GRO_SLOT_LEN`] bytes, allocated on first use (their pages
+    /// are mapped as datagrams are written into them).
+    slots: Vec<u8>,
+    /// Packets waiting to be checked and handed out, in arrival order. The slots are
+    /// refilled only once this is empty.
+    held: VecDeque<HeldPacket>,
+    /// The `recvmmsg(2)` headers, kept from call to call (a receive that finds nothing
+    /// then costs no 20 KiB of zeroing).
+    batch: Option<Box<ReceiveBatch>>,
+}
+
+/// A packet in the GRO arena: a datagram of its own, or segment `segment` of a coalesced
+/// one.
+#[derive(Debug, Clone, Copy)]
+struct HeldPacket {
+    /// Where it starts in the arena's slots.
+    start: usize,
+    len: usize,
+    /// The sender.
+    from: Endpoint,
+    /// The ancillary data of its datagram (TOS, TTL: the same for every segment).
+    ancillary: Ancillary,
+    /// Its index in its datagram (0 for a datagram of its own).
+    segment: usize,
+}
+
+impl std::fmt::Debug for GroArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroArena")
+            .field("slots", &self.slots.len())
+            .field("held", &self.held.len())
+            .finish()
+    }
+}
+
+/// Slots of the GRO arena: datagrams one `recvmmsg(2)` takes at most.
+const GRO_SLOTS: usize = 32;
+
+/// The size of a GRO slot: the largest UDP datagram (a coalesced one is at most 64 KiB,
+/// `UDP_GRO`), rounded up.
+const GRO_SLOT_LEN: usize = 64 * 1024;
+
+/// The most packets one GSO message carries (`UDP_MAX_SEGMENTS`, linux/udp.h).
+const UDP_MAX_SEGMENTS: usize = 64;
+
+/// The most bytes one GSO message carries: the UDP payload of the largest IPv4 datagram
+/// (65,535 bytes less 20 of IP header and 8 of UDP header).
+const MAX_GSO_BYTES: usize = 65_507;
 
 const IPV6_PMTUDISC_DO: i32 = 2;
 /// `UDP_NO_CHECK6_RX` (linux/udp.h): accept zero UDP checksums over IPv6.
@@ -365,6 +519,9 @@ struct Ancillary {
     /// `SO_RXQ_OVFL` (socket(7)): datagrams the socket dropped since it was opened, sent
     /// by Linux only once there is at least one.
     socket_drops: Option<u32>,
+    /// `UDP_GRO` (udp(7)): the datagram is several packets of this size coalesced (the
+    /// last may be shorter).
+    segment_size: Option<u16>,
 }
 
 /// Reads the control messages Linux delivers (`struct cmsghdr`: `size_t len; int level;
@@ -409,6 +566,15 @@ fn parse_ancillary(control: &[u8]) -> Ancillary {
                     .and_then(|bytes| bytes.try_into().ok())
                     .map(u32::from_ne_bytes);
             }
+            // Linux puts the segment size as an `int` (udp_cmsg_recv).
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                found.segment_size = data
+                    .get(..4)
+                    .and_then(|bytes| bytes.try_into().ok())
+                    .map(i32::from_ne_bytes)
+                    .and_then(|size| u16::try_from(size).ok())
+                    .filter(|&size| size > 0);
+            }
             _ => {}
         }
         at += align(len);
@@ -445,12 +611,30 @@ impl UdpTransport {
             .as_socket()
             .ok_or_else(|| io::Error::other("socket has no IP address"))?;
         tracing::debug!(local = %bound, requested = %addr, "UDP RoCEv2 transport bound");
+        // udp(7) UDP_GRO (Linux 5.0): without it, one packet per datagram as before.
+        let gro = config.offload
+            && match set_int_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1) {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::info!(%error, "no UDP receive offload (UDP_GRO): one packet per datagram");
+                    false
+                }
+            };
         Ok(UdpTransport {
             socket,
             local: Endpoint::from(bound),
+            gso: AtomicBool::new(config.offload),
             config,
             flow_sockets: RwLock::new(HashMap::new()),
             counters: AtomicCounters::default(),
+            gro: gro.then(|| {
+                Mutex::new(GroArena {
+                    slots: Vec::new(),
+                    held: VecDeque::new(),
+                    batch: None,
+                })
+            }),
+            held: AtomicUsize::new(0),
         })
     }
 
@@ -548,7 +732,10 @@ impl UdpTransport {
             (len, msg.flags().is_truncated(), msg.control_len())
         };
         let control = control.0.get(..control_len).unwrap_or(&[]);
-        Ok(self.check_datagram(buf, len, truncated, from.as_socket(), control))
+        let checked = self
+            .check_datagram(buf, len, truncated, from.as_socket(), control)
+            .inspect(|packet| self.count_accepted(packet));
+        Ok(checked)
     }
 
     /// Takes up to [`MAX_BATCH`] datagrams off the socket with one `recvmmsg(2)`
@@ -564,60 +751,21 @@ impl UdpTransport {
         if count == 0 {
             return Ok(0);
         }
-        let mut controls = [Control::new(); MAX_BATCH];
-        // SAFETY: `sockaddr_storage` is plain old data, for which all zeroes is valid.
-        let mut addresses: [libc::sockaddr_storage; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        let mut iovecs = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; MAX_BATCH];
-        // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
-        // zeroes is valid: null pointers with zero lengths.
-        let mut messages: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
-        for index in 0..count {
-            let buf = &mut bufs[index];
-            iovecs[index] = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            let header = &mut messages[index].msg_hdr;
-            header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
-            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            header.msg_iov = &mut iovecs[index];
-            header.msg_iovlen = 1;
-            header.msg_control = controls[index].0.as_mut_ptr().cast();
-            header.msg_controllen = controls[index].0.len() as _;
-        }
-        bump(&self.counters.recv_calls);
-        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
-        // first `count` messages points at live memory of this frame or of `bufs` that
-        // nothing else touches during the call: its address storage, one iovec over its
-        // buffer (`bufs[index]`, exclusively borrowed), its control buffer, each with its
-        // true length, which the kernel writes within. No timeout: MSG_DONTWAIT.
-        let taken = unsafe {
-            libc::recvmmsg(
-                self.socket.as_raw_fd(),
-                messages.as_mut_ptr(),
-                count as libc::c_uint,
-                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        };
-        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
-        for index in 0..taken.min(count) {
-            let message = &messages[index];
-            // With MSG_TRUNC, `msg_len` is the datagram's real length (recv(2)).
-            let len = message.msg_len as usize;
-            let truncated = message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            let address_len = message.msg_hdr.msg_namelen;
-            // SAFETY: the kernel wrote a socket address of `address_len` bytes (at most
-            // the storage's size, which it was told) into this storage.
-            let from = unsafe { SockAddr::new(addresses[index], address_len) };
-            let control_len = message.msg_hdr.msg_controllen as usize;
-            let control = controls[index].0.get(..control_len).unwrap_or(&[]);
+        let mut batch = ReceiveBatch::new();
+        let mut slots = bufs.iter_mut().map(|buf| &mut **buf);
+        let taken = self.receive_into(&mut batch, &mut slots, count)?;
+        for index in 0..taken {
+            let datagram = batch.datagram(index);
             let slot = received.len();
-            match self.check_datagram(bufs[index], len, truncated, from.as_socket(), control) {
+            match self.check_datagram(
+                bufs[index],
+                datagram.len,
+                datagram.truncated,
+                datagram.from,
+                datagram.control,
+            ) {
                 Ok(packet) => {
+                    self.count_accepted(&packet);
                     bufs.swap(slot, index);
                     received.push(packet);
                 }
@@ -630,6 +778,213 @@ impl UdpTransport {
         Ok(taken)
     }
 
+    /// One `recvmmsg(2)` (`MSG_DONTWAIT`) of up to `count` datagrams into the first
+    /// `count` buffers `slots` yields, with `batch` for their addresses and control
+    /// messages. Returns how many were taken; `WouldBlock` if there were none.
+    fn receive_into<'a>(
+        &self,
+        batch: &mut ReceiveBatch,
+        slots: &mut impl Iterator<Item = &'a mut [u8]>,
+        count: usize,
+    ) -> io::Result<usize> {
+        let mut count = count.min(MAX_BATCH);
+        let ReceiveBatch {
+            controls,
+            addresses,
+            iovecs,
+            messages,
+        } = batch;
+        for index in 0..count {
+            let Some(buf) = slots.next() else {
+                count = index;
+                break;
+            };
+            iovecs[index] = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let header = &mut messages[index].msg_hdr;
+            header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_iov = &mut iovecs[index];
+            header.msg_iovlen = 1;
+            header.msg_control = controls[index].0.as_mut_ptr().cast();
+            header.msg_controllen = controls[index].0.len() as _;
+        }
+        if count == 0 {
+            return Ok(0);
+        }
+        bump(&self.counters.recv_calls);
+        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
+        // first `count` messages points at live memory that nothing else touches during
+        // the call: its address storage and control buffer in `batch`, and one iovec over
+        // a buffer `slots` lent exclusively for `'a` (which outlives this call), each with
+        // its true length, which the kernel writes within. No timeout: MSG_DONTWAIT.
+        let taken = unsafe {
+            libc::recvmmsg(
+                self.socket.as_raw_fd(),
+                messages.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
+        Ok(taken.min(count))
+    }
+
+    /// Receives through the GRO arena: hands out into `bufs` (in order, appended to
+    /// `received`) the packets an earlier call left waiting, then, if `bufs` has room,
+    /// takes up to [`GRO_SLOTS`] datagrams off the socket with one `recvmmsg(2)`, cuts
+    /// each into its segments and hands them out; each is checked as a datagram of its own
+    /// as it is handed out (dropped and counted if bad), and those `bufs` has no room for
+    /// wait for the next call. Returns how many datagrams were taken off the socket, or,
+    /// if no packet was handed out, the socket's error (`WouldBlock`: nothing there).
+    fn receive_coalesced(
+        &self,
+        arena: &Mutex<GroArena>,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) -> io::Result<usize> {
+        let mut arena = arena
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = self.receive_coalesced_locked(&mut arena, bufs, received);
+        self.held.store(arena.held.len(), Ordering::Relaxed);
+        result
+    }
+
+    fn receive_coalesced_locked(
+        &self,
+        arena: &mut MutexGuard<'_, GroArena>,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) -> io::Result<usize> {
+        let GroArena { slots, held, batch } = &mut **arena;
+        self.hand_out(slots, held, bufs, received);
+        let room = bufs.len() - received.len();
+        if !held.is_empty() || room == 0 {
+            return Ok(0);
+        }
+        if slots.is_empty() {
+            *slots = vec![0u8; GRO_SLOTS * GRO_SLOT_LEN];
+        }
+        let batch = batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()));
+        let mut chunks = slots.chunks_exact_mut(GRO_SLOT_LEN);
+        let taken = match self.receive_into(batch, &mut chunks, room.min(GRO_SLOTS)) {
+            Ok(taken) => taken,
+            // Packets were handed out: they go back now, the error (if it persists) on a
+            // later call.
+            Err(_) if !received.is_empty() => return Ok(0),
+            Err(error) => return Err(error),
+        };
+        for index in 0..taken {
+            let datagram = batch.datagram(index);
+            let ancillary = self.check_ancillary(datagram.control);
+            // A datagram is at most 64 KiB: one longer than its slot cannot be RoCEv2.
+            let (false, Some(from)) = (
+                datagram.truncated || datagram.len > GRO_SLOT_LEN,
+                datagram.from,
+            ) else {
+                let reason = if datagram.from.is_some() {
+                    DropReason::Truncated
+                } else {
+                    DropReason::Malformed
+                };
+                tracing::trace!(?reason, "dropped a datagram");
+                self.counters.count_drop(reason);
+                continue;
+            };
+            let start = index * GRO_SLOT_LEN;
+            let packet = HeldPacket {
+                start,
+                len: datagram.len,
+                from: Endpoint::from(from),
+                ancillary,
+                segment: 0,
+            };
+            match ancillary
+                .segment_size
+                .map(usize::from)
+                .filter(|&size| size < datagram.len)
+            {
+                None => held.push_back(packet),
+                Some(size) => {
+                    // udp(7) UDP_GRO: segments of `size` bytes, the last maybe shorter.
+                    let segments = datagram.len.div_ceil(size);
+                    add(&self.counters.gro_segments, segments);
+                    held.extend((0..segments).map(|segment| HeldPacket {
+                        start: start + segment * size,
+                        len: size.min(datagram.len - segment * size),
+                        segment,
+                        ..packet
+                    }));
+                }
+            }
+        }
+        self.hand_out(slots, held, bufs, received);
+        Ok(taken)
+    }
+
+    /// Checks the waiting packets, in order, while `bufs[received.len()..]` has room: one
+    /// too long for its buffer, malformed or with a bad ICRC is dropped and counted, a
+    /// good one copied into its buffer and appended to `received`.
+    fn hand_out(
+        &self,
+        slots: &[u8],
+        held: &mut VecDeque<HeldPacket>,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+    ) {
+        while received.len() < bufs.len() {
+            let Some(packet) = held.pop_front() else {
+                break;
+            };
+            let buf = &mut bufs[received.len()];
+            let checked = match (
+                buf.get_mut(..packet.len),
+                slots.get(packet.start..packet.start + packet.len),
+            ) {
+                (Some(buf), Some(bytes)) => self
+                    .check_packet(bytes, packet.from, &packet.ancillary, packet.segment)
+                    .map(|checked| (checked, buf, bytes)),
+                (None, _) => Err(DropReason::Truncated),
+                // Cannot happen: every held packet lies within its slot.
+                (_, None) => Err(DropReason::Malformed),
+            };
+            match checked {
+                Ok((checked, buf, bytes)) => {
+                    buf.copy_from_slice(bytes);
+                    self.count_accepted(&checked);
+                    received.push(checked);
+                }
+                Err(reason) => {
+                    tracing::trace!(?reason, segment = packet.segment, "dropped a packet");
+                    self.counters.count_drop(reason);
+                }
+            }
+        }
+    }
+
+    /// Counts a packet handed out.
+    fn count_accepted(&self, packet: &Received) {
+        self.counters.count_received(packet.len);
+        if !packet.icrc_checked {
+            bump(&self.counters.icrc_unchecked);
+        }
+    }
+
+    /// Reads the ancillary data of a datagram, keeping the socket's drop count.
+    fn check_ancillary(&self, control: &[u8]) -> Ancillary {
+        let ancillary = parse_ancillary(control);
+        if let Some(drops) = ancillary.socket_drops {
+            self.counters
+                .socket_drops
+                .fetch_max(u64::from(drops), Ordering::Relaxed);
+        }
+        ancillary
+    }
+
     /// Checks a datagram of `len` bytes (its real length) taken into `buf` from `from`,
     /// with the ancillary data `control`: a packet to hand out, or why it is dropped.
     fn check_datagram(
@@ -640,22 +995,29 @@ impl UdpTransport {
         from: Option<SocketAddr>,
         control: &[u8],
     ) -> Result<Received, DropReason> {
-        let ancillary = parse_ancillary(control);
-        if let Some(drops) = ancillary.socket_drops {
-            self.counters
-                .socket_drops
-                .fetch_max(u64::from(drops), std::sync::atomic::Ordering::Relaxed);
-        }
-        if truncated || len > buf.len() {
+        let ancillary = self.check_ancillary(control);
+        if truncated {
             return Err(DropReason::Truncated);
         }
+        let bytes = buf.get(..len).ok_or(DropReason::Truncated)?;
+        let from = from.ok_or(DropReason::Malformed)?;
+        self.check_packet(bytes, Endpoint::from(from), &ancillary, 0)
+    }
+
+    /// Checks one packet from `from`, with the ancillary data of its datagram, segment
+    /// `segment` of it (0 for a datagram of its own): a packet to hand out, or why it is
+    /// dropped. Counts nothing.
+    fn check_packet(
+        &self,
+        packet: &[u8],
+        from: Endpoint,
+        ancillary: &Ancillary,
+        segment: usize,
+    ) -> Result<Received, DropReason> {
+        let len = packet.len();
         if !plausible_packet_len(len) {
             return Err(DropReason::Malformed);
         }
-        let Some(from) = from else {
-            return Err(DropReason::Malformed);
-        };
-        let from = Endpoint::from(from);
         let traffic_class = ancillary.traffic_class.unwrap_or(0);
         let hop_limit = ancillary.hop_limit.unwrap_or(self.config.hop_limit);
         let Ok((mut ip, mut udp)) = path_headers(
@@ -669,28 +1031,30 @@ impl UdpTransport {
             return Err(DropReason::Malformed);
         };
         udp.dst_port = self.local.port();
-        let packet = &buf[..len];
-        let icrc_checked = match (ip, self.config.ipv4_icrc) {
+        let icrc_checked = match (&mut ip, self.config.ipv4_icrc) {
             (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::Skip) => false,
-            (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::AnyId) => {
-                // ID 0 (softverbs peers) costs one verify; another ID two multiplications.
+            (IpHeaderInfo::V4 { id, .. }, check) => {
+                // The ID a softverbs sender gave it (module documentation) costs one
+                // verify; another ID two multiplications more.
+                *id = u16::try_from(segment).unwrap_or(0);
                 let Ok(sent) = icrc::verify_any_ipv4_id(&ip, &udp, packet) else {
                     return Err(DropReason::BadIcrc);
                 };
+                if check == Ipv4IcrcCheck::IdZero
+                    && !matches!(sent, IpHeaderInfo::V4 { id, .. } if usize::from(id) < UDP_MAX_SEGMENTS)
+                {
+                    return Err(DropReason::BadIcrc);
+                }
                 ip = sent;
                 true
             }
-            _ => {
+            (IpHeaderInfo::V6 { .. }, _) => {
                 if icrc::verify(&ip, &udp, packet).is_err() {
                     return Err(DropReason::BadIcrc);
                 }
                 true
             }
         };
-        self.counters.count_received(len);
-        if !icrc_checked {
-            bump(&self.counters.icrc_unchecked);
-        }
         Ok(Received {
             from,
             to: self.local,
@@ -701,93 +1065,189 @@ impl UdpTransport {
         })
     }
 
-    /// Sends `packets` (all prepared for `socket`) with as few `sendmmsg(2)` calls as it
-    /// takes, in order; sets `sent` of each one the kernel took.
+    /// Sends `packets` (all prepared for `socket`, their ICRCs not filled yet) with as few
+    /// `sendmmsg(2)` calls as it takes, in order, as GSO messages where it can (see the
+    /// module documentation); fills each ICRC for the headers its packet goes with, and
+    /// sets `sent` of each one the kernel took.
     fn transmit_group(&self, socket: &Socket, packets: &mut [OutgoingPacket<'_>]) {
-        for chunk in packets.chunks_mut(MAX_SEND_BATCH) {
-            let addresses: Vec<SocketAddrAny> = chunk
+        let mut from = 0;
+        while from < packets.len() {
+            let rest = &mut packets[from..];
+            let messages = plan_messages(rest, self.gso.load(Ordering::Relaxed));
+            for message in &messages {
+                let segmented = message.len() > 1;
+                for (segment, packet) in rest[message.clone()].iter_mut().enumerate() {
+                    // Segment k of a GSO message carries IPv4 ID k; a message of its own, 0.
+                    fill_icrc(packet, if segmented { segment } else { 0 });
+                }
+            }
+            match self.send_messages(socket, rest, &messages) {
+                None => return,
+                // GSO is off now: the packets from there go again, one per message.
+                Some(refused) => from += refused,
+            }
+        }
+    }
+
+    /// Sends `messages` (ranges of `packets`, each one message: a GSO message if it holds
+    /// more than one packet) with `sendmmsg(2)`, in order. Returns where GSO was refused
+    /// (the first packet of the message the kernel refused; GSO is then off and nothing
+    /// from there on was sent), or `None` when every message was sent or failed.
+    fn send_messages(
+        &self,
+        socket: &Socket,
+        packets: &mut [OutgoingPacket<'_>],
+        messages: &[Range<usize>],
+    ) -> Option<usize> {
+        for chunk in messages.chunks(MAX_SEND_BATCH) {
+            let addresses: Vec<SockAddr> = chunk
                 .iter()
-                .map(|packet| SocketAddrAny::from(packet.to.socket_addr()))
+                .map(|message| SockAddr::from(packets[message.start].to.socket_addr()))
                 .collect();
-            let iovecs: Vec<[IoSlice<'_>; 1]> = chunk
+            let first = chunk.first().map_or(0, |message| message.start);
+            let last = chunk.last().map_or(0, |message| message.end);
+            let iovecs: Vec<libc::iovec> = packets[first..last]
                 .iter()
-                .map(|packet| [IoSlice::new(packet.bytes)])
+                .map(|packet| libc::iovec {
+                    iov_base: packet.bytes.as_ptr().cast_mut().cast(),
+                    iov_len: packet.bytes.len(),
+                })
                 .collect();
-            let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = chunk
+            let mut controls: Vec<SegmentControl> = chunk
                 .iter()
-                .map(|_| SendAncillaryBuffer::default())
+                .map(|message| {
+                    let size = packets[message.start].bytes.len();
+                    SegmentControl::new(size as u16)
+                })
                 .collect();
-            let mut messages: Vec<MMsgHdr<'_>> = addresses
-                .iter()
-                .zip(&iovecs)
-                .zip(controls.iter_mut())
-                .map(|((address, iov), control)| MMsgHdr::new_with_addr(address, iov, control))
-                .collect();
+            // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
+            // zeroes is valid: null pointers with zero lengths.
+            let mut headers: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; chunk.len()];
+            for (index, message) in chunk.iter().enumerate() {
+                let header = &mut headers[index].msg_hdr;
+                header.msg_name = addresses[index].as_ptr().cast_mut().cast();
+                header.msg_namelen = addresses[index].len();
+                header.msg_iov = iovecs[message.start - first..].as_ptr().cast_mut();
+                header.msg_iovlen = message.len();
+                if message.len() > 1 {
+                    header.msg_control = controls[index].0.as_mut_ptr().cast();
+                    header.msg_controllen = controls[index].0.len();
+                }
+            }
             let mut done = vec![false; chunk.len()];
             let mut at = 0;
             let mut retries = 0;
-            while at < messages.len() {
+            while at < headers.len() {
                 bump(&self.counters.send_calls);
-                match rustix::net::sendmmsg(socket, &mut messages[at..], SendFlags::empty()) {
+                // SAFETY: the fd is open (borrowed from `socket`) for the call. Each
+                // message from `at` on points at memory live for the call and not written
+                // during it: its address (`addresses`), its iovecs (`iovecs`, over the
+                // packets' bytes, each with its true length), and for a GSO message its
+                // control buffer (`controls`, one `UDP_SEGMENT` message of its true
+                // length). The kernel writes only `msg_len` of each header.
+                let result = unsafe {
+                    libc::sendmmsg(
+                        socket.as_raw_fd(),
+                        headers[at..].as_mut_ptr(),
+                        (headers.len() - at) as libc::c_uint,
+                        0,
+                    )
+                };
+                let errno = (result < 0).then(io::Error::last_os_error);
+                match usize::try_from(result) {
                     Ok(0) => {
                         // Nothing taken and no error: count the head as failed so the loop
                         // always moves on.
-                        bump(&self.counters.send_errors);
+                        add(&self.counters.send_errors, chunk[at].len());
                         at += 1;
                     }
                     Ok(taken) => {
-                        for (offset, message) in messages[at..at + taken].iter().enumerate() {
-                            let index = at + offset;
-                            if message.bytes_sent() == iovecs[index][0].len() {
-                                self.counters.count_sent(message.bytes_sent());
+                        for index in at..(at + taken).min(chunk.len()) {
+                            let message = &chunk[index];
+                            let bytes: usize =
+                                packets[message.clone()].iter().map(|p| p.bytes.len()).sum();
+                            if headers[index].msg_len as usize == bytes {
+                                for packet in &packets[message.clone()] {
+                                    self.counters.count_sent(packet.bytes.len());
+                                }
+                                if message.len() > 1 {
+                                    bump(&self.counters.gso_sends);
+                                }
                                 done[index] = true;
                             } else {
-                                bump(&self.counters.send_errors);
+                                add(&self.counters.send_errors, message.len());
                             }
                         }
                         at += taken;
                     }
-                    Err(rustix::io::Errno::INTR) => {}
-                    // The send buffer is full for now (sendmmsg(2): the rest can be
-                    // retried from the first message not sent): a few more tries, then
-                    // the packet counts as failed, like a loss the peer recovers from.
-                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::NOBUFS)
-                        if retries < SEND_RETRIES =>
-                    {
-                        retries += 1;
-                        std::thread::yield_now();
-                    }
-                    Err(errno) => {
-                        bump(&self.counters.send_errors);
-                        tracing::debug!(
-                            error = %io::Error::from(errno),
-                            to = %chunk[at].to.addr(),
-                            "send failed"
-                        );
-                        at += 1;
+                    Err(_) => {
+                        let error = errno.unwrap_or_else(|| io::Error::from_raw_os_error(0));
+                        let message = &chunk[at];
+                        match error.raw_os_error() {
+                            Some(libc::EINTR) => {}
+                            // The send buffer is full for now (sendmmsg(2): the rest can be
+                            // retried from the first message not sent): a few more tries,
+                            // then the packets count as failed, like a loss the peer
+                            // recovers from.
+                            Some(libc::EAGAIN | libc::ENOBUFS) if retries < SEND_RETRIES => {
+                                retries += 1;
+                                std::thread::yield_now();
+                            }
+                            // udp(7): a kernel, device or path without UDP segmentation
+                            // offload refuses the message. Without GSO from here on.
+                            Some(
+                                libc::EINVAL | libc::EOPNOTSUPP | libc::EIO | libc::ENOPROTOOPT,
+                            ) if message.len() > 1 => {
+                                if self.gso.swap(false, Ordering::Relaxed) {
+                                    tracing::info!(
+                                        %error,
+                                        "UDP segmentation offload (UDP_SEGMENT) refused: \
+                                         one packet per datagram from now on"
+                                    );
+                                }
+                                // Those before the refused message went or failed; the
+                                // rest are still to send (their headers kept).
+                                let refused = message.start;
+                                for (message, done) in chunk[..at].iter().zip(&done) {
+                                    if !done {
+                                        for packet in &mut packets[message.clone()] {
+                                            packet.sent = None;
+                                        }
+                                    }
+                                }
+                                return Some(refused);
+                            }
+                            _ => {
+                                add(&self.counters.send_errors, message.len());
+                                let to = packets[message.start].to.addr();
+                                tracing::debug!(%error, %to, "send failed");
+                                at += 1;
+                            }
+                        }
                     }
                 }
             }
-            drop(messages);
-            drop(controls);
-            drop(iovecs);
-            for (packet, done) in chunk.iter_mut().zip(done) {
+            drop(headers);
+            for (message, done) in chunk.iter().zip(done) {
                 if !done {
-                    packet.sent = None;
+                    for packet in &mut packets[message.clone()] {
+                        packet.sent = None;
+                    }
                 }
             }
         }
+        None
     }
 }
 
 /// The most datagrams one `recvmmsg(2)` takes.
 pub const MAX_BATCH: usize = 64;
 
-/// The most datagrams one `sendmmsg(2)` is given (`UIO_MAXIOV`, sendmmsg(2)).
+/// The most messages one `sendmmsg(2)` is given (`UIO_MAXIOV`, sendmmsg(2)).
 const MAX_SEND_BATCH: usize = 1024;
 
 /// How many times a batch send retries after `EAGAIN` / `ENOBUFS` before it counts the
-/// packet it is at as failed.
+/// packets of the message it is at as failed.
 const SEND_RETRIES: u32 = 8;
 
 /// A control-message buffer for one `recvmsg`, aligned for `struct cmsghdr`.
@@ -798,6 +1258,155 @@ struct Control([u8; 128]);
 impl Control {
     const fn new() -> Control {
         Control([0; 128])
+    }
+}
+
+/// The addresses, control buffers, iovecs and headers of one `recvmmsg(2)`
+/// ([`UdpTransport::receive_into`] points the headers at the rest and at the buffers).
+struct ReceiveBatch {
+    controls: [Control; MAX_BATCH],
+    addresses: [libc::sockaddr_storage; MAX_BATCH],
+    iovecs: [libc::iovec; MAX_BATCH],
+    messages: [libc::mmsghdr; MAX_BATCH],
+}
+
+/// What `recvmmsg(2)` says of one datagram it took.
+struct Datagram<'a> {
+    /// Its real length (`MSG_TRUNC`, recv(2)).
+    len: usize,
+    /// Whether it was longer than its buffer.
+    truncated: bool,
+    /// The sender.
+    from: Option<SocketAddr>,
+    /// Its control messages.
+    control: &'a [u8],
+}
+
+// SAFETY: the raw pointers in `iovecs` and `messages` are only ever dereferenced by the
+// kernel, inside the `recvmmsg(2)` of `UdpTransport::receive_into`, which sets every one
+// it passes to memory borrowed for that call. Between calls they are stale and nothing
+// reads through them, so the batch may move to (and be used by) another thread.
+unsafe impl Send for ReceiveBatch {}
+
+impl ReceiveBatch {
+    fn new() -> ReceiveBatch {
+        ReceiveBatch {
+            controls: [Control::new(); MAX_BATCH],
+            // SAFETY: `sockaddr_storage` is plain old data, for which all zeroes is valid.
+            addresses: unsafe { std::mem::zeroed() },
+            iovecs: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_BATCH],
+            // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
+            // zeroes is valid: null pointers with zero lengths.
+            messages: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    /// Datagram `index` of those the last `recvmmsg(2)` took (`index` below its count).
+    fn datagram(&self, index: usize) -> Datagram<'_> {
+        let message = &self.messages[index];
+        let address_len = message
+            .msg_hdr
+            .msg_namelen
+            .min(std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t);
+        // SAFETY: the kernel wrote a socket address of `address_len` bytes (at most the
+        // storage's size, which it was told, and clamped to it) into this storage; a
+        // storage it did not write is all zeroes, an address of no family.
+        let from = unsafe { SockAddr::new(self.addresses[index], address_len) };
+        // `size_t` on glibc, `socklen_t` elsewhere.
+        let control_len: usize = message.msg_hdr.msg_controllen as _;
+        Datagram {
+            len: message.msg_len as usize,
+            truncated: message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            from: from.as_socket(),
+            control: self.controls[index].0.get(..control_len).unwrap_or(&[]),
+        }
+    }
+}
+
+/// Bytes of a `struct cmsghdr` (`size_t len; int level; int type;`), where its data starts.
+const CMSG_HEADER_LEN: usize = std::mem::size_of::<libc::cmsghdr>();
+
+/// `CMSG_SPACE(sizeof(uint16_t))`: a control message with a `u16`, padded to `size_t`.
+const SEGMENT_CONTROL_LEN: usize = CMSG_HEADER_LEN + std::mem::size_of::<usize>();
+
+/// A control buffer holding one `UDP_SEGMENT` message (udp(7)): the segment size of a GSO
+/// message, a `u16`. Aligned for `struct cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct SegmentControl([u8; SEGMENT_CONTROL_LEN]);
+
+impl SegmentControl {
+    fn new(segment_size: u16) -> SegmentControl {
+        const WORD: usize = std::mem::size_of::<usize>();
+        let mut bytes = [0u8; SEGMENT_CONTROL_LEN];
+        // cmsg_len = CMSG_LEN(sizeof(uint16_t)).
+        let len = CMSG_HEADER_LEN + std::mem::size_of::<u16>();
+        bytes[..WORD].copy_from_slice(&len.to_ne_bytes());
+        bytes[WORD..WORD + 4].copy_from_slice(&libc::SOL_UDP.to_ne_bytes());
+        bytes[WORD + 4..WORD + 8].copy_from_slice(&libc::UDP_SEGMENT.to_ne_bytes());
+        bytes[CMSG_HEADER_LEN..CMSG_HEADER_LEN + 2].copy_from_slice(&segment_size.to_ne_bytes());
+        SegmentControl(bytes)
+    }
+}
+
+/// Cuts `packets` into the messages they are sent as, in order: with `gso`, a run of
+/// packets for one destination, all of the first one's length but the last (which may be
+/// shorter, unless it starts a run of its own), at most [`UDP_MAX_SEGMENTS`] of them and
+/// [`MAX_GSO_BYTES`] in all, is one message (udp(7) `UDP_SEGMENT`); without, every packet
+/// is one.
+fn plan_messages(packets: &[OutgoingPacket<'_>], gso: bool) -> Vec<Range<usize>> {
+    let mut messages = Vec::new();
+    let mut start = 0;
+    while start < packets.len() {
+        let size = packets[start].bytes.len();
+        let mut end = start + 1;
+        let mut total = size;
+        while gso && end < packets.len() && end - start < UDP_MAX_SEGMENTS {
+            let next = &packets[end];
+            let len = next.bytes.len();
+            if next.to != packets[start].to || len > size || total + len > MAX_GSO_BYTES {
+                break;
+            }
+            if len < size {
+                // Only the last segment may be shorter; one that starts a run of its own
+                // length (a WRITE's MIDDLE packets after its FIRST) is left to that run.
+                let starts_run = packets
+                    .get(end + 1)
+                    .is_some_and(|after| after.to == next.to && after.bytes.len() == len);
+                if !starts_run {
+                    end += 1;
+                }
+                break;
+            }
+            total += len;
+            end += 1;
+        }
+        messages.push(start..end);
+        start = end;
+    }
+    messages
+}
+
+/// Fills the ICRC of a prepared packet for the headers it goes with as segment `segment`
+/// of its message (0 for a message of its own): over IPv4, with that IP ID (Linux numbers
+/// the segments of a GSO message from the message's ID, 0; module documentation).
+fn fill_icrc(packet: &mut OutgoingPacket<'_>, segment: usize) {
+    let Some(sent) = &mut packet.sent else {
+        return;
+    };
+    if let IpHeaderInfo::V4 { id, .. } = &mut sent.ip {
+        *id = u16::try_from(segment).unwrap_or(0);
+    }
+    match icrc::fill(&sent.ip, &sent.udp, packet.bytes) {
+        Ok(icrc) => sent.icrc = icrc,
+        // Shorter than an ICRC: `path_headers` refused it before this.
+        Err(error) => {
+            tracing::debug!(%error, to = %packet.to.addr(), "send failed");
+            packet.sent = None;
+        }
     }
 }
 
@@ -867,6 +1476,12 @@ impl Transport for UdpTransport {
     }
 
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
+        if self.gro.is_some() {
+            // A datagram may hold several packets: through the arena, one packet at most.
+            let mut received = Vec::with_capacity(1);
+            self.recv_batch(&mut [buf], &mut received, timeout)?;
+            return Ok(received.pop());
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             match self.receive_one(buf) {
@@ -897,9 +1512,10 @@ impl Transport for UdpTransport {
         }
     }
 
-    /// Prepares every packet, then hands each run of consecutive packets that leave from
-    /// the same socket (the same UDP source port, see [`SourcePorts`]) to one
-    /// `sendmmsg(2)`, in order.
+    /// Chooses the headers of every packet, then hands each run of consecutive packets
+    /// that leave from the same socket (the same UDP source port, see [`SourcePorts`]) to
+    /// one `sendmmsg(2)`, in order, as GSO messages where it can (module documentation);
+    /// each ICRC is filled for the IP ID its packet carries on the wire.
     fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
         let mut sockets: Vec<Option<Arc<Socket>>> = Vec::with_capacity(packets.len());
         for packet in packets.iter_mut() {
@@ -912,15 +1528,12 @@ impl Transport for UdpTransport {
                 self.config.hop_limit,
                 packet.bytes.len(),
             )
-            .and_then(|(ip, udp)| {
-                let icrc =
-                    icrc::fill(&ip, &udp, packet.bytes).map_err(crate::transport::invalid_input)?;
-                Ok(Sent {
-                    from: self.local,
-                    ip,
-                    udp,
-                    icrc,
-                })
+            .map(|(ip, udp)| Sent {
+                from: self.local,
+                ip,
+                udp,
+                // Filled once the message the packet goes in is known.
+                icrc: 0,
             })
             .inspect_err(|error| {
                 tracing::debug!(%error, to = %packet.to.addr(), "send failed");
@@ -957,8 +1570,9 @@ impl Transport for UdpTransport {
             .count()
     }
 
-    /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call,
-    /// waiting (without the call) up to `timeout` for the first.
+    /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call
+    /// (32 with GRO, each possibly several packets), waiting (without the call)
+    /// up to `timeout` for the first.
     fn recv_batch(
         &self,
         bufs: &mut [&mut [u8]],
@@ -968,7 +1582,11 @@ impl Transport for UdpTransport {
         received.clear();
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
-            match self.receive_many(bufs, received) {
+            let taken = match &self.gro {
+                Some(arena) => self.receive_coalesced(arena, bufs, received),
+                None => self.receive_many(bufs, received),
+            };
+            match taken {
                 Ok(_) if !received.is_empty() => return Ok(received.len()),
                 // Every datagram taken was dropped: look again at once.
                 Ok(taken) if taken > 0 => continue,
@@ -997,10 +1615,17 @@ impl Transport for UdpTransport {
         self.counters.snapshot()
     }
 
+    /// Returns at once while packets of a coalesced datagram wait to be handed out.
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        if self.held.load(Ordering::Relaxed) > 0 {
+            return Ok(());
+        }
         wait_readable(&self.socket, Some(timeout)).map(|_| ())
     }
 
+    /// The socket. Packets of a coalesced datagram already taken off it and waiting to be
+    /// handed out do not show on it; [`Transport::wait_readable`] sees them, and the
+    /// device's progress thread hands them out.
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.socket.as_fd())
     }
@@ -1011,7 +1636,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ancillary_parser_reads_tos_ttl_and_socket_drops_and_survives_garbage() {
+    fn ancillary_parser_reads_tos_ttl_socket_drops_and_segment_size_and_survives_garbage() {
         let mut control = Vec::new();
         let push = |control: &mut Vec<u8>, level: i32, kind: i32, data: &[u8]| {
             let header = std::mem::size_of::<libc::cmsghdr>();
@@ -1037,12 +1662,20 @@ mod tests {
             libc::SO_RXQ_OVFL,
             &70_000u32.to_ne_bytes(),
         );
+        // udp(7) UDP_GRO: the segment size of a coalesced datagram, an int.
+        push(
+            &mut control,
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            &4112i32.to_ne_bytes(),
+        );
         assert_eq!(
             parse_ancillary(&control),
             Ancillary {
                 traffic_class: Some(2),
                 hop_limit: Some(64),
                 socket_drops: Some(70_000),
+                segment_size: Some(4112),
             }
         );
         for len in 0..control.len() {
@@ -1052,6 +1685,108 @@ mod tests {
         garbage[0] = 0xFF;
         let _ = parse_ancillary(&garbage);
         assert_eq!(parse_ancillary(&[0u8; 40]), Ancillary::default());
+    }
+
+    // udp(7) UDP_SEGMENT takes a uint16_t: the control message is laid out as the libc
+    // macros lay it out.
+    #[test]
+    fn segment_control_message_is_cmsg_len_and_space_of_a_u16() {
+        let control = SegmentControl::new(4112);
+        // SAFETY: CMSG_LEN and CMSG_SPACE only compute with their argument.
+        let (len, space) = unsafe { (libc::CMSG_LEN(2), libc::CMSG_SPACE(2)) };
+        assert_eq!(control.0.len(), space as usize);
+        assert_eq!(
+            usize::from_ne_bytes(control.0[..8].try_into().unwrap()),
+            len as usize
+        );
+        let parsed = parse_cmsg_for_test(&control.0);
+        assert_eq!(
+            parsed,
+            (
+                libc::SOL_UDP,
+                libc::UDP_SEGMENT,
+                4112u16.to_ne_bytes().to_vec()
+            )
+        );
+    }
+
+    /// The level, type and data of the one control message in `control`.
+    fn parse_cmsg_for_test(control: &[u8]) -> (i32, i32, Vec<u8>) {
+        let len = usize::from_ne_bytes(control[..8].try_into().unwrap());
+        let level = i32::from_ne_bytes(control[8..12].try_into().unwrap());
+        let kind = i32::from_ne_bytes(control[12..16].try_into().unwrap());
+        (level, kind, control[CMSG_HEADER_LEN..len].to_vec())
+    }
+
+    /// Packets of these lengths for these destinations (1 or 2), as `plan_messages` cuts
+    /// them into messages with GSO.
+    fn plan(packets: &[(usize, u8)]) -> Vec<Range<usize>> {
+        let mut bytes: Vec<Vec<u8>> = packets.iter().map(|&(len, _)| vec![0u8; len]).collect();
+        let outgoing: Vec<OutgoingPacket<'_>> = bytes
+            .iter_mut()
+            .zip(packets)
+            .map(|(bytes, &(_, to))| {
+                let to = Endpoint::rocev2(IpAddr::V4(Ipv4Addr::new(127, 0, 0, to)));
+                OutgoingPacket::new(to, 0xC000, bytes)
+            })
+            .collect();
+        assert_eq!(
+            plan_messages(&outgoing, false),
+            (0..packets.len()).map(|i| i..i + 1).collect::<Vec<_>>(),
+            "without GSO, one packet per message"
+        );
+        plan_messages(&outgoing, true)
+    }
+
+    // udp(7) UDP_SEGMENT, Documentation/networking/segmentation-offloads.rst: the segments
+    // of one message all have the segment size but the last, which may be shorter; at most
+    // UDP_MAX_SEGMENTS (64) of them, 65,507 bytes in all, to one destination.
+    #[test]
+    fn gso_messages_are_runs_of_equal_packets_to_one_destination() {
+        // A 64 KiB RDMA WRITE at MTU 4096: FIRST (RETH), 14 MIDDLE, LAST; then a
+        // one-packet WRITE, which may end the message as its shorter last segment, and two
+        // ACKs.
+        let mut write = vec![(12 + 16 + 4096 + 4, 1)];
+        write.extend([(12 + 4096 + 4, 1); 15]);
+        write.extend([(12 + 16 + 100 + 4, 1), (20, 1), (20, 1)]);
+        assert_eq!(plan(&write), [0..1, 1..17, 17..19]);
+        // 16 packets of 4112 bytes exceed 65,507 bytes: 15 and 1.
+        assert_eq!(plan(&[(4112, 1); 16]), [0..15, 15..16]);
+        // 64 segments at most.
+        assert_eq!(plan(&[(20, 1); 130]), [0..64, 64..128, 128..130]);
+        // A shorter packet ends a message, unless a run of its length follows; a longer
+        // one starts the next.
+        assert_eq!(
+            plan(&[
+                (1040, 1),
+                (1040, 1),
+                (100, 1),
+                (1040, 1),
+                (1040, 1),
+                (100, 1),
+                (100, 1)
+            ]),
+            [0..3, 3..5, 5..7]
+        );
+        assert_eq!(plan(&[(100, 1), (1040, 1), (1040, 1)]), [0..1, 1..3]);
+        // Another destination starts a message.
+        assert_eq!(
+            plan(&[(1040, 1), (1040, 2), (1040, 2), (1040, 1)]),
+            [0..1, 1..3, 3..4]
+        );
+    }
+
+    #[test]
+    fn offload_spellings() {
+        assert!(UdpConfig::default().offload);
+        assert!(parse_offload("on").unwrap());
+        assert!(parse_offload(" On\n").unwrap());
+        assert!(!parse_offload("OFF").unwrap());
+        for bad in ["", "1", "gso", "on,off"] {
+            let error = parse_offload(bad).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+            assert!(error.to_string().contains(UDP_OFFLOAD_ENV), "{error}");
+        }
     }
 
     #[test]

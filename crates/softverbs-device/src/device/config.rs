@@ -211,7 +211,8 @@ impl DeviceConfig {
     }
 
     /// A UDP device configured from the environment (`SOFTVERBS_ADDR`, else the first free
-    /// 127.0.0.x:4791).
+    /// 127.0.0.x:4791; `SOFTVERBS_IPV4_ICRC`, `SOFTVERBS_UDP_OFFLOAD`: see
+    /// [`UdpConfig::from_env`]).
     pub fn udp_from_env() -> io::Result<Self> {
         DeviceConfig::udp(UdpConfig::from_env()?).with_env()
     }

@@ -110,8 +110,9 @@ pub struct DeviceStats {
     /// duplicates, drops by reason.
     pub engine: Counters,
     /// The transport (`None` in-process): datagrams sent and received, the system calls
-    /// that carried them, and drops by reason (bad ICRC, malformed, truncated,
-    /// undeliverable, and the socket's own overflow).
+    /// that carried them, drops by reason (bad ICRC, malformed, truncated,
+    /// undeliverable, and the socket's own overflow), and what segmentation offload did
+    /// (super-datagrams sent, packets received coalesced).
     pub transport: Option<TransportCounters>,
     /// Fault injection (`None` without `SOFTVERBS_FAULTS`): the packets it saw and what it
     /// did to them, by kind.
@@ -137,7 +138,7 @@ impl fmt::Display for DeviceStats {
                 "; transport: sent_packets={} sent_bytes={} send_errors={} send_calls={} \
                  received_packets={} received_bytes={} recv_calls={} dropped_bad_icrc={} \
                  dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
-                 socket_drops={} icrc_unchecked={}",
+                 socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={}",
                 t.sent_packets,
                 t.sent_bytes,
                 t.send_errors,
@@ -150,7 +151,9 @@ impl fmt::Display for DeviceStats {
                 t.dropped_truncated,
                 t.dropped_undeliverable,
                 t.socket_drops,
-                t.icrc_unchecked
+                t.icrc_unchecked,
+                t.gso_sends,
+                t.gro_segments
             )?;
         }
         if let Some(faults) = &self.faults {

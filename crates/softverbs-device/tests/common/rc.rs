@@ -80,6 +80,15 @@ pub fn connect(a: &Side, b: &Side) {
 /// `sgid_index` is its own index, and the peer's path its GID at that index (as the
 /// pingpongs exchange `ibv_query_gid(gidx)`).
 pub fn connect_through(a: &Side, b: &Side, a_gid: u8, b_gid: u8) {
+    connect_with(a, b, a_gid, b_gid, Mtu::Mtu1024);
+}
+
+/// [`connect`] at path MTU `mtu`.
+pub fn connect_mtu(a: &Side, b: &Side, mtu: Mtu) {
+    connect_with(a, b, 0, 0, mtu);
+}
+
+fn connect_with(a: &Side, b: &Side, a_gid: u8, b_gid: u8, mtu: Mtu) {
     let rc = a.qp_type == QpType::Rc;
     let gid_index = |side: &Side| if std::ptr::eq(side, a) { a_gid } else { b_gid };
     for (me, peer) in [(a, b), (b, a)] {
@@ -102,7 +111,7 @@ pub fn connect_through(a: &Side, b: &Side, a_gid: u8, b_gid: u8) {
             .unwrap();
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
-            path_mtu: Mtu::Mtu1024,
+            path_mtu: mtu,
             dest_qp_num: peer.qpn,
             rq_psn: FIRST_PSN,
             max_dest_rd_atomic: 4,
