@@ -53,7 +53,7 @@ mod registry;
 mod runtime;
 mod stats;
 
-pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
+pub use attr::{DeviceAttr, OdpCaps, PortAttr, VENDOR_ID};
 pub use config::{
     network_from_env, parse_faults, DeviceConfig, FaultSetup, Network, NetworkKind, FAULTS_ENV,
     NETWORK_ENV, PCAP_ENV,
@@ -398,6 +398,7 @@ impl Device {
             completion_timestamp_mask: softverbs_cq::DEVICE_CLOCK_MASK,
             hca_core_clock_khz: softverbs_cq::DEVICE_CLOCK_KHZ,
             phys_port_cnt: 1,
+            odp: OdpCaps::offered(),
         }
     }
 
