@@ -185,8 +185,8 @@ pub struct verbs_context {
     /// `ibv_query_port` with the caller's struct size.
     pub query_port:
         Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
-    /// `ibv_advise_mr`.
-    pub advise_mr: AnyFn,
+    /// `ibv_advise_mr`: `(pd, advice, flags, sg_list, num_sge)`, returning the errno.
+    pub advise_mr: Option<unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int>,
     /// `ibv_alloc_null_mr`.
     pub alloc_null_mr: AnyFn,
     /// `ibv_read_counters`.

@@ -124,7 +124,15 @@ fn device_attr_ex(entry: &DeviceEntry) -> ibv_device_attr_ex {
     ibv_device_attr_ex {
         orig_attr: device_attr(entry),
         comp_mask: 0,
-        odp_caps: ibv_odp_caps::default(),
+        // ibv_query_device_ex(3): the core's on-demand paging capabilities.
+        odp_caps: ibv_odp_caps {
+            general_caps: d.odp.general,
+            per_transport_caps: ibv_odp_per_transport_caps {
+                rc_odp_caps: d.odp.rc,
+                uc_odp_caps: d.odp.uc,
+                ud_odp_caps: d.odp.ud,
+            },
+        },
         completion_timestamp_mask: d.completion_timestamp_mask,
         hca_core_clock: d.hca_core_clock_khz,
         // IBTA 1.5 (the kernel's IB_UVERBS_DEVICE_FLUSH_GLOBAL / _PERSISTENT /
@@ -360,7 +368,7 @@ fn new_context(entry: &'static DeviceEntry, cmd_fd: OwnedFd) -> *mut ibv_context
         };
         let verbs = verbs_context {
             query_port: Some(query_port_ex),
-            advise_mr: None,
+            advise_mr: Some(crate::mr::advise_mr),
             alloc_null_mr: None,
             read_counters: None,
             attach_counters_point_flow: None,

@@ -7,6 +7,7 @@
 //! | `ibv_reg_mr_iova2` | 1.8 | real (perftest's registration path: remote peers address the region by `iova`) |
 //! | `ibv_rereg_mr` | 1.1 | real: every flag (`CHANGE_TRANSLATION`, `CHANGE_PD`, `CHANGE_ACCESS`), keys kept |
 //! | `ibv_reg_dmabuf_mr` | 1.12 | documented failure (no dma-buf) |
+//! | `ibv_advise_mr` (`verbs_context.advise_mr`) | (inline) | real: the prefetches of on-demand paging regions |
 //! | `ibv_import_mr`, `ibv_unimport_mr` | 1.10 | real: a new struct for a registration named by its `handle` (the lkey; `ENOENT` if none), `addr` / `length` / keys from the registration; unimport frees the struct only |
 //! | `ops.alloc_mw`, `ops.dealloc_mw` | (ops) | real: type 1 and type 2 windows (`ibv_alloc_mw(3)`) |
 //! | `ops.bind_mw` | (ops) | real: `ibv_bind_mw(3)` posts the bind of a type 1 window on the QP's send queue |
@@ -35,8 +36,17 @@
 //!
 //! Access flags: `LOCAL_WRITE`, `REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`, `MW_BIND` are
 //! enforced; `HUGETLB` is accepted (huge pages are only a hint); the optional range (`IBV_ACCESS_OPTIONAL_RANGE`, e.g. `RELAXED_ORDERING`) is
-//! ignored, as libibverbs drops optional flags a device does not support; `ON_DEMAND` and
-//! `ZERO_BASED` fail with `EOPNOTSUPP` (the device reports no ODP).
+//! ignored, as libibverbs drops optional flags a device does not support; `ZERO_BASED`
+//! fails with `EOPNOTSUPP`.
+//!
+//! On-demand paging (`IBV_ACCESS_ON_DEMAND`, x86-64; `ibv_query_device_ex(3)` reports it in
+//! `odp_caps`): the range need not be mapped, nothing is pinned or charged to
+//! `RLIMIT_MEMLOCK`, and the implicit region (`addr` NULL, `length` `SIZE_MAX`) is the
+//! whole address space. An access to a page not mapped at its time fails as rxe fails an
+//! ODP page fault it cannot resolve (`IBV_WC_REM_ACCESS_ERR` at the requester of a remote
+//! access, `IBV_WC_LOC_PROT_ERR` for a local scatter/gather entry) and the region stays
+//! usable. The rules are the core's (`softverbs::core::device::memory`); `ibv_advise_mr`
+//! translates the call and returns the core's errno.
 //!
 //! Registration checks what a kernel device checks when it pins the pages
 //! (`softverbs::core::device::memory`), and fails with the errno rdma-core reports there: `EINVAL`
@@ -58,12 +68,11 @@ use crate::boundary::{errno_code, errno_of, infallible, pointer, set_errno, Errn
 use crate::handles::{Block, ContextBlock, Tagged};
 use crate::pd::{PdParent, PdUse};
 use crate::qp::{QpBlock, SEND_FLAGS_KNOWN};
-use crate::verbs_h::{
-    IBV_ACCESS_HUGETLB, IBV_ACCESS_ON_DEMAND, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_ZERO_BASED,
-};
+use crate::verbs_h::{IBV_ACCESS_HUGETLB, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_ZERO_BASED};
+use softverbs::core::device::memory::Advice;
 use softverbs::core::device::Rereg;
 use softverbs::core::engine::{
-    AccessFlags, Gather, SendFlags, SendOp, SendWr, WindowBind, WindowType,
+    AccessFlags, Gather, SendFlags, SendOp, SendWr, Sge, WindowBind, WindowType,
 };
 use std::ffi::{c_int, c_void};
 
@@ -85,7 +94,7 @@ pub type MrBlock = Block<ibv_mr, MrState>;
 
 fn access_flags(access: u32) -> Result<AccessFlags, Errno> {
     let access = access & !IBV_ACCESS_OPTIONAL_RANGE;
-    if access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED) != 0 {
+    if access & IBV_ACCESS_ZERO_BASED != 0 {
         return Err(libc::EOPNOTSUPP);
     }
     let known = AccessFlags::all().bits() | IBV_ACCESS_HUGETLB;
@@ -146,9 +155,11 @@ unsafe fn register(
 }
 
 /// `ibv_reg_mr(3)`: remote peers address the region by its virtual address. `NULL` with
-/// errno: `EINVAL` (bad PD, flags, length 0, or remote write/atomic without local write),
-/// `EFAULT` (a page not mapped, or not writable when write access is asked), `ENOMEM`
-/// (past `RLIMIT_MEMLOCK`), `EOPNOTSUPP` (on-demand paging, zero-based).
+/// errno: `EINVAL` (bad PD, flags, length 0, remote write/atomic without local write, the
+/// whole address space without `IBV_ACCESS_ON_DEMAND` or with an iova), `EFAULT` (a page
+/// not mapped, or not writable when write access is asked; not for on-demand paging),
+/// `ENOMEM` (past `RLIMIT_MEMLOCK`; not for on-demand paging), `EOVERFLOW` (an on-demand
+/// range past the end of the address space), `EOPNOTSUPP` (zero-based).
 ///
 /// # Safety
 ///
@@ -223,6 +234,52 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 symver!(ibv_dereg_mr, "IBVERBS_1.1");
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr(3)`, a `verbs.h` inline): 0, or the errno
+/// (also in `errno`) of the core's refusal, in the kernel's order: `EINVAL` (a bad PD,
+/// flags other than `IBV_ADVISE_MR_FLAG_FLUSH`), 0 for an empty list, `EOPNOTSUPP` (an
+/// advice other than the three prefetches), then per entry `ENOENT` (an lkey of no
+/// on-demand region), `EPERM` (a region of another PD; `PREFETCH_WRITE` on a region not
+/// registered for writing) and, with `IBV_ADVISE_MR_FLAG_FLUSH`, `EFAULT` (the range
+/// outside the region, or a page that cannot be mapped). A NULL list with entries is
+/// `EFAULT`, as the kernel's copy of the list from user memory fails.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD; `sg_list` is NULL or readable for `num_sge` entries.
+pub unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: `pd` is NULL or a live PD (this function's `# Safety`).
+        let parent = unsafe { PdUse::acquire(pd) }?;
+        if num_sge > 0 && sg_list.is_null() {
+            return Err(libc::EFAULT);
+        }
+        let sges: Vec<Sge> = (0..num_sge as usize)
+            .map(|i| {
+                // SAFETY: `i < num_sge` entries are readable (this function's `# Safety`;
+                // not NULL, checked above).
+                let s = unsafe { sg_list.add(i).read() };
+                Sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                }
+            })
+            .collect();
+        parent
+            .ctx
+            .entry
+            .device
+            .advise_mr(parent.handle, Advice::from_raw(advice), flags, &sges)
+            .map_err(errno_of)
+    })
+}
 
 unsupported! {
     /// `ibv_reg_dmabuf_mr(3)`.

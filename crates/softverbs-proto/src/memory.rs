@@ -55,6 +55,12 @@ pub enum MemError {
     /// later access to the region is refused the same way without touching memory. The
     /// engine treats it like any refused access (NAK remote access error for a remote
     /// request, `LOC_PROT_ERR` for a local scatter/gather entry).
+    ///
+    /// For an on-demand paging region (`IBV_ACCESS_ON_DEMAND`) it is a page fault that
+    /// could not be resolved (the page is not mapped, or not writable for a write, at the
+    /// time of the access): the same NAK or status (rxe's ODP path answers
+    /// `RESPST_ERR_RKEY_VIOLATION`), but the region is not marked, and a later access
+    /// reaches whatever is mapped then.
     #[error("memory of the region is no longer mapped")]
     Fault,
     /// The R_Key is a type 2 memory window's, bound through another QP than the one making

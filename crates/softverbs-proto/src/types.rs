@@ -133,6 +133,10 @@ bitflags! {
         const REMOTE_ATOMIC = 1 << 3;
         /// `IBV_ACCESS_MW_BIND`.
         const MW_BIND = 1 << 4;
+        /// `IBV_ACCESS_ON_DEMAND` (`ibv_reg_mr(3)`): an on-demand paging region, whose
+        /// pages are neither pinned nor required to be mapped at registration; an access
+        /// finds whatever is mapped at the time. Meaningless on a QP.
+        const ON_DEMAND = 1 << 6;
         /// `IBV_ACCESS_FLUSH_GLOBAL` (rdma-core ≥ 45): a FLUSH with the global placement
         /// type may target the region (or, in `qp_access_flags`, the QP).
         const FLUSH_GLOBAL = 1 << 8;

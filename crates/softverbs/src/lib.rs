@@ -5,6 +5,7 @@
 //! | [`Context`] ([`devices`]) | `ibv_context` | `ibv_open_device(3)`, `ibv_query_device(3)`, `ibv_get_async_event(3)` |
 //! | [`Pd`] | `ibv_pd` | `ibv_alloc_pd(3)` |
 //! | [`Mr`], [`MrSlice`], [`RemoteAddr`] | `ibv_mr`, `ibv_sge` | `ibv_reg_mr(3)` |
+//! | [`OdpMr`], [`Advice`] | `ibv_mr` (`IBV_ACCESS_ON_DEMAND`) | `ibv_reg_mr(3)`, `ibv_advise_mr(3)` |
 //! | [`Cq`], [`LocalCq`], [`CqBuilder`], [`PollBatch`] | `ibv_cq`, `ibv_cq_ex` | `ibv_create_cq_ex(3)`, `ibv_poll_cq(3)`, `ibv_req_notify_cq(3)` |
 //! | [`CompChannel`], [`CqEvent`] | `ibv_comp_channel` | `ibv_get_cq_event(3)` |
 //! | [`Qp`], [`QpBuilder`], [`InitAttr`], [`RtrAttr`], [`RtsAttr`], [`RemoteInfo`] | `ibv_qp` | `ibv_create_qp(3)`, `ibv_modify_qp(3)` |
@@ -23,7 +24,9 @@
 //!   a reference into memory the device may write. Work requests name memory as
 //!   [`MrSlice`]s, checked when made; the device reaches memory only through its
 //!   registration table, so a request naming an MR dropped meanwhile completes with an
-//!   error status instead of touching freed memory.
+//!   error status instead of touching freed memory. An on-demand region over memory the
+//!   API does not own ([`OdpMr`]) is the exception, and `unsafe` to create: its caller
+//!   promises what the type system cannot see.
 //! - **Errors are values.** Every operation has its own error type with `errno()`; a bad
 //!   attribute, mask, transition or range never panics.
 //! - **Polling makes progress.** [`Cq::poll`] runs the device's progress once when it finds
@@ -76,8 +79,8 @@
 //! assert_eq!(mr_b.read_vec(0..5)?, b"hello");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-// Unsafe code is refused except at the two places that cannot avoid it, each allowed
-// where it stands: registering memory with the device (`mr.rs`) and registering an fd
+// Unsafe code is refused except at the places that cannot avoid it, each allowed where
+// it stands: registering memory with the device (`mr.rs`, `odp.rs`) and registering an fd
 // with tokio (`tokio_support.rs`).
 #![deny(unsafe_code)]
 
@@ -89,6 +92,7 @@ mod domain;
 pub mod error;
 mod mr;
 mod mw;
+mod odp;
 mod pd;
 mod qp;
 mod srq;
@@ -105,6 +109,7 @@ pub use domain::{
 pub use error::{Error, Object, RangeError, VerbsError};
 pub use mr::{Mr, MrChange, MrSlice, ParseError, RemoteAddr, PAGE_SIZE};
 pub use mw::{inc_rkey, Mw};
+pub use odp::OdpMr;
 pub use pd::Pd;
 pub use qp::{InitAttr, Qp, QpBuilder, RemoteInfo, RtrAttr, RtsAttr};
 pub use srq::Srq;
@@ -116,10 +121,12 @@ pub use softverbs_cq::{
     Completed, CqEvent, CqStats, Failed, Moderation, OverrunPolicy, PollBatch, PollError, WcFields,
     WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
+pub use softverbs_device::device::OdpCaps;
+pub use softverbs_device::memory::Advice;
 pub use softverbs_device::{
     AsyncEvent, DeviceAttr, DeviceConfig, Gid, Network, PortAttr, UdpConfig,
 };
 pub use softverbs_proto::{
     AccessFlags, AttrMask, FlushPlacement, FlushSelectivity, Mtu, QpAttr, QpCaps, QpInit, QpState,
-    QpType, SrqInit, WindowType,
+    QpType, Sge, SrqInit, WindowType,
 };

@@ -294,10 +294,9 @@ fn an_epoll_on_the_channel_fd_wakes_once_per_event_over_udp() {
         u64: 7,
     };
     let fd = std::os::fd::AsRawFd::as_raw_fd(&channel);
-    assert_eq!(
-        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) },
-        0
-    );
+    // SAFETY: as above: descriptors this test owns, `ev` a live local.
+    let added = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    assert_eq!(added, 0);
     let wait = |timeout_ms: i32| -> i32 {
         let mut out = [libc::epoll_event { events: 0, u64: 0 }; 4];
         // SAFETY: `out` has room for the 4 events the call may write.

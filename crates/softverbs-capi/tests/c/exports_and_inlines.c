@@ -68,7 +68,8 @@ int main(void)
 	CHECK(attr_ex.completion_timestamp_mask != 0);
 	CHECK(attr_ex.hca_core_clock == 1000000);
 	CHECK(attr_ex.orig_attr.vendor_id == 0xffffff);
-	CHECK(attr_ex.odp_caps.general_caps == 0);
+	/* On-demand paging, explicit and implicit (odp.c pins the rest). */
+	CHECK(attr_ex.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
 	CHECK(attr_ex.max_dm_size == 0);
 	struct ibv_query_device_ex_input input = { .comp_mask = 1 };
 	CHECK(ibv_query_device_ex(ctx, &input, &attr_ex) == EINVAL);

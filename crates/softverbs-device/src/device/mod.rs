@@ -53,7 +53,7 @@ mod registry;
 mod runtime;
 mod stats;
 
-pub use attr::{DeviceAttr, PortAttr, VENDOR_ID};
+pub use attr::{DeviceAttr, OdpCaps, PortAttr, VENDOR_ID};
 pub use config::{
     network_from_env, parse_faults, DeviceConfig, FaultSetup, Network, NetworkKind, FAULTS_ENV,
     NETWORK_ENV, PCAP_ENV,
@@ -70,14 +70,14 @@ use runtime::progress_loop;
 
 use crate::events::{AsyncEvent, AsyncEventQueue};
 use crate::fault::FaultTransport;
-use crate::memory::{MemoryTable, Region, Rereg, Window};
+use crate::memory::{Advice, MemoryTable, Region, RegisterError, Rereg, Window};
 use crate::pcap::{Capture, PcapTransport};
 use crate::transport::{Endpoint, Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
     AccessFlags, AddressVector, AttrMask, Completion, Engine, GsiMad, Mtu, Object, QpAttr, QpInit,
-    QpState, RecvWr, SendWr, SrqId, SrqInit, VerbsError, WindowType,
+    QpState, RecvWr, SendWr, Sge, SrqId, SrqInit, VerbsError, WindowType,
 };
 use stats::CqSummary as RetiredCqs;
 use std::collections::{HashMap, VecDeque};
@@ -398,6 +398,7 @@ impl Device {
             completion_timestamp_mask: softverbs_cq::DEVICE_CLOCK_MASK,
             hca_core_clock_khz: softverbs_cq::DEVICE_CLOCK_KHZ,
             phys_port_cnt: 1,
+            odp: OdpCaps::offered(),
         }
     }
 
@@ -550,6 +551,23 @@ impl Device {
         Ok(region)
     }
 
+    /// `ibv_advise_mr(3)` for the regions `sges` name, in protection domain `pd`: the
+    /// checks and prefetch of [`MemoryTable::advise`] (the kernel's order and errnos),
+    /// after the PD itself ([`VerbsError::NoSuchObject`] for an unknown one, `EINVAL`).
+    pub fn advise_mr(
+        &self,
+        pd: u32,
+        advice: Advice,
+        flags: u32,
+        sges: &[Sge],
+    ) -> Result<(), DeviceError> {
+        let st = lock(&self.inner.state);
+        st.objects.check_pd(pd)?;
+        st.memory
+            .advise(pd, advice, flags, sges)
+            .map_err(|e| RegisterError::Advice(e).into())
+    }
+
     /// The registration whose handle is `handle` (`ibv_import_mr(3)`; a region's handle is
     /// its local key, as `ibv_mr.handle` gives it): its range, keys and PD as they are now.
     /// [`VerbsError::NoSuchObject`] for a handle no live region has.
@@ -665,6 +683,13 @@ impl Device {
     /// and the process lived.
     pub fn faulted_accesses(&self) -> u64 {
         lock(&self.inner.state).memory.faulted_accesses()
+    }
+
+    /// How many accesses to on-demand paging regions met a page not mapped at the time
+    /// ([`MemoryTable::unresolved_page_faults`]); each failed as a NIC fails an ODP page
+    /// fault it cannot resolve, and the region stayed usable.
+    pub fn unresolved_page_faults(&self) -> u64 {
+        lock(&self.inner.state).memory.unresolved_page_faults()
     }
 
     /// Creates a QP completing into `send_cq` and `recv_cq`; returns its number. The QP is

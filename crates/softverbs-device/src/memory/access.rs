@@ -9,7 +9,9 @@
 use super::shared::{copy_from_shared, copy_to_shared};
 use super::{MemoryTable, Slot};
 use crate::guarded::{self, Faulted};
-use softverbs_proto::{AtomicOp, MemError, MemKey, Memory, RegionInfo, WindowBinding, WindowInfo};
+use softverbs_proto::{
+    AccessFlags, AtomicOp, MemError, MemKey, Memory, RegionInfo, WindowBinding, WindowInfo,
+};
 use std::sync::atomic::Ordering;
 
 impl MemoryTable {
@@ -55,6 +57,19 @@ impl MemoryTable {
     /// Records that an access to `slot`'s memory faulted.
     #[cold]
     fn faulted(&self, slot: &Slot, what: &'static str, fault: Faulted) -> MemError {
+        if slot.region.access.contains(AccessFlags::ON_DEMAND) {
+            // An on-demand region: the page is not there now, which is the region's
+            // normal life, not a broken promise. This access fails; the next one looks
+            // again (rxe_odp_map_range_and_lock faults the pages in on every access).
+            self.unresolved_page_faults.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                lkey = format_args!("{:#x}", slot.region.lkey),
+                what,
+                moved = fault.moved,
+                "on-demand page fault not resolved: the page is not mapped"
+            );
+            return MemError::Fault;
+        }
         self.faulted_accesses.fetch_add(1, Ordering::Relaxed);
         if !slot.faulted.swap(true, Ordering::Relaxed) {
             tracing::warn!(

@@ -28,20 +28,41 @@
 //! ([`MemoryTable::faulted_accesses`]) and marks the region, whose later accesses are
 //! refused the same way without touching memory.
 //!
+//! On-demand paging regions (`IBV_ACCESS_ON_DEMAND`, `ibv_reg_mr(3)`) are the exception
+//! to "the memory stays valid": the range need not be mapped when it is registered (or ever
+//! — the implicit region is the whole address space), nothing is pinned or charged to
+//! `RLIMIT_MEMLOCK`, and an access reaches whatever is mapped at its time. An access to a
+//! page not mapped then (or not writable, for a write) is the page fault a NIC cannot
+//! resolve: it fails as rxe fails it (`rxe_odp_map_range_and_lock` returns `EFAULT` when
+//! `hmm_range_fault` cannot map the page, and the responder answers
+//! `RESPST_ERR_RKEY_VIOLATION`: a remote access error NAK, `IBV_WC_REM_ACCESS_ERR` at the
+//! requester; a local scatter/gather entry ends with `IBV_WC_LOC_PROT_ERR`), is counted
+//! ([`MemoryTable::unresolved_page_faults`]), and does not mark the region: memory mapped
+//! there later is reached by the next access. Only where the guarded accesses are fault
+//! tolerant (x86-64, [`ON_DEMAND_PAGING`]).
+//!
 //! | file | holds |
 //! |---|---|
 //! | `mod.rs` | [`MemoryTable`]: the regions, their keys, registration and deregistration |
+//! | `advice.rs` | [`MemoryTable::advise`] (`ibv_advise_mr(3)`): [`Advice`], [`AdviseError`], the prefetch |
 //! | `registration.rs` | [`RegisterError`] and the checks a registration passes before the table records it |
 //! | `access.rs` | the [`softverbs_proto::Memory`] accesses: a key's region for the trait's checks (key, PD, access, bounds), then the guarded copies and atomics |
 //! | `shared.rs` | [`copy_from_shared`] / [`copy_to_shared`]: the copies into and out of application memory |
 
 mod access;
+mod advice;
 mod registration;
 mod shared;
 #[cfg(test)]
 mod tests;
 
-pub use registration::RegisterError;
+pub use advice::{Advice, AdviseError, ADVISE_FLAG_FLUSH};
+pub use registration::{is_implicit, RegisterError};
+
+/// Whether the device offers on-demand paging: where its accesses to application memory
+/// are fault tolerant ([`crate::guarded`], x86-64), so a page not mapped fails the access
+/// instead of killing the process.
+pub const ON_DEMAND_PAGING: bool = cfg!(target_arch = "x86_64");
 
 pub use shared::{copy_from_shared, copy_to_shared};
 
@@ -136,6 +157,8 @@ pub struct MemoryTable {
     windows: HashMap<u32, Window>,
     /// Accesses that faulted (the application unmapped registered memory).
     faulted_accesses: AtomicU64,
+    /// Accesses to on-demand regions that met a page not mapped (with the access needed).
+    unresolved_page_faults: AtomicU64,
 }
 
 impl Drop for MemoryTable {
@@ -179,6 +202,12 @@ impl MemoryTable {
     /// half by unmapping the memory makes the device's accesses fail (x86-64), not the
     /// process crash; memory mapped again at the same address is written as if it were
     /// the region.
+    ///
+    /// With [`AccessFlags::ON_DEMAND`] the range need not be mapped: until the region is
+    /// deregistered, whatever is mapped in it when an access comes may be read (and, with
+    /// write access, written) by the device, and nothing else may access that memory in
+    /// a way that conflicts with the device's accesses (for the implicit region,
+    /// [`is_implicit`], that is the whole address space).
     pub unsafe fn register(
         &mut self,
         pd: u32,
@@ -296,11 +325,19 @@ impl MemoryTable {
             pd: change.pd.unwrap_or(old.pd),
             ..old
         };
-        match change.translation {
+        if let Some((addr, len, _)) = change.translation {
+            if addr == 0 || len == 0 {
+                return Err(RegisterError::EmptyTranslation);
+            }
+        }
+        // Access that turns on-demand paging on or off registers the range anew (pinned
+        // and charged, or released), as a new translation of the same range does.
+        let paging_changes = (access ^ old.access).contains(AccessFlags::ON_DEMAND);
+        let translation = change
+            .translation
+            .or(paging_changes.then_some((old.addr, old.len, old.iova)));
+        match translation {
             Some((addr, len, iova)) => {
-                if addr == 0 || len == 0 {
-                    return Err(RegisterError::EmptyTranslation);
-                }
                 let pinned = registration::check_registration(addr, len, iova, access)?;
                 mappings::release_pages(std::mem::replace(&mut slot.pinned, pinned));
                 // New memory: the old range's faults say nothing about it.
@@ -438,6 +475,14 @@ impl MemoryTable {
     /// faulted are not counted.
     pub fn faulted_accesses(&self) -> u64 {
         self.faulted_accesses.load(Ordering::Relaxed)
+    }
+
+    /// How many accesses to on-demand paging regions met a page that was not mapped (or
+    /// not writable, for a write) at the time: the page fault a NIC cannot resolve. Each
+    /// failed (remote access error NAK, `IBV_WC_LOC_PROT_ERR`) and left the region as it
+    /// was, so a later access, once the page is mapped, succeeds.
+    pub fn unresolved_page_faults(&self) -> u64 {
+        self.unresolved_page_faults.load(Ordering::Relaxed)
     }
 
     /// The index and slot of the region of `key`.

@@ -5,6 +5,15 @@
 //! `RLIMIT_MEMLOCK` unless the thread has `CAP_IPC_LOCK` (`ENOMEM`; `EPERM` for a zero
 //! limit), and every page is mapped (`EFAULT`), writable when the region asks for write
 //! access (`EFAULT`). A refused registration leaves nothing charged.
+//!
+//! An on-demand paging region (`IBV_ACCESS_ON_DEMAND`) is what the kernel's
+//! `ib_umem_odp_get` makes instead: nothing is pinned, charged or required to be mapped,
+//! so only the range itself is checked — non-empty (`EINVAL`), its end not past the
+//! address space (`ib_init_umem_odp`: `EOVERFLOW`) — or it is the implicit region of the
+//! whole address space (`ibv_reg_mr(3)`: address 0, length `SIZE_MAX`), which takes an
+//! iova of 0 only (rxe's `rxe_odp_mr_init_user` and mlx5's `mlx5_ib_reg_user_mr`:
+//! `EINVAL`). Without `IBV_ACCESS_ON_DEMAND` that range wraps, and is refused as any
+//! wrapping range (`EINVAL`).
 
 use crate::mappings::{self, MappingError, MemlockError, Pinned};
 use softverbs_proto::AccessFlags;
@@ -73,6 +82,24 @@ pub enum RegisterError {
     /// zero length (libibverbs refuses it, `EINVAL`, before the kernel sees it).
     #[error("a new translation needs a non-NULL address and a non-zero length")]
     EmptyTranslation,
+    /// An on-demand paging range whose end, rounded up to a page, is past the end of the
+    /// address space (the kernel's `ib_init_umem_odp`: `EOVERFLOW`).
+    #[error("the on-demand range ends past the end of the address space")]
+    Overflow,
+    /// The implicit on-demand region (address 0, length `SIZE_MAX`) with an iova other
+    /// than 0 (rxe's `rxe_odp_mr_init_user`, mlx5's `mlx5_ib_reg_user_mr`: `EINVAL`).
+    #[error("the implicit on-demand region takes iova 0 only")]
+    ImplicitIova,
+    /// `IBV_ACCESS_ON_DEMAND` where the device's accesses are not fault tolerant (targets
+    /// other than x86-64, [`crate::guarded`]): an access to a page not mapped would kill
+    /// the process, so on-demand paging is not offered (`odp_caps` reports none), and
+    /// refused as a kernel without `CONFIG_INFINIBAND_ON_DEMAND_PAGING` refuses it
+    /// (`ib_check_mr_access`: `EOPNOTSUPP`).
+    #[error("on-demand paging is not supported on this target")]
+    OnDemandUnsupported,
+    /// `ibv_advise_mr(3)` refused.
+    #[error(transparent)]
+    Advice(#[from] super::advice::AdviseError),
 }
 
 impl From<MappingError> for RegisterError {
@@ -120,6 +147,10 @@ pub(super) fn check_registration(
     {
         return Err(RegisterError::MissingLocalWrite);
     }
+    if access.contains(AccessFlags::ON_DEMAND) {
+        check_on_demand(addr, len, iova)?;
+        return Ok(Pinned::default());
+    }
     if len == 0 {
         return Err(RegisterError::ZeroLength);
     }
@@ -142,9 +173,41 @@ pub(super) fn check_registration(
     Ok(pinned)
 }
 
+/// Whether `[addr, addr + len)` is the implicit on-demand region: the whole address
+/// space (`ibv_reg_mr(3)`: "addr should be 0 and length should be SIZE_MAX").
+pub fn is_implicit(addr: usize, len: u64) -> bool {
+    addr == 0 && len == usize::MAX as u64
+}
+
+/// The range checks of an on-demand paging registration (the kernel's `ib_umem_odp_get`
+/// and `ib_init_umem_odp`): nothing about the pages, which need not be mapped.
+fn check_on_demand(addr: usize, len: u64, iova: u64) -> Result<(), RegisterError> {
+    if !super::ON_DEMAND_PAGING {
+        return Err(RegisterError::OnDemandUnsupported);
+    }
+    if is_implicit(addr, len) {
+        return if iova == 0 {
+            Ok(())
+        } else {
+            Err(RegisterError::ImplicitIova)
+        };
+    }
+    if len == 0 {
+        return Err(RegisterError::ZeroLength);
+    }
+    let size = usize::try_from(len).map_err(|_| RegisterError::Overflow)?;
+    addr.checked_add(size)
+        .and_then(|end| end.checked_next_multiple_of(mappings::page_size()))
+        .ok_or(RegisterError::Overflow)?;
+    if iova.checked_add(len).is_none() {
+        return Err(RegisterError::BadRange);
+    }
+    Ok(())
+}
+
 /// Whether a region with `access` is pinned for writing (the kernel's `FOLL_WRITE`), so
 /// every page must be writable.
-fn asks_writing(access: AccessFlags) -> bool {
+pub(super) fn asks_writing(access: AccessFlags) -> bool {
     access.intersects(
         AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
@@ -166,6 +229,10 @@ pub(super) fn check_new_access(
         && !access.contains(AccessFlags::LOCAL_WRITE)
     {
         return Err(RegisterError::MissingLocalWrite);
+    }
+    if access.contains(AccessFlags::ON_DEMAND) {
+        // Nothing is pinned: the pages are looked at when an access reaches them.
+        return Ok(());
     }
     let size = usize::try_from(len).map_err(|_| RegisterError::BadRange)?;
     mappings::check_mapped(addr, size, asks_writing(access))?;

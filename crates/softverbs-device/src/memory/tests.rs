@@ -3,7 +3,7 @@
 //! shared copies, and regions the application unmaps while they are registered.
 
 use super::*;
-use softverbs_proto::{AtomicOp, Memory};
+use softverbs_proto::{AtomicOp, Memory, Sge};
 
 fn table_with(buf: &mut [u8], access: AccessFlags) -> (MemoryTable, Region) {
     let mut t = MemoryTable::new();
@@ -568,4 +568,240 @@ fn flush_needs_the_placement_rights_and_checks_ranges_but_not_whole_regions() {
         t.flush(1, r.rkey ^ 0x100, 0, 8, mr, global),
         Err(MemError::InvalidKey)
     );
+}
+
+const ODP_ALL: AccessFlags = AccessFlags::ON_DEMAND
+    .union(AccessFlags::LOCAL_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+/// Maps `pages` read-write pages exactly at `addr` (which must be free).
+fn map_at(addr: usize, pages: usize) {
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            pages * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as usize, addr);
+}
+
+/// ibv_reg_mr(3) with IBV_ACCESS_ON_DEMAND, as the kernel's ib_umem_odp_get: the range
+/// need not be mapped (PROT_NONE, or not mapped at all) and nothing is pinned. An access
+/// to a page not mapped at the time fails (MemError::Fault: the engine's REM_ACCESS_ERR
+/// NAK / LOC_PROT_ERR, as rxe_odp_map_range_and_lock's EFAULT), is counted as an
+/// unresolved page fault, and does not mark the region: once the page is mapped the
+/// next access lands.
+#[test]
+fn an_on_demand_region_reaches_memory_mapped_after_registration() {
+    let mut t = MemoryTable::new();
+    let protected = map(2, libc::PROT_NONE);
+    let gone = map(2, libc::PROT_READ | libc::PROT_WRITE);
+    unmap(gone, 2);
+    // SAFETY: an on-demand region: the device reaches whatever is mapped there; these
+    // mappings are the test's own.
+    let a = unsafe { t.register(1, protected, 8192, 0x10_000, ODP_ALL) }.unwrap();
+    // SAFETY: as above; nothing is mapped there yet.
+    let b = unsafe { t.register(1, gone, 8192, 0x20_000, ODP_ALL) }.unwrap();
+    for (r, at) in [(a, 0x10_100), (b, 0x20_100)] {
+        assert_eq!(
+            t.write(1, MemKey::Remote(r.rkey), at, &[5; 16]),
+            Err(MemError::Fault)
+        );
+    }
+    assert_eq!((t.unresolved_page_faults(), t.faulted_accesses()), (2, 0));
+
+    // SAFETY: the test's own PROT_NONE mapping.
+    let opened = unsafe {
+        libc::mprotect(
+            protected as *mut libc::c_void,
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(opened, 0);
+    map_at(gone, 2);
+    let mut out = [0u8; 16];
+    for (r, at) in [(a, 0x10_100), (b, 0x20_100)] {
+        assert_eq!(t.write(1, MemKey::Remote(r.rkey), at, &[5; 16]), Ok(()));
+        assert_eq!(t.read(1, MemKey::Local(r.lkey), at, &mut out), Ok(()));
+        assert_eq!(out, [5; 16]);
+    }
+    // A page unmapped again fails again, the region still usable after.
+    unmap(gone + 4096, 1);
+    assert_eq!(
+        t.write(1, MemKey::Remote(b.rkey), 0x21_000, &[6; 8]),
+        Err(MemError::Fault)
+    );
+    assert_eq!(
+        t.write(1, MemKey::Remote(b.rkey), 0x20_000, &[6; 8]),
+        Ok(())
+    );
+    assert_eq!(t.unresolved_page_faults(), 3);
+    t.deregister(a.lkey).unwrap();
+    t.deregister(b.lkey).unwrap();
+    unmap(protected, 2);
+    unmap(gone, 1);
+}
+
+/// ibv_reg_mr(3): "To create an implicit ODP MR, IBV_ACCESS_ON_DEMAND should be set, addr
+/// should be 0 and length should be SIZE_MAX." It reaches every mapped address by its
+/// own value; its iova must be 0 (rxe_odp_mr_init_user, mlx5_ib_reg_user_mr: EINVAL).
+/// Without ON_DEMAND the range wraps (EINVAL). An on-demand range past the end of the
+/// address space is ib_init_umem_odp's EOVERFLOW; length 0 stays EINVAL.
+#[test]
+fn the_implicit_region_is_the_whole_address_space_and_only_on_demand() {
+    let mut t = MemoryTable::new();
+    let whole = usize::MAX as u64;
+    // SAFETY: refused before anything is recorded.
+    unsafe {
+        assert_eq!(
+            t.register(1, 0, whole, 0, AccessFlags::LOCAL_WRITE),
+            Err(RegisterError::BadRange)
+        );
+        assert_eq!(
+            t.register(1, 0, whole, 0x1000, ODP_ALL),
+            Err(RegisterError::ImplicitIova)
+        );
+        assert_eq!(
+            t.register(1, usize::MAX - 4095, 8192, 0, ODP_ALL),
+            Err(RegisterError::Overflow)
+        );
+        assert_eq!(
+            t.register(1, 0x1000, 0, 0, ODP_ALL),
+            Err(RegisterError::ZeroLength)
+        );
+    }
+    assert!(t.is_empty());
+    // SAFETY: the device may reach any mapped memory through this region; it is used
+    // only on `buf` and on an unmapped address below.
+    let r = unsafe { t.register(1, 0, whole, 0, ODP_ALL) }.unwrap();
+    assert_eq!((r.addr, r.len, r.iova), (0, whole, 0));
+    let buf = [0u64; 2];
+    let at = buf.as_ptr() as u64;
+    assert_eq!(
+        t.atomic(1, r.rkey, at + 8, AtomicOp::FetchAdd { add: 3 }),
+        Ok(0)
+    );
+    assert_eq!(
+        // SAFETY: `buf` is written by the device's atomic above only.
+        unsafe { std::ptr::read_volatile(&buf[1]) },
+        3
+    );
+    let mut out = [1u8; 8];
+    assert_eq!(
+        t.read(1, MemKey::Remote(r.rkey), 0, &mut out),
+        Err(MemError::Fault)
+    );
+    assert_eq!(t.unresolved_page_faults(), 1);
+    t.deregister(r.lkey).unwrap();
+}
+
+/// ibv_advise_mr(3) in the kernel's order and with its errnos (module `advice`): flags
+/// (EINVAL), an empty list (0), the advice (EOPNOTSUPP), then per entry the region
+/// (not on-demand: ENOENT; another PD: EPERM; PREFETCH_WRITE without write access:
+/// EPERM) and, with IBV_ADVISE_MR_FLAG_FLUSH only, the range and its pages (EFAULT).
+#[test]
+fn advise_checks_in_the_kernels_order_and_faults_only_when_flushed() {
+    let mut t = MemoryTable::new();
+    let page = map(2, libc::PROT_READ | libc::PROT_WRITE);
+    let read_only = map(1, libc::PROT_READ);
+    // SAFETY: the test's own mappings, unmapped after deregistration.
+    let (odp, ro, pinned) = unsafe {
+        (
+            t.register(1, page, 8192, page as u64, ODP_ALL).unwrap(),
+            t.register(1, read_only, 4096, read_only as u64, AccessFlags::ON_DEMAND)
+                .unwrap(),
+            t.register(1, page, 4096, page as u64, AccessFlags::LOCAL_WRITE)
+                .unwrap(),
+        )
+    };
+    let sge = |r: &Region, off: u64, length: u32| Sge {
+        addr: r.iova + off,
+        length,
+        lkey: r.lkey,
+    };
+    let flush = ADVISE_FLAG_FLUSH;
+    let ok = [sge(&odp, 0, 8192)];
+    assert_eq!(
+        t.advise(1, Advice::Prefetch, 2, &ok),
+        Err(AdviseError::UnknownFlags { flags: 2 })
+    );
+    assert_eq!(t.advise(1, Advice::Unknown(9), flush, &[]), Ok(()));
+    assert_eq!(
+        t.advise(1, Advice::Unknown(9), flush, &ok),
+        Err(AdviseError::Unsupported(9))
+    );
+    for advice in [
+        Advice::Prefetch,
+        Advice::PrefetchWrite,
+        Advice::PrefetchNoFault,
+    ] {
+        assert_eq!(t.advise(1, advice, flush, &ok), Ok(()));
+        assert_eq!(t.advise(1, advice, 0, &ok), Ok(()));
+    }
+    let not_odp = [sge(&pinned, 0, 8)];
+    assert_eq!(
+        t.advise(1, Advice::Prefetch, flush, &not_odp),
+        Err(AdviseError::NotOnDemand { lkey: pinned.lkey })
+    );
+    assert_eq!(
+        t.advise(2, Advice::Prefetch, flush, &ok),
+        Err(AdviseError::OtherPd { lkey: odp.lkey })
+    );
+    assert_eq!(
+        t.advise(1, Advice::PrefetchWrite, flush, &[sge(&ro, 0, 8)]),
+        Err(AdviseError::NotWritable { lkey: ro.lkey })
+    );
+    let outside = [sge(&odp, 8000, 400)];
+    assert!(matches!(
+        t.advise(1, Advice::Prefetch, flush, &outside),
+        Err(AdviseError::OutOfRange { .. })
+    ));
+    assert_eq!(t.advise(1, Advice::Prefetch, 0, &outside), Ok(()));
+    // A read-only page is read, not written: PREFETCH of it passes.
+    assert_eq!(
+        t.advise(1, Advice::Prefetch, flush, &[sge(&ro, 0, 4096)]),
+        Ok(())
+    );
+    unmap(page + 4096, 1);
+    let second = [sge(&odp, 4096, 16)];
+    assert_eq!(
+        t.advise(1, Advice::Prefetch, flush, &second),
+        Err(AdviseError::Unmapped { addr: page + 4096 })
+    );
+    assert_eq!(t.advise(1, Advice::Prefetch, 0, &second), Ok(()));
+    assert_eq!(t.advise(1, Advice::PrefetchNoFault, flush, &second), Ok(()));
+    for r in [odp, ro, pinned] {
+        t.deregister(r.lkey).unwrap();
+    }
+    unmap(page, 1);
+    unmap(read_only, 1);
+}
+
+/// ibv_rereg_mr(3) with IBV_REREG_MR_CHANGE_ACCESS turning ON_DEMAND off registers the
+/// range anew: every page must then be mapped (EFAULT otherwise), as ibv_reg_mr without
+/// ON_DEMAND checks it; a refusal leaves the region on demand.
+#[test]
+fn rereg_access_off_demand_checks_the_pages_as_a_registration() {
+    let mut t = MemoryTable::new();
+    let gone = map(1, libc::PROT_READ | libc::PROT_WRITE);
+    unmap(gone, 1);
+    // SAFETY: on demand over an unmapped page of the test's.
+    let r = unsafe { t.register(1, gone, 4096, 0, ODP_ALL) }.unwrap();
+    let pinned = Rereg {
+        access: Some(AccessFlags::LOCAL_WRITE),
+        ..Rereg::default()
+    };
+    // SAFETY: refused: the page is not mapped.
+    let refused = unsafe { t.reregister(r.lkey, pinned) }.unwrap();
+    assert_eq!(refused, Err(RegisterError::Unmapped { addr: gone }));
+    assert_eq!(t.by_lkey(r.lkey).unwrap().access, ODP_ALL);
+    t.deregister(r.lkey).unwrap();
 }

@@ -9,6 +9,7 @@
 //! [`Error::errno`] and nothing else.
 
 use softverbs_cq::{CreateError, DestroyError, ModifyError, PollError, ResizeError};
+use softverbs_device::memory::AdviseError;
 use softverbs_device::{DeviceError, RegisterError};
 use softverbs_proto::{Object, VerbsError};
 use std::io;
@@ -114,6 +115,19 @@ impl Error {
                 RegisterError::OverMemlock { .. } | RegisterError::NoRandomness => libc::ENOMEM,
                 // can_do_mlock with a zero limit.
                 RegisterError::MemlockNotPermitted => libc::EPERM,
+                // ib_init_umem_odp's check_add_overflow.
+                RegisterError::Overflow => libc::EOVERFLOW,
+                RegisterError::ImplicitIova => libc::EINVAL,
+                RegisterError::OnDemandUnsupported => libc::EOPNOTSUPP,
+                // ibv_advise_mr(3), as the kernel reports each cause
+                // (softverbs_device::memory::AdviseError names where).
+                RegisterError::Advice(a) => match a {
+                    AdviseError::UnknownFlags { .. } => libc::EINVAL,
+                    AdviseError::Unsupported(_) => libc::EOPNOTSUPP,
+                    AdviseError::NotOnDemand { .. } => libc::ENOENT,
+                    AdviseError::OtherPd { .. } | AdviseError::NotWritable { .. } => libc::EPERM,
+                    AdviseError::OutOfRange { .. } | AdviseError::Unmapped { .. } => libc::EFAULT,
+                },
             },
             Error::CqCreate(e) => match e {
                 CreateError::ZeroSize | CreateError::TooLarge { .. } => libc::EINVAL,
