@@ -367,6 +367,7 @@ impl Engine {
         }
         let start = self.cursor;
         let mut try_qp = |qp: &mut Qp| {
+            self.counters.qps_visited += 1;
             let room = self.windows.room(qp, &self.config);
             let sent = qp.poll_transmit(now, buf, mem, room, &mut ctx!(self));
             // Sending moves `req_psn`; a failed work request found on the way may have
@@ -399,6 +400,7 @@ impl Engine {
     pub fn execute_local_operations(&mut self, mem: &mut impl Memory) -> usize {
         let mut ran = 0;
         for qp in self.qps.values_mut() {
+            self.counters.qps_visited += 1;
             ran += qp.execute_local_operations(mem, &mut ctx!(self));
             self.windows.sync(qp, &self.config, &mut self.counters);
         }
@@ -460,6 +462,7 @@ impl Engine {
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: u64) {
         for qp in self.qps.values_mut() {
+            self.counters.qps_visited += 1;
             if qp.poll_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now, &mut ctx!(self));
                 self.windows.sync(qp, &self.config, &mut self.counters);
