@@ -1,8 +1,7 @@
 //! [`Engine`]: the sans-IO engine of one device port — its QPs and SRQs, the packet
 //! demultiplexer, and the `poll_*` outputs.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::ops::Bound;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use crate::codec::{self, ParseError};
 use crate::error::{Capacity, Object, Queue, VerbsError};
@@ -10,6 +9,7 @@ use crate::gsi::{Gsi, GsiMad, GSI_QPN};
 use crate::memory::Memory;
 use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
 use crate::qp::{Ctx, Qp};
+use crate::sched::Schedule;
 use crate::srq::{Srq, SrqInit};
 use crate::types::{AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId};
 use crate::window::{PeerWindow, Windows};
@@ -33,6 +33,9 @@ use crate::wr::{RecvWr, SendWr};
 ///   [`poll_event`](Self::poll_event).
 /// - Call [`handle_timeout`](Self::handle_timeout) when the clock reaches
 ///   [`poll_timeout`](Self::poll_timeout) (calling it early is harmless).
+/// - The outputs cost what the QPs with work cost, not the number of QPs: they visit only
+///   the QPs their schedule lists (`sched.rs`; [`Counters::qps_visited`] counts the visits,
+///   [`check_schedule`](Self::check_schedule) checks the lists).
 /// - Memory is reached only through the [`Memory`] passed to each call; the engine keeps no
 ///   reference to it.
 #[derive(Debug)]
@@ -45,8 +48,10 @@ pub struct Engine {
     completions: VecDeque<Completion>,
     events: VecDeque<AsyncEvent>,
     counters: Counters,
-    /// Round-robin position of `poll_transmit`.
-    cursor: u32,
+    /// The QPs the outputs visit: ready to send, local operations, timers (`sched.rs`).
+    schedule: Schedule,
+    /// QPs a peer's window woke, to be listed as ready (scratch of `settle`).
+    woken: Vec<u32>,
     /// QP1: management datagrams in and out (`gsi.rs`).
     gsi: Gsi,
     /// The per-peer congestion windows of the RC requesters (`window.rs`); every entry
@@ -82,7 +87,8 @@ impl Engine {
             completions: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
-            cursor: 0,
+            schedule: Schedule::default(),
+            woken: Vec::new(),
             gsi: Gsi::default(),
             windows: Windows::default(),
         }
@@ -154,7 +160,11 @@ impl Engine {
     /// `ibv_destroy_qp`: forgets the QP (no completions are generated).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
-        self.windows.release(qpn);
+        // Its entries in the schedule's lists go stale: they name a QP that is gone.
+        self.windows
+            .release(qpn, &mut self.counters, &mut self.woken);
+        self.wake_held();
+        self.tidy_timers();
         tracing::debug!(qpn, state = ?qp.state, "QP destroyed");
         if let Some(id) = qp.init.srq {
             if let Some(srq) = self.srqs.get_mut(&id.0) {
@@ -177,7 +187,7 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let from = qp.state;
         let result = qp.modify(attr, mask, &mut ctx!(self));
-        self.windows.sync(qp, &self.config, &mut self.counters);
+        self.settle(qpn, true);
         if let Err(error) = &result {
             let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
             tracing::debug!(qpn, ?from, ?to, %error, "modify_qp refused");
@@ -200,7 +210,7 @@ impl Engine {
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let result = qp.post_send(wr, &mut ctx!(self));
-        self.windows.sync(qp, &self.config, &mut self.counters);
+        self.settle(qpn, true);
         result
     }
 
@@ -208,7 +218,7 @@ impl Engine {
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let result = qp.post_recv(wr, &mut ctx!(self));
-        self.windows.sync(qp, &self.config, &mut self.counters);
+        self.settle(qpn, true);
         result
     }
 
@@ -345,7 +355,41 @@ impl Engine {
         } else {
             qp.on_request(now, &pkt, grh, mem, &mut ctx);
         }
-        self.windows.sync(qp, &self.config, &mut self.counters);
+        self.settle(pkt.hdr.bth.dest_qp, true);
+    }
+
+    /// After an entry point ran QP `qpn`: re-syncs its charge to its peer's window, lists it
+    /// where it now has work (`transmit`: as ready to send too; see `Schedule::note`),
+    /// lists the QPs the window woke, and drops stale timers off the top.
+    fn settle(&mut self, qpn: u32, transmit: bool) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            if transmit {
+                // It gets a turn to send anyway: a window opening wakes others.
+                self.windows.unhold(qpn);
+            }
+            self.windows
+                .sync(qp, &self.config, &mut self.counters, &mut self.woken);
+            self.schedule.note(qp, transmit);
+        }
+        self.wake_held();
+        self.tidy_timers();
+    }
+
+    /// Lists the QPs a peer's window woke as ready to send.
+    fn wake_held(&mut self) {
+        for qpn in self.woken.drain(..) {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                self.schedule.note(qp, true);
+            }
+        }
+    }
+
+    /// Drops stale entries off the top of the timer heap (`Schedule::tidy_timers`).
+    fn tidy_timers(&mut self) {
+        let qps = &self.qps;
+        self.counters.qps_visited += self
+            .schedule
+            .tidy_timers(|at, qpn| qps.get(&qpn).is_some_and(|qp| qp.marks.timer == Some(at)));
     }
 
     /// Writes the next packet to send into `buf`: queued management datagrams first
@@ -365,28 +409,31 @@ impl Engine {
         if let Some(t) = self.gsi.poll_transmit(buf, &mut self.counters) {
             return Some(t);
         }
-        let start = self.cursor;
-        let mut try_qp = |qp: &mut Qp| {
+        while let Some(qpn) = self.schedule.ready.pop_front() {
+            self.counters.qps_visited += 1;
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            qp.marks.ready = false;
             let room = self.windows.room(qp, &self.config);
             let sent = qp.poll_transmit(now, buf, mem, room, &mut ctx!(self));
+            let held = qp.held_by_window;
             // Sending moves `req_psn`; a failed work request found on the way may have
             // moved the QP to ERR.
-            self.windows.sync(qp, &self.config, &mut self.counters);
-            sent
-        };
-        let after = self
-            .qps
-            .range_mut((Bound::Excluded(start), Bound::Unbounded));
-        for (&qpn, qp) in after {
-            if let Some(t) = try_qp(qp) {
-                self.cursor = qpn;
-                return Some(t);
+            self.windows
+                .sync(qp, &self.config, &mut self.counters, &mut self.woken);
+            if held {
+                self.windows.hold(qpn, &mut self.counters, &mut self.woken);
+            } else {
+                self.windows.unhold(qpn);
             }
-        }
-        for (&qpn, qp) in self.qps.range_mut(..=start) {
-            if let Some(t) = try_qp(qp) {
-                self.cursor = qpn;
-                return Some(t);
+            // One that sent goes to the back if it may send more; one that sent nothing
+            // waits for an input to list it again.
+            self.schedule.note(qp, sent.is_some());
+            self.wake_held();
+            self.tidy_timers();
+            if sent.is_some() {
+                return sent;
             }
         }
         None
@@ -396,11 +443,20 @@ impl Engine {
     /// send queues, against `mem` (module `local.rs`); returns how many ran. The requester
     /// sends nothing past a local operation, so after any input call this and
     /// [`poll_transmit`](Self::poll_transmit) in turn until neither has anything to do.
+    /// Only the QPs whose send queue a local operation heads are visited.
     pub fn execute_local_operations(&mut self, mem: &mut impl Memory) -> usize {
         let mut ran = 0;
-        for qp in self.qps.values_mut() {
+        for _ in 0..self.schedule.local.len() {
+            let Some(qpn) = self.schedule.local.pop_front() else {
+                break;
+            };
+            self.counters.qps_visited += 1;
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            qp.marks.local = false;
             ran += qp.execute_local_operations(mem, &mut ctx!(self));
-            self.windows.sync(qp, &self.config, &mut self.counters);
+            self.settle(qpn, true);
         }
         ran
     }
@@ -452,19 +508,38 @@ impl Engine {
         self.events.pop_front()
     }
 
-    /// Earliest timer deadline over all QPs.
+    /// Earliest timer deadline over all QPs (the top of the schedule's timer heap: no QP
+    /// is looked at).
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.qps.values().filter_map(Qp::poll_timeout).min()
+        self.schedule.earliest()
     }
 
-    /// Fires every timer due at `now`.
+    /// Fires every timer due at `now`, QPs in QPN order; only the QPs with a timer due are
+    /// visited.
     pub fn handle_timeout(&mut self, now: u64) {
-        for qp in self.qps.values_mut() {
-            if qp.poll_timeout().is_some_and(|t| t <= now) {
-                qp.handle_timeout(now, &mut ctx!(self));
-                self.windows.sync(qp, &self.config, &mut self.counters);
+        let mut due = Vec::new();
+        while let Some(&std::cmp::Reverse((at, qpn))) = self.schedule.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.schedule.timers.pop();
+            self.counters.qps_visited += 1;
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                if self.schedule.timer_taken(qp, at) {
+                    due.push(qpn);
+                }
             }
         }
+        due.sort_unstable();
+        for qpn in due {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                if qp.poll_timeout().is_some_and(|t| t <= now) {
+                    qp.handle_timeout(now, &mut ctx!(self));
+                }
+            }
+            self.settle(qpn, true);
+        }
+        self.tidy_timers();
     }
 
     /// Counters over all QPs.
@@ -484,6 +559,92 @@ impl Engine {
     /// simulations, which check it after every step: the engine never needs it.
     pub fn check_peer_windows(&self) -> Result<(), String> {
         self.windows.check(self.qps.values())
+    }
+
+    /// Checks the schedule the outputs follow (`sched.rs`) against the QPs; `Err` names
+    /// the first QP left out. For tests and simulations, which check it after every step:
+    ///
+    /// - every QP that [`poll_transmit`](Self::poll_transmit) would write a packet for now
+    ///   (tried on a copy of the QP, reading `mem`) is listed as ready to send, and one its
+    ///   peer's window holds is listed as ready or as held by that window;
+    /// - every QP whose send queue a local operation heads is listed for
+    ///   [`execute_local_operations`](Self::execute_local_operations);
+    /// - every QP's timer deadline is the one the timer heap holds for it, and
+    ///   [`poll_timeout`](Self::poll_timeout) is the earliest of them.
+    pub fn check_schedule(&self, mem: &impl Memory) -> Result<(), String> {
+        let ready: HashSet<u32> = self.schedule.ready.iter().copied().collect();
+        let local: HashSet<u32> = self.schedule.local.iter().copied().collect();
+        // After a drain (`poll_transmit` returned `None`: no QP listed as ready) no QP may
+        // have a packet it could send. Before, a QP the window held may have room already:
+        // the window woke as many as it opened by, and they have their turn first.
+        let drained = !self.qps.values().any(|qp| qp.marks.ready);
+        let mut buf = Vec::new();
+        for (&qpn, qp) in &self.qps {
+            if qp.marks.ready != ready.contains(&qpn) || qp.marks.local != local.contains(&qpn) {
+                return Err(format!(
+                    "QP {qpn:#x}: marked {:?}, listed ready {}, local {}",
+                    qp.marks,
+                    ready.contains(&qpn),
+                    local.contains(&qpn)
+                ));
+            }
+            let held = self.windows.held(qpn);
+            // A QP listed as held has not changed since it was held (every input that runs
+            // it takes it off the list); with no more room than it had then, or none, it
+            // would be held again (`Windows::held`): not worth a copy.
+            if !qp.marks.ready && qp.may_transmit() && held != Some(true) {
+                // Try it on a copy: what the next `poll_transmit` visit would do.
+                buf.resize(self.max_packet_len(), 0);
+                let mut copy = qp.clone();
+                let (mut srqs, mut completions, mut events, mut counters) = (
+                    BTreeMap::new(),
+                    VecDeque::new(),
+                    VecDeque::new(),
+                    Counters::default(),
+                );
+                let mut ctx = Ctx {
+                    config: &self.config,
+                    srqs: &mut srqs,
+                    completions: &mut completions,
+                    events: &mut events,
+                    counters: &mut counters,
+                };
+                let room = self.windows.room(qp, &self.config);
+                let sends = copy
+                    .poll_transmit(0, &mut buf, mem, room, &mut ctx)
+                    .is_some();
+                if sends && (drained || held.is_none()) {
+                    return Err(format!(
+                        "QP {qpn:#x} has a packet to send and is not listed as ready (room {room:?}, held {held:?})"
+                    ));
+                }
+                if copy.held_by_window && held.is_none() {
+                    return Err(format!(
+                        "QP {qpn:#x} is held by its peer's window and not listed as held"
+                    ));
+                }
+            }
+            if qp.has_local_head() && !qp.marks.local {
+                return Err(format!(
+                    "QP {qpn:#x}: a local operation heads its send queue and it is not listed"
+                ));
+            }
+            if qp.marks.timer != qp.poll_timeout() {
+                return Err(format!(
+                    "QP {qpn:#x}: timer {:?}, the schedule holds {:?}",
+                    qp.poll_timeout(),
+                    qp.marks.timer
+                ));
+            }
+        }
+        let earliest = self.qps.values().filter_map(Qp::poll_timeout).min();
+        if self.poll_timeout() != earliest {
+            return Err(format!(
+                "poll_timeout {:?}, the earliest QP deadline {earliest:?}",
+                self.poll_timeout()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1195,6 +1356,61 @@ mod tests {
         let out: Vec<u8> = drain(&mut ep, &mem).iter().map(|p| p[0]).collect();
         assert_eq!(out, [codec::op::ACKNOWLEDGE]);
         assert_eq!(window(&ep).in_flight, 4, "the window is still full");
+    }
+
+    /// What the device does after every input (`softverbs-device`'s run): local operations
+    /// and transmits until neither does anything, then the timers due. Returns the packets.
+    fn device_run(ep: &mut Engine, now: u64, mem: &mut Flat) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; ep.max_packet_len()];
+        let mut out = Vec::new();
+        loop {
+            let ran = ep.execute_local_operations(mem);
+            let before = out.len();
+            while let Some(t) = ep.poll_transmit(now, &mut buf, mem) {
+                out.push(buf[..t.len].to_vec());
+            }
+            if ran == 0 && out.len() == before {
+                break;
+            }
+        }
+        if ep.poll_timeout().is_some_and(|t| t <= now) {
+            ep.handle_timeout(now);
+        }
+        out
+    }
+
+    /// Issue #15: the outputs visit the QPs that have work, not every QP. With 2,048 idle
+    /// RC QPs in RTS beside one busy QP, 1,000 messages posted, sent and acknowledged one
+    /// by one (each input followed by the device's run) visit fewer than 10 QPs per
+    /// packet, where a scan of every QP per call visits thousands.
+    #[test]
+    fn idle_qps_cost_nothing_to_the_outputs() {
+        let mut ep = Engine::new(EngineConfig::default());
+        let mut mem = Flat(vec![0; 64]);
+        for _ in 0..2048 {
+            rts_rc_retrying(&mut ep);
+        }
+        let busy = rts_rc_retrying(&mut ep);
+        device_run(&mut ep, 0, &mut mem);
+        let before = ep.counters().qps_visited;
+        let messages = 1000u32;
+        for i in 0..messages {
+            let now = u64::from(i) * 1000;
+            ep.post_send(busy, SendWr::new(u64::from(i), SendOp::Send, vec![]))
+                .unwrap();
+            let sent = device_run(&mut ep, now, &mut mem);
+            assert_eq!(sent.len(), 1, "message {i}");
+            let ack = aeth_packet(busy, i, codec::SYNDROME_ACK);
+            ep.handle_packet(now + 500, &ack, None, &mut mem);
+            assert!(device_run(&mut ep, now + 500, &mut mem).is_empty());
+            assert_eq!(ep.poll_timeout(), None, "nothing in flight after the ACK");
+        }
+        let visited = ep.counters().qps_visited - before;
+        assert!(
+            visited < 10 * u64::from(messages),
+            "{visited} QPs visited for {messages} packets"
+        );
+        assert_eq!(ep.counters().packets_sent, u64::from(messages));
     }
 
     fn ip_octets(s: &str) -> [u8; 16] {

@@ -25,6 +25,7 @@
 //! | `codec` | the only user of `softverbs-wire`: packets to and from bytes |
 //! | `gsi` | QP1, the General Services Interface: management datagrams in and out, bounded ([`GsiMad`]) |
 //! | `window` | the per-peer congestion window over the RC requesters ([`PeerWindow`]) |
+//! | `sched` | the schedule: which QPs the outputs visit (ready to send, local operations, timers) |
 //! | `gid` | GIDs as addresses: the address a GID names, the link-local GID of a port |
 //! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
 //!
@@ -94,6 +95,7 @@ mod psn;
 mod qp;
 mod requester;
 mod responder;
+mod sched;
 mod srq;
 mod types;
 mod window;

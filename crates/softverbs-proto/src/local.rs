@@ -15,7 +15,6 @@ use softverbs_cq::WcStatus;
 
 use crate::memory::{Accessor, Memory};
 use crate::qp::{Ctx, Qp};
-use crate::types::QpState;
 use crate::wr::SendOp;
 
 impl Qp {
@@ -28,13 +27,10 @@ impl Qp {
         let by = Accessor::qp(self.init.pd, self.qpn);
         let mut ran = 0;
         // Each pass completes (removes) the head, so the queue bounds the loop.
-        while matches!(self.state, QpState::Rts | QpState::Sqd) && self.req_index == 0 {
+        while self.has_local_head() {
             let Some(head) = self.sq.front() else {
                 break;
             };
-            if head.error.is_some() {
-                break;
-            }
             let status = match head.wr.op {
                 SendOp::BindMw(bind) => match mem.bind_window(by, &bind) {
                     Ok(rkey) => {

@@ -302,6 +302,13 @@ pub struct Counters {
     /// Times an RC QP had a request ready but its peer's congestion window was full (counted
     /// once per stall: again only after the QP has sent).
     pub window_limited: u64,
+    /// QPs the engine's outputs visited: one per QP that
+    /// [`Engine::poll_transmit`](crate::Engine::poll_transmit),
+    /// [`Engine::execute_local_operations`](crate::Engine::execute_local_operations) or
+    /// [`Engine::handle_timeout`](crate::Engine::handle_timeout) looked at. The cost of
+    /// scheduling in a count, not a time: what a test pins to prove the outputs visit the
+    /// QPs that have work, not every QP.
+    pub qps_visited: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -340,6 +347,7 @@ impl Counters {
             ("gsi_sent", self.gsi_sent),
             ("cwnd_reductions", self.cwnd_reductions),
             ("window_limited", self.window_limited),
+            ("qps_visited", self.qps_visited),
         ]
         .into_iter()
         .map(|(name, value)| (name.to_string(), value))

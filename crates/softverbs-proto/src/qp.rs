@@ -11,6 +11,7 @@ use softverbs_cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::error::{PostVerb, Queue, VerbsError};
 use crate::output::{AsyncEvent, Completion, Counters, CqTarget};
 use crate::psn::{self, PSN_MASK};
+use crate::sched::Marks;
 use crate::srq::Srq;
 use crate::types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType,
@@ -27,7 +28,7 @@ pub(crate) struct Ctx<'a> {
 }
 
 /// A send work request inside the send queue.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct SendWqe {
     pub wr: SendWr,
     /// Total payload length (8 for atomics).
@@ -72,7 +73,7 @@ pub(crate) fn send_wc_opcode(op: &SendOp) -> WcOpcode {
 }
 
 /// The message the responder is in the middle of.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) enum CurMsg {
     /// Between messages: the next packet must be FIRST or ONLY.
     #[default]
@@ -133,7 +134,7 @@ pub(crate) enum RespOut {
 }
 
 /// A queue pair.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Qp {
     pub qpn: u32,
     pub init: QpInit,
@@ -169,6 +170,11 @@ pub(crate) struct Qp {
     pub window_loss: bool,
     /// The peer's congestion window held this QP's next request (counted once per stall).
     pub window_held: bool,
+    /// The last `poll_transmit` returned nothing because the peer's window held this QP's
+    /// next request (set afresh by every call; `window_held` counts stalls instead).
+    pub held_by_window: bool,
+    /// Which of the engine's schedule lists hold this QP (`sched.rs`); kept across a reset.
+    pub marks: Marks,
     /// One past the last PSN sent that the responder answers for certain: a packet with
     /// AckReq, or a read or atomic (and ATOMIC WRITE, FLUSH), which get responses.
     pub answer_end: u32,
@@ -324,6 +330,8 @@ impl Qp {
             nak_retry_from: None,
             window_loss: false,
             window_held: false,
+            held_by_window: false,
+            marks: Marks::default(),
             answer_end: 0,
             epsn: 0,
             msn: 0,
@@ -580,8 +588,9 @@ impl Qp {
 
     /// Modify to RESET: forget everything, no completions.
     fn reset(&mut self) {
-        let (qpn, init) = (self.qpn, self.init);
+        let (qpn, init, marks) = (self.qpn, self.init, self.marks);
         *self = Qp::new(qpn, init);
+        self.marks = marks;
     }
 
     /// `ibv_post_send`.
@@ -917,6 +926,29 @@ impl Qp {
             ctx.events
                 .push_back(AsyncEvent::SqDrained { qpn: self.qpn });
         }
+    }
+
+    /// Whether [`poll_transmit`](Self::poll_transmit) may write a packet: a response is
+    /// queued, or the requester is in RTS or SQD, not waiting for an RNR timer, and has a
+    /// work request at its position. A superset of the QPs that send: the requester may
+    /// still wait (fence, read/atomic budget, unacknowledged PSNs, the peer's window, a
+    /// local operation at its position).
+    pub fn may_transmit(&self) -> bool {
+        !self.resp_out.is_empty()
+            || (matches!(self.state, QpState::Rts | QpState::Sqd)
+                && self.rnr_deadline.is_none()
+                && self.req_index < self.sq.len())
+    }
+
+    /// Whether a local operation heads the send queue, ready to run: exactly the condition
+    /// under which [`execute_local_operations`](Self::execute_local_operations) runs one.
+    pub fn has_local_head(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.req_index == 0
+            && self
+                .sq
+                .front()
+                .is_some_and(|head| head.error.is_none() && head.wr.op.is_local())
     }
 
     /// Earliest deadline of this QP.

@@ -129,6 +129,7 @@ impl Qp {
         room: Option<u32>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
+        self.held_by_window = false;
         if let Some(t) = self.responder_transmit(buf, mem, ctx) {
             return Some(t);
         }
@@ -367,6 +368,7 @@ impl Qp {
                     let answer_coming = psn::diff(self.answer_end, self.comp_psn) > 0
                         && psn::diff(self.answer_end, self.req_psn) <= 0;
                     if answer_coming {
+                        self.held_by_window = true;
                         if !self.window_held {
                             self.window_held = true;
                             ctx.counters.window_limited += 1;

@@ -39,8 +39,18 @@
 //!   compares the charge with what the QP has in flight now and moves the difference.
 //!   [`Windows::check`] recomputes every sum from the QPs (the simulator's invariant).
 //!   An entry lives while it has members: the table holds at most one entry per QP.
+//! - **Waking the held QPs.** A QP the window held ([`Windows::hold`]) is listed, in order,
+//!   in its peer's `held` list, tagged with the peer's *opening count* (`epoch`), which
+//!   grows by one each time the window's free room (`cwnd − in_flight`) grows. When the
+//!   room grows by `n` packets, the first `n` QPs listed before that opening are handed
+//!   back to the engine's schedule (`sched.rs`) to try again; one that is held again, while
+//!   room is left, hands over the next (a READ needing more PSNs than are free must not
+//!   keep a one-packet SEND waiting). A QP listed since the last opening was held with at
+//!   least as much room as there is now, so it is not woken until the room grows. No QP
+//!   depends on being woken to progress (the rule above lets it send once its own
+//!   packets are answered, and that answer runs it); waking keeps the window full.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::output::Counters;
 use crate::psn;
@@ -61,7 +71,7 @@ pub struct PeerWindow {
 }
 
 /// The window state of one destination GID.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Peer {
     cwnd: u32,
     ssthresh: u32,
@@ -73,6 +83,11 @@ struct Peer {
     avoidance_acked: u32,
     /// While `acked_total` is below this, a loss signal does not reduce the window again.
     recover_at: u64,
+    /// Times the free room `cwnd − in_flight` grew (module doc: waking the held QPs).
+    epoch: u64,
+    /// The QPs held, in order, with the `epoch` they were held at; an entry whose QP's
+    /// charge no longer names that epoch (woken, sent since, left) is stale and skipped.
+    held: VecDeque<(u32, u64)>,
 }
 
 /// What a QP is charged to its peer.
@@ -82,6 +97,8 @@ struct Charge {
     psns: u32,
     /// The QP's `comp_psn` when the charge was taken: how acknowledgments are counted.
     comp_psn: u32,
+    /// The peer's `epoch` when the window held this QP, while it is listed as held.
+    held: Option<u64>,
 }
 
 /// The window limits of a config, made consistent: `1 <= min <= initial <= max`.
@@ -126,8 +143,15 @@ impl Windows {
 
     /// Brings `qp`'s charge up to date with what it has in flight now, counting the PSNs
     /// acknowledged since the last sync (growth) and its pending loss signal (reduction)
-    /// against the peer it was charged to.
-    pub(crate) fn sync(&mut self, qp: &mut Qp, config: &EngineConfig, counters: &mut Counters) {
+    /// against the peer it was charged to. QPs held by a window that opened are pushed to
+    /// `woken`.
+    pub(crate) fn sync(
+        &mut self,
+        qp: &mut Qp,
+        config: &EngineConfig,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
         let loss = std::mem::take(&mut qp.window_loss);
         let now = member_of(qp);
         let old = self.charges.get(&qp.qpn).copied();
@@ -141,6 +165,7 @@ impl Windows {
         if unchanged && !loss {
             return;
         }
+        let old_room = old.and_then(|c| Some((c.dgid, self.peers.get(&c.dgid)?.room())));
         if let Some(c) = old {
             if let Some(peer) = self.peers.get_mut(&c.dgid) {
                 let acked = psn::diff(qp.comp_psn, c.comp_psn);
@@ -168,15 +193,19 @@ impl Windows {
                     acked_total: 0,
                     avoidance_acked: 0,
                     recover_at: 0,
+                    epoch: 0,
+                    held: VecDeque::new(),
                 });
                 peer.in_flight = peer.in_flight.saturating_add(psns);
                 peer.members += 1;
+                let held = old.filter(|c| c.dgid == dgid).and_then(|c| c.held);
                 self.charges.insert(
                     qp.qpn,
                     Charge {
                         dgid,
                         psns,
                         comp_psn: qp.comp_psn,
+                        held,
                     },
                 );
             }
@@ -184,18 +213,114 @@ impl Windows {
                 self.charges.remove(&qp.qpn);
             }
         }
+        if let Some((dgid, before)) = old_room {
+            self.opened(dgid, before, counters, woken);
+        }
     }
 
-    /// Forgets a destroyed QP's charge.
-    pub(crate) fn release(&mut self, qpn: u32) {
+    /// After `dgid`'s window changed from `before` packets of free room: if it grew, a new
+    /// opening, and as many held QPs as packets it grew by are woken.
+    fn opened(
+        &mut self,
+        dgid: [u8; 16],
+        before: i64,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
+        let Some(peer) = self.peers.get_mut(&dgid) else {
+            return;
+        };
+        let grown = peer.room() - before;
+        if grown > 0 {
+            peer.epoch += 1;
+            self.wake(dgid, grown as usize, counters, woken);
+        }
+    }
+
+    /// Wakes up to `n` QPs of `dgid`'s held list that were held before its last opening.
+    fn wake(
+        &mut self,
+        dgid: [u8; 16],
+        mut n: usize,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
+        let Some(peer) = self.peers.get_mut(&dgid) else {
+            return;
+        };
+        while n > 0 {
+            // Entries are in the order of their epochs: one held since the last opening
+            // ends the search.
+            let Some(&(qpn, epoch)) = peer.held.front().filter(|(_, e)| *e < peer.epoch) else {
+                break;
+            };
+            peer.held.pop_front();
+            counters.qps_visited += 1;
+            let Some(charge) = self.charges.get_mut(&qpn) else {
+                continue;
+            };
+            if charge.dgid == dgid && charge.held == Some(epoch) {
+                charge.held = None;
+                woken.push(qpn);
+                n -= 1;
+            }
+        }
+    }
+
+    /// The window held `qpn`'s next request (its `poll_transmit` returned nothing for
+    /// that reason, and its charge is synced): it is listed as held. If room is left (it
+    /// needed more PSNs than are free), the next QP held before the last opening is woken.
+    pub(crate) fn hold(&mut self, qpn: u32, counters: &mut Counters, woken: &mut Vec<u32>) {
+        let Some(charge) = self.charges.get_mut(&qpn) else {
+            return;
+        };
+        let dgid = charge.dgid;
+        let Some(peer) = self.peers.get_mut(&dgid) else {
+            return;
+        };
+        charge.held = Some(peer.epoch);
+        peer.held.push_back((qpn, peer.epoch));
+        if peer.room() > 0 {
+            self.wake(dgid, 1, counters, woken);
+        }
+    }
+
+    /// `qpn` is no longer held (it sent, or had nothing to send): its entry in the held
+    /// list goes stale.
+    pub(crate) fn unhold(&mut self, qpn: u32) {
+        if let Some(charge) = self.charges.get_mut(&qpn) {
+            charge.held = None;
+        }
+    }
+
+    /// Whether `qpn` is listed as held by its peer's window; `Some(true)` if it would be
+    /// held again: it was held since the window's last opening (with at least the room
+    /// there is now), or the window has no room (and the QP, unchanged since it was held,
+    /// still has an answer coming).
+    pub(crate) fn held(&self, qpn: u32) -> Option<bool> {
+        let charge = self.charges.get(&qpn)?;
+        let epoch = charge.held?;
+        Some(
+            self.peers
+                .get(&charge.dgid)
+                .is_some_and(|p| p.epoch == epoch || p.room() <= 0),
+        )
+    }
+
+    /// Forgets a destroyed QP's charge; QPs held by the room it frees are pushed to
+    /// `woken`.
+    pub(crate) fn release(&mut self, qpn: u32, counters: &mut Counters, woken: &mut Vec<u32>) {
         let Some(c) = self.charges.remove(&qpn) else {
             return;
         };
         if let Some(peer) = self.peers.get_mut(&c.dgid) {
+            let before = peer.room();
             peer.in_flight = peer.in_flight.saturating_sub(c.psns);
             peer.members = peer.members.saturating_sub(1);
             if peer.members == 0 {
                 self.peers.remove(&c.dgid);
+            } else {
+                self.opened(c.dgid, before, counters, woken);
             }
         }
     }
@@ -248,6 +373,12 @@ impl Windows {
 }
 
 impl Peer {
+    /// Free room: packets the window admits beyond those in flight (negative when QPs sent
+    /// beyond it, or after a reduction).
+    fn room(&self) -> i64 {
+        i64::from(self.cwnd) - i64::from(self.in_flight)
+    }
+
     /// `acked` PSNs newly acknowledged: slow start below `ssthresh`, congestion avoidance
     /// above (RFC 5681 §3.1).
     fn on_acked(&mut self, acked: u32, config: &EngineConfig) {

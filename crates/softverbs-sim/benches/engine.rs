@@ -3,9 +3,17 @@
 //! for 8-byte SENDs and 64 KiB RDMA WRITEs, and a plain `memcpy` of the same bytes in the
 //! same run, then prints the ratio.
 //!
+//! The `qps` groups run the device's loop instead (`Fleet`): packets are delivered in
+//! batches and, after every input, the receiving engine runs its local operations,
+//! transmits, `poll_timeout` and due timers, as `softverbs-device` does. They measure 4 KiB
+//! RDMA WRITEs spread over 8, 512 and 2,048 QP pairs (the same messages in total), and 8 B
+//! SENDs on one QP beside 2,047 idle ones: a scheduler that scans every QP per call pays
+//! for the idle ones there (issue #15).
+//!
 //! Run: `cargo bench -p softverbs-sim --bench engine` (criterion numbers, then a summary
-//! table).
+//! table); `-- qps` for the many-QP groups only.
 
+use std::collections::VecDeque;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -210,6 +218,170 @@ impl Pair {
     }
 }
 
+/// Packets a device hands to its engine per run (a receive batch).
+const RX_BATCH: usize = 32;
+
+/// Two engines with `qps.len()` RC QP pairs, run as the device runs them.
+struct Fleet {
+    a: Engine,
+    b: Engine,
+    mem_a: SimMemory,
+    mem_b: SimMemory,
+    /// `(QP on a, QP on b)`.
+    qps: Vec<(u32, u32)>,
+    src: Mr,
+    dst: Mr,
+    buf: Vec<u8>,
+    to_a: VecDeque<Vec<u8>>,
+    to_b: VecDeque<Vec<u8>>,
+    next_id: u64,
+}
+
+impl Fleet {
+    fn new(pairs: usize, region: usize) -> Fleet {
+        let config = EngineConfig::default();
+        let mut a = Engine::new(config);
+        let mut b = Engine::new(config);
+        let init = QpInit {
+            qp_type: QpType::Rc,
+            caps: QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                ..QpCaps::default()
+            },
+            sq_sig_all: false,
+            srq: None,
+            pd: 0,
+        };
+        let qps = (0..pairs)
+            .map(|_| {
+                let qa = a.create_qp(init).unwrap();
+                let qb = b.create_qp(init).unwrap();
+                up(&mut a, qa, qb, 100, 200);
+                up(&mut b, qb, qa, 200, 100);
+                (qa, qb)
+            })
+            .collect();
+        let mut mem_a = SimMemory::new();
+        let mut mem_b = SimMemory::new();
+        let src = mem_a.register(region, ALL);
+        let dst = mem_b.register(region, ALL);
+        let buf = vec![0u8; a.max_packet_len()];
+        Fleet {
+            a,
+            b,
+            mem_a,
+            mem_b,
+            qps,
+            src,
+            dst,
+            buf,
+            to_a: VecDeque::new(),
+            to_b: VecDeque::new(),
+            next_id: 0,
+        }
+    }
+
+    /// The device's run after an input: local operations and transmits until neither
+    /// does anything, then the timers due.
+    fn run_engine(
+        engine: &mut Engine,
+        mem: &mut SimMemory,
+        buf: &mut [u8],
+        out: &mut VecDeque<Vec<u8>>,
+    ) {
+        loop {
+            let ran = engine.execute_local_operations(mem);
+            let before = out.len();
+            while let Some(t) = engine.poll_transmit(0, buf, mem) {
+                out.push_back(buf[..t.len].to_vec());
+            }
+            if ran == 0 && out.len() == before {
+                break;
+            }
+        }
+        if engine.poll_timeout().is_some_and(|t| t == 0) {
+            engine.handle_timeout(0);
+        }
+    }
+
+    /// Delivers packets in batches of `RX_BATCH`, running the receiver after each batch,
+    /// until no packet is left.
+    fn pump(&mut self) {
+        while !self.to_a.is_empty() || !self.to_b.is_empty() {
+            for _ in 0..RX_BATCH.min(self.to_b.len()) {
+                let p = self.to_b.pop_front().unwrap();
+                self.b.handle_packet(0, &p, None, &mut self.mem_b);
+            }
+            Self::run_engine(&mut self.b, &mut self.mem_b, &mut self.buf, &mut self.to_a);
+            for _ in 0..RX_BATCH.min(self.to_a.len()) {
+                let p = self.to_a.pop_front().unwrap();
+                self.a.handle_packet(0, &p, None, &mut self.mem_a);
+            }
+            Self::run_engine(&mut self.a, &mut self.mem_a, &mut self.buf, &mut self.to_b);
+        }
+    }
+
+    /// `n` messages of `len` bytes, SENDs or RDMA WRITEs, over the first `busy` QP pairs
+    /// in turn (at most 32 outstanding per QP, every 16th signaled), each post followed by
+    /// the device's run, and all of them to completion.
+    fn run(&mut self, n: u64, len: u32, write: bool, busy: usize) {
+        let per_qp = 32u64;
+        let mut left = n;
+        while left > 0 {
+            let batch = left.min(per_qp * busy as u64);
+            for i in 0..batch {
+                let (qa, qb) = self.qps[(i % busy as u64) as usize];
+                let id = self.next_id;
+                self.next_id += 1;
+                if !write {
+                    let sge = Sge {
+                        addr: self.dst.addr,
+                        length: len,
+                        lkey: self.dst.lkey,
+                    };
+                    self.b
+                        .post_recv(
+                            qb,
+                            RecvWr {
+                                wr_id: id,
+                                sg_list: vec![sge],
+                            },
+                        )
+                        .unwrap();
+                }
+                let op = if write {
+                    SendOp::RdmaWrite {
+                        remote_addr: self.dst.addr,
+                        rkey: self.dst.rkey,
+                    }
+                } else {
+                    SendOp::Send
+                };
+                let sge = Sge {
+                    addr: self.src.addr,
+                    length: len,
+                    lkey: self.src.lkey,
+                };
+                let mut wr = SendWr::new(id, op, vec![sge]);
+                if i / busy as u64 % 16 == 15 || i + busy as u64 >= batch {
+                    wr = wr.with_flags(softverbs_proto::SendFlags::SIGNALED);
+                }
+                self.a.post_send(qa, wr).unwrap();
+                Self::run_engine(&mut self.a, &mut self.mem_a, &mut self.buf, &mut self.to_b);
+            }
+            self.pump();
+            while let Some(c) = self.a.poll_completion() {
+                assert!(c.wc.result().is_ok());
+            }
+            while let Some(c) = self.b.poll_completion() {
+                assert!(c.wc.result().is_ok());
+            }
+            left -= batch;
+        }
+    }
+}
+
 fn memcpy(dst: &mut [u8], src: &[u8], n: u64) {
     let len = src.len();
     for i in 0..n as usize {
@@ -240,6 +412,24 @@ fn bench(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 memcpy(&mut dst, &src, iters);
+                t.elapsed()
+            })
+        });
+        group.finish();
+    }
+    for (name, pairs, busy, len, write) in [
+        ("qps_write_4KiB/8", 8, 8, 4096u32, true),
+        ("qps_write_4KiB/512", 512, 512, 4096, true),
+        ("qps_write_4KiB/2048", 2048, 2048, 4096, true),
+        ("qps_send_8B_beside_2047_idle", 2048, 1, 8, false),
+    ] {
+        let mut group = c.benchmark_group(name);
+        group.throughput(Throughput::Elements(1));
+        let mut fleet = Fleet::new(pairs, 1 << 13);
+        group.bench_function("engine", |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                fleet.run(iters, len, write, busy);
                 t.elapsed()
             })
         });

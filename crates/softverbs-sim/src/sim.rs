@@ -482,14 +482,20 @@ impl Sim {
             while let Some(e) = self.nodes[i].engine.poll_event() {
                 self.nodes[i].events.push(e);
             }
-            if let Err(msg) = self.nodes[i].engine.check_peer_windows() {
+            let node = &self.nodes[i];
+            if let Err(msg) = node
+                .engine
+                .check_peer_windows()
+                .and_then(|()| node.engine.check_schedule(&node.mem))
+            {
                 return Err(self.error(SimErrorKind::Invariant(format!("node {i}: {msg}"))));
             }
         }
         Ok(())
     }
 
-    /// Invariants (with [`Engine::check_peer_windows`] after every step): every completion matches a posted, not yet completed WR; send
+    /// Invariants (with [`Engine::check_peer_windows`] and [`Engine::check_schedule`] after
+    /// every step): every completion matches a posted, not yet completed WR; send
     /// completions of a QP come in posting order (an unsignaled WR before a completed one
     /// is implicitly complete, a signaled one must have completed first); receive
     /// completions of a QP come in posting order; SRQ entries complete once.
