@@ -8,10 +8,11 @@ use common::*;
 use softverbs::*;
 use std::time::Duration;
 
-/// A connected RC pair whose B side completes into a CQ on `channel`.
-fn pair_with_channel(channel_ctx: Context) -> (Side, Side, CompChannel) {
+/// A connected RC pair whose B side (on `channel_ctx`) completes into a CQ on `channel`;
+/// the A side is on `peer`.
+fn pair_with_channel(channel_ctx: Context, peer: Context) -> (Side, Side, CompChannel) {
     let channel = channel_ctx.create_comp_channel().unwrap();
-    let a = side(in_process(), QpType::Rc);
+    let a = side(peer, QpType::Rc);
     let pd = channel_ctx.alloc_pd();
     let cq = channel_ctx
         .cq_builder(64)
@@ -45,7 +46,7 @@ fn send_one(a: &Side, b: &Side, wr_id: u64) {
 /// acknowledges it (`ibv_ack_cq_events(3)`).
 #[test]
 fn an_armed_cq_raises_one_event_per_arming_and_the_event_acks_on_drop() {
-    let (a, b, channel) = pair_with_channel(in_process());
+    let (a, b, channel) = pair_with_channel(in_process(), in_process());
     b.cq.req_notify(false);
     send_one(&a, &b, 1);
     let event = channel
@@ -71,7 +72,7 @@ fn an_armed_cq_raises_one_event_per_arming_and_the_event_acks_on_drop() {
 /// `req_notify_and_check` is the race-free "arm, then look" and says to poll now.
 #[test]
 fn req_notify_and_check_reports_completions_already_waiting() {
-    let (a, b, channel) = pair_with_channel(in_process());
+    let (a, b, channel) = pair_with_channel(in_process(), in_process());
     send_one(&a, &b, 1);
     // Wait until the receive completion is in the CQ without taking it.
     let deadline = std::time::Instant::now() + PATIENCE;
@@ -91,7 +92,7 @@ fn req_notify_and_check_reports_completions_already_waiting() {
 /// `ibv_destroy_comp_channel(3)` fails while a CQ uses the channel.
 #[test]
 fn destroy_is_refused_until_events_are_acknowledged_and_cqs_are_gone() {
-    let (a, b, channel) = pair_with_channel(in_process());
+    let (a, b, channel) = pair_with_channel(in_process(), in_process());
     b.cq.req_notify(false);
     send_one(&a, &b, 1);
     let (cq_id, _) = channel
@@ -209,7 +210,7 @@ fn a_bad_rkey_gives_rem_access_err_and_an_access_error_event() {
 /// one).
 #[test]
 fn a_solicited_only_arming_fires_on_a_solicited_send() {
-    let (a, b, channel) = pair_with_channel(in_process());
+    let (a, b, channel) = pair_with_channel(in_process(), in_process());
     b.cq.req_notify(true);
     send_one(&a, &b, 1);
     assert_eq!(wait_for(&b.cq, 1)[0].wr_id(), 1);
@@ -232,7 +233,7 @@ fn a_solicited_only_arming_fires_on_a_solicited_send() {
 /// further completion and no poll.
 #[test]
 fn a_moderated_cq_raises_its_event_when_the_period_ends() {
-    let (a, b, channel) = pair_with_channel(in_process());
+    let (a, b, channel) = pair_with_channel(in_process(), in_process());
     b.cq.modify(Moderation {
         count: 10,
         period_us: 2000,
@@ -261,26 +262,8 @@ fn a_moderated_cq_raises_its_event_when_the_period_ends() {
 #[test]
 fn an_epoll_on_the_channel_fd_wakes_once_per_event_over_udp() {
     const EVENTS: u64 = 200;
-    let channel_ctx = udp(233);
-    let channel = channel_ctx.create_comp_channel().unwrap();
+    let (a, b, channel) = pair_with_channel(udp(233), udp(234));
     channel.set_nonblocking(true).unwrap();
-    let a = side(udp(234), QpType::Rc);
-    let pd = channel_ctx.alloc_pd();
-    let cq = channel_ctx
-        .cq_builder(64)
-        .channel(&channel)
-        .build()
-        .unwrap();
-    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
-    let b = Side {
-        ctx: channel_ctx,
-        pd,
-        cq,
-        qp,
-        mr,
-    };
-    connect(&a, &b);
 
     // SAFETY: plain epoll system calls on descriptors this test owns; `ev` outlives them.
     let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
