@@ -140,7 +140,10 @@ fn connect_with(a: &Side, b: &Side, a_gid: u8, b_gid: u8, mtu: Mtu) {
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: FIRST_PSN,
-            timeout: 10,
+            // ibv_rc_pingpong's local ACK timeout (4.096 µs · 2^14 ≈ 67 ms): a shorter one
+            // lets a starved progress thread on a loaded 2-core machine exhaust the retries
+            // of a lossless path.
+            timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 4,
