@@ -138,8 +138,12 @@ pub(crate) struct DeviceInner {
     /// The pcap capture of the transport, if any (flushed on request).
     capture: Option<Arc<Capture>>,
     /// Held from the end of a run (taken under the state lock) until its packets are
-    /// handed to the transport or queued for local delivery, so they leave in order.
-    tx: Mutex<()>,
+    /// handed to the transport or queued for local delivery, so they leave in order; it
+    /// keeps the ACKs a receive run held for the application's next post.
+    tx: Mutex<runtime::HeldAcks>,
+    /// Whether `tx` holds ACKs (read without the lock by a run deciding whether to take
+    /// it; written under it).
+    acks_held: AtomicBool,
     /// Held from taking a packet off the transport until the engine has handled it, so
     /// packets are handled in the order they arrived whichever thread receives them.
     rx: Mutex<()>,
@@ -290,7 +294,8 @@ impl Device {
             transport,
             tap,
             handed_bad_icrc: AtomicU64::new(0),
-            tx: Mutex::new(()),
+            tx: Mutex::new(runtime::HeldAcks::default()),
+            acks_held: AtomicBool::new(false),
             rx: Mutex::new(()),
             fault_layer,
             events: AsyncEventQueue::new()?,

@@ -72,6 +72,7 @@ struct Outgoing {
 }
 
 /// One packet of [`Outgoing`]: the next `len` bytes.
+#[derive(Clone, Copy)]
 struct OutgoingSlot {
     to: Endpoint,
     src_port: u16,
@@ -84,6 +85,33 @@ impl Outgoing {
         self.bytes.clear();
     }
 
+    /// Whether every packet is a plain RC ACKNOWLEDGE: BTH opcode 0x11 with an AETH
+    /// syndrome of ACK, not a NAK or an RNR NAK (IBTA vol. 1 §9.7.5.2.1, table 44).
+    fn only_acks(&self) -> bool {
+        let mut at = 0;
+        self.packets.iter().all(|slot| {
+            let bytes = &self.bytes[at..at + slot.len];
+            at += slot.len;
+            bytes.len() > 12 && bytes[0] == RC_ACKNOWLEDGE && bytes[12] >> 5 == 0
+        })
+    }
+
+    /// Appends `other`'s packets after these.
+    fn append(&mut self, other: &Outgoing) {
+        self.packets
+            .extend(other.packets.iter().map(|slot| OutgoingSlot { ..*slot }));
+        self.bytes.extend_from_slice(&other.bytes);
+    }
+
+    /// Puts `first`'s packets before these.
+    fn prepend(&mut self, first: &Outgoing) {
+        self.packets.splice(
+            0..0,
+            first.packets.iter().map(|slot| OutgoingSlot { ..*slot }),
+        );
+        self.bytes.splice(0..0, first.bytes.iter().copied());
+    }
+
     /// The packets, each with its bytes.
     fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8])> {
         let mut rest: &mut [u8] = &mut self.bytes;
@@ -94,6 +122,22 @@ impl Outgoing {
         })
     }
 }
+
+/// The ACKs a receive run in the application's poll produced, held (under the device's
+/// send lock) until the application's next post or poll, so that the reply the
+/// application is about to post and the ACK leave in one system call: the reply's
+/// request does not wait behind a call of its own for the ACK (IBTA vol. 1 §9.7.5.1.1
+/// lets a responder coalesce and delay ACKs). Every other run sends them first, before its
+/// own packets, so the order of the device's packets never changes.
+#[derive(Default)]
+pub(super) struct HeldAcks(Outgoing);
+
+/// BTH opcode of an RC ACKNOWLEDGE (IBTA vol. 1 table 38).
+const RC_ACKNOWLEDGE: u8 = 0x11;
+
+/// How long the progress thread sleeps at most while ACKs are held, before it sends them
+/// itself (the application stopped posting and polling).
+const ACK_HOLD_LIMIT: Duration = Duration::from_micros(100);
 
 /// Buffers a thread receives into, reused from batch to batch.
 struct ReceiveBuffers {
@@ -148,6 +192,12 @@ impl DeviceInner {
     /// Runs `f` on the engine, then delivers what it produced: completions to their CQs,
     /// events to the async queue, packets (after the lock is released) to their peers.
     pub(super) fn run<R>(self: &Arc<Self>, f: impl FnOnce(&mut State) -> R) -> R {
+        self.run_holding(false, f)
+    }
+
+    /// [`run`](Self::run); with `hold_acks`, a run that produced nothing but ACKs keeps
+    /// them for the application's next post or poll ([`HeldAcks`]).
+    fn run_holding<R>(self: &Arc<Self>, hold_acks: bool, f: impl FnOnce(&mut State) -> R) -> R {
         let now = DeviceClock::now();
         let mut outgoing = OUTGOING.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
         outgoing.clear();
@@ -164,8 +214,19 @@ impl DeviceInner {
             let sending = (!outgoing.packets.is_empty()).then(|| lock(&self.tx));
             (result, sending)
         };
-        if let Some(guard) = sending {
-            self.send_all(&mut outgoing, guard);
+        if let Some(mut guard) = sending {
+            if hold_acks && self.tap.is_none() && outgoing.only_acks() {
+                guard.0.append(&outgoing);
+                self.acks_held.store(true, Ordering::Relaxed);
+            } else {
+                // Held ACKs go first, in one call with what this run sends (a run that
+                // sends nothing, e.g. a post_recv, leaves them for the next post).
+                if self.acks_held.swap(false, Ordering::Relaxed) {
+                    outgoing.prepend(&guard.0);
+                    guard.0.clear();
+                }
+                self.send_all(&mut outgoing, guard);
+            }
         }
         OUTGOING.with(|cell| *cell.borrow_mut() = outgoing);
         result
@@ -257,7 +318,7 @@ impl DeviceInner {
     /// Sends packets: to devices of this process directly, to others over the transport
     /// in one batch ([`Transport::send_batch`], in order); with a capture or faults, all
     /// of them through the device's stack (`link.rs`).
-    fn send_all(self: &Arc<Self>, outgoing: &mut Outgoing, sending: MutexGuard<'_, ()>) {
+    fn send_all(self: &Arc<Self>, outgoing: &mut Outgoing, sending: MutexGuard<'_, HeldAcks>) {
         if let Some(tap) = &self.tap {
             send_through(&*tap.stack, outgoing, sending);
             return;
@@ -380,7 +441,7 @@ impl DeviceInner {
     /// Takes the packets already queued on the transport off it, a batch at a time, and
     /// handles each batch in one run (so its acknowledgements coalesce and leave together).
     /// The caller holds the receive lock. Returns how many packets it handled.
-    fn receive_queued(self: &Arc<Self>, transport: &dyn Transport) -> usize {
+    fn receive_queued(self: &Arc<Self>, transport: &dyn Transport, hold_acks: bool) -> usize {
         let mut buffers = RECEIVE_BUFFERS
             .with(|cell| cell.borrow_mut().take())
             .unwrap_or_else(|| ReceiveBuffers {
@@ -406,7 +467,7 @@ impl DeviceInner {
             }
             handled += count;
             let now = DeviceClock::now();
-            self.run(|st| {
+            self.run_holding(hold_acks, |st| {
                 let State { engine, memory, .. } = st;
                 for (packet, buf) in received.iter().zip(bufs.iter()) {
                     let Some(bytes) = buf.get(..packet.len) else {
@@ -428,6 +489,10 @@ impl DeviceInner {
     /// when `None`), handle, and run due timers.
     /// Returns how many packets it received.
     pub(super) fn progress_once(self: &Arc<Self>, now: u64, wait: Option<Duration>) -> usize {
+        // ACKs held for a post that did not come leave now, before anything else.
+        if self.acks_held.load(Ordering::Relaxed) {
+            self.send_held_acks();
+        }
         let mut received = 0;
         let deadline = self.next_deadline.load(Ordering::Relaxed);
         let until_deadline =
@@ -443,8 +508,14 @@ impl DeviceInner {
                 < APP_POLLING_WINDOW.as_nanos() as u64;
         match &self.transport {
             Some(_) if app_is_polling => {
-                // The application receives for itself; only timers are ours.
-                std::thread::sleep(timeout.min(APP_POLLING_WINDOW));
+                // The application receives for itself; only timers, and ACKs it held but
+                // did not send (it stopped posting and polling), are ours.
+                let nap = if self.acks_held.load(Ordering::Relaxed) {
+                    ACK_HOLD_LIMIT
+                } else {
+                    APP_POLLING_WINDOW
+                };
+                std::thread::sleep(timeout.min(nap));
             }
             Some(transport) => {
                 // Wait without the receive lock; then take packets off and handle them
@@ -468,7 +539,9 @@ impl DeviceInner {
                     got
                 };
                 if let Some(_receiving) = receiving {
-                    received += self.receive_queued(&**transport);
+                    // The application's own poll (`wait` given) holds the ACKs of what it
+                    // receives for its next post; the progress thread sends them.
+                    received += self.receive_queued(&**transport, wait.is_some());
                 }
                 if self.tap.is_some() {
                     // Receiving released packets the fault layer held back: those for
@@ -517,6 +590,22 @@ impl DeviceInner {
         received
     }
 
+    /// Sends the ACKs a receive run held ([`HeldAcks`]).
+    fn send_held_acks(self: &Arc<Self>) {
+        let mut guard = lock(&self.tx);
+        if !self.acks_held.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let mut outgoing = std::mem::take(&mut guard.0);
+        self.send_all(&mut outgoing, guard);
+        outgoing.clear();
+        // Give the arena back for the next hold.
+        let mut guard = lock(&self.tx);
+        if guard.0.packets.is_empty() {
+            guard.0 = outgoing;
+        }
+    }
+
     /// Handles everything already waiting on the transport before a timer fires, so an
     /// ACK that arrived in time is never taken for a loss (a local ACK timeout fires only
     /// when no acknowledgement came within the timeout: IBTA 9.7.6.1.3). A busy
@@ -532,7 +621,7 @@ impl DeviceInner {
         let _receiving = self.rx.try_lock().ok()?;
         let mut handled = 0;
         for _ in 0..DRAIN_BEFORE_TIMERS {
-            let got = self.receive_queued(&**transport);
+            let got = self.receive_queued(&**transport, false);
             handled += got;
             if got == 0 {
                 break;
@@ -571,7 +660,7 @@ impl DeviceInner {
 /// it hands to devices of this process; then delivers those (other devices' engines run:
 /// never while holding the send lock).
 #[inline(never)]
-fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGuard<'_, ()>) {
+fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGuard<'_, HeldAcks>) {
     let mut batch: Vec<OutgoingPacket<'_>> = outgoing
         .split()
         .map(|(slot, bytes)| OutgoingPacket::new(slot.to, slot.src_port, bytes))
