@@ -555,6 +555,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     errno_code(|| {
         // SAFETY: `context` is NULL or an open context (this function's `# Safety`).
         let block = unsafe { ContextBlock::from_ptr(context) }?;
+        // The device outlives its contexts: ACKs it holds for a post that will not come
+        // leave now.
+        block.entry.device.send_held_acks();
         crate::stats::report(&block.entry.device);
         flush_capture(block.entry);
         // SAFETY: `context` passed `from_ptr` above, `block` is not used again, and the

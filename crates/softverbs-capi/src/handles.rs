@@ -164,13 +164,15 @@ pub fn device_entry() -> Result<&'static DeviceEntry, Errno> {
     Ok(entry)
 }
 
-/// At exit: the counters report if no `ibv_close_device` gave one, and the capture is
+/// At exit: held ACKs are sent, the counters report if no `ibv_close_device` gave one, and the capture is
 /// closed (packets the progress thread handles while the process ends are not recorded,
 /// so the file never ends in a half-written record).
 extern "C" fn flush_at_exit() {
     let slot = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(entry) = *slot {
         crate::boundary::infallible((), || {
+            // ACKs held for a post that will not come leave before the process does.
+            entry.device.send_held_acks();
             crate::stats::report_once_at_exit(&entry.device);
             if let Err(e) = entry.device.close_capture() {
                 eprintln!("softverbs: cannot write the packet capture: {e}");

@@ -728,8 +728,20 @@ impl Device {
         Ok(qpn)
     }
 
+    /// Sends the ACKs the device holds for the application's next post (`runtime.rs`,
+    /// `HeldAcks`) now. The device does so itself when a QP is destroyed and when it is
+    /// dropped; a front door whose device outlives its contexts calls it when a context
+    /// closes and when the process exits, so a peer never waits for an ACK of a message
+    /// this process received before it left.
+    pub fn send_held_acks(&self) {
+        self.inner.send_held_acks();
+    }
+
     /// Destroys a QP; its CQs may then be destroyed.
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
+        // The ACKs of what the QP received leave before it goes (the application that
+        // destroys it posts nothing more to carry them).
+        self.inner.send_held_acks();
         let _span = self.inner.span.enter();
         let mut st = lock(&self.inner.state);
         let (_, init) = st.engine.query_qp(qpn)?;
@@ -961,6 +973,7 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        self.inner.send_held_acks();
         self.inner.shutdown.store(true, Ordering::Release);
         self.inner.wake.notify_all();
         if let Some(handle) = self.progress.take() {

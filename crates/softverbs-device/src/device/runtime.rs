@@ -591,7 +591,7 @@ impl DeviceInner {
     }
 
     /// Sends the ACKs a receive run held ([`HeldAcks`]).
-    fn send_held_acks(self: &Arc<Self>) {
+    pub(super) fn send_held_acks(self: &Arc<Self>) {
         let mut guard = lock(&self.tx);
         if !self.acks_held.swap(false, Ordering::Relaxed) {
             return;
