@@ -666,6 +666,23 @@ impl UdpTransport {
         &self.config
     }
 
+    /// Waits until the socket is readable or `deadline` (none: forever) passes; false
+    /// once it has passed, so a receive loop gives up.
+    fn wait_until(&self, deadline: Option<Instant>) -> io::Result<bool> {
+        let remaining = match deadline {
+            None => None,
+            Some(deadline) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(false);
+                }
+                Some(deadline - now)
+            }
+        };
+        wait_readable(&self.socket, remaining)?;
+        Ok(true)
+    }
+
     /// The socket a packet with source port hint `src_port` goes from, and its port.
     fn source_socket(&self, src_port: u16) -> (Option<Arc<Socket>>, u16) {
         let SourcePorts::PerFlow { max_sockets } = self.config.source_ports else {
@@ -1498,17 +1515,9 @@ impl Transport for UdpTransport {
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(error) => return Err(error),
             }
-            let remaining = match deadline {
-                None => None,
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(None);
-                    }
-                    Some(deadline - now)
-                }
-            };
-            wait_readable(&self.socket, remaining)?;
+            if !self.wait_until(deadline)? {
+                return Ok(None);
+            }
         }
     }
 
@@ -1597,17 +1606,9 @@ impl Transport for UdpTransport {
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(error) => return Err(error),
             }
-            let remaining = match deadline {
-                None => None,
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(0);
-                    }
-                    Some(deadline - now)
-                }
-            };
-            wait_readable(&self.socket, remaining)?;
+            if !self.wait_until(deadline)? {
+                return Ok(0);
+            }
         }
     }
 

@@ -98,17 +98,13 @@ impl Outgoing {
 
     /// Appends `other`'s packets after these.
     fn append(&mut self, other: &Outgoing) {
-        self.packets
-            .extend(other.packets.iter().map(|slot| OutgoingSlot { ..*slot }));
+        self.packets.extend_from_slice(&other.packets);
         self.bytes.extend_from_slice(&other.bytes);
     }
 
     /// Puts `first`'s packets before these.
     fn prepend(&mut self, first: &Outgoing) {
-        self.packets.splice(
-            0..0,
-            first.packets.iter().map(|slot| OutgoingSlot { ..*slot }),
-        );
+        self.packets.splice(0..0, first.packets.iter().copied());
         self.bytes.splice(0..0, first.bytes.iter().copied());
     }
 
