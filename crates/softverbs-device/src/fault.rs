@@ -439,6 +439,14 @@ impl<T: Transport> Transport for FaultTransport<T> {
         self.inner.wait_readable(timeout)
     }
 
+    fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+        self.inner.join_multicast(group)
+    }
+
+    fn leave_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+        self.inner.leave_multicast(group)
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         // Packets this layer holds back (delay, reorder) do not show on it; the device's
         // progress thread releases those.

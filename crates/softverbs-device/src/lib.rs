@@ -8,6 +8,7 @@
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
 //! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address, batches in one system call, segmentation offload (GSO / GRO) |
+//! | `multicast` | the IP multicast groups a UDP device receives: a socket per group, the epoll set a receiver waits on |
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
 //! | [`fault`] | [`FaultTransport`]: seeded drop / duplicate / delay / reorder / corrupt middleware |
 //! | [`pcap`] | [`PcapTransport`]: capture middleware writing Wireshark-readable RoCEv2 pcap or pcapng files (`*.pcapng`: pcapng), and a reader of both |
@@ -62,6 +63,7 @@ pub mod logging;
 pub mod loopback;
 pub mod mappings;
 pub mod memory;
+mod multicast;
 pub mod pcap;
 pub mod transport;
 pub mod udp;

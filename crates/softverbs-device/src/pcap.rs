@@ -654,6 +654,14 @@ impl<T: Transport> Transport for PcapTransport<T> {
         self.inner.wait_readable(timeout)
     }
 
+    fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+        self.inner.join_multicast(group)
+    }
+
+    fn leave_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+        self.inner.leave_multicast(group)
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         self.inner.readiness_fd()
     }

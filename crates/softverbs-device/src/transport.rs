@@ -573,6 +573,25 @@ pub trait Transport: Send + Sync {
 
     /// A snapshot of the counters.
     fn counters(&self) -> TransportCounters;
+
+    /// Starts receiving the packets sent to IP multicast address `group` (a multicast GID's
+    /// address, `ibv_attach_mcast(3)`), as well as those sent to [`Transport::local`].
+    /// Joining a group twice changes nothing. The default refuses (`Unsupported`): a
+    /// transport that can deliver multicast says so; middleware passes the call down.
+    fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("this transport cannot receive multicast group {group}"),
+        ))
+    }
+
+    /// Stops receiving `group` ([`Transport::join_multicast`]); `NotFound` if not joined.
+    fn leave_multicast(&self, group: IpAddr) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("not in multicast group {group}"),
+        ))
+    }
 }
 
 /// Forwards every method of [`Transport`] through a smart pointer, so `Arc<T>` and
@@ -623,6 +642,12 @@ macro_rules! forward_transport {
             }
             fn counters(&self) -> TransportCounters {
                 (**self).counters()
+            }
+            fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+                (**self).join_multicast(group)
+            }
+            fn leave_multicast(&self, group: IpAddr) -> io::Result<()> {
+                (**self).leave_multicast(group)
             }
         }
     };

@@ -124,6 +124,7 @@ use rustix::net::sockopt;
 use socket2::{Domain, MaybeUninitSlice, MsgHdrMut, Protocol, SockAddr, Socket, Type};
 use softverbs_wire::icrc::{self, IpHeaderInfo};
 
+use crate::multicast::Groups;
 use crate::transport::{
     add, bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint,
     OutgoingPacket, Received, Sent, Transport, TransportCounters, DEFAULT_PORT,
@@ -338,6 +339,11 @@ pub struct UdpTransport {
     /// lock; read `Relaxed` as a hint (a stale zero costs one wait, bounded by its
     /// timeout, and the packets are handed out by the next receive).
     held: AtomicUsize,
+    /// The multicast groups the device receives, a socket each (`multicast.rs`).
+    groups: Groups,
+    /// The index of the interface holding the device's address (0: none), where an IPv6
+    /// device joins its groups.
+    ifindex: u32,
 }
 
 /// Where a transport with GRO receives: slots for datagrams of up to 64 KiB (a coalesced
@@ -398,7 +404,7 @@ const IPV6_PMTUDISC_DO: i32 = 2;
 const UDP_NO_CHECK6_RX: libc::c_int = 102;
 
 /// Sets an `int` socket option that neither socket2 nor rustix offers.
-fn set_int_option(
+pub(crate) fn set_int_option(
     socket: &Socket,
     level: libc::c_int,
     name: libc::c_int,
@@ -424,13 +430,34 @@ fn set_int_option(
 
 /// A UDP socket bound to `addr`, set up for RoCEv2 as the module documentation says.
 fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Result<Socket> {
+    let socket = unbound_rocev2_socket(addr, config, receive)?;
+    socket.bind(&SockAddr::from(addr))?;
+    Ok(socket)
+}
+
+/// [`rocev2_socket`] before `bind(2)`. A socket at a unicast address sends multicast
+/// datagrams out of the interface holding that address, never by the routing table (which
+/// could pick another interface): `IP_MULTICAST_IF` (IPv6: `IPV6_MULTICAST_IF`), with the
+/// configured hop limit and loopback on, so other processes of the host get them too
+/// (ip(7), ipv6(7)).
+pub(crate) fn unbound_rocev2_socket(
+    addr: SocketAddr,
+    config: &UdpConfig,
+    receive: bool,
+) -> io::Result<Socket> {
     let domain = Domain::for_address(addr);
     let socket = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let sends_multicast = !addr.ip().is_multicast();
     match addr {
-        SocketAddr::V4(_) => {
+        SocketAddr::V4(v4) => {
             sockopt::set_ip_mtu_discover(socket.as_fd(), sockopt::Ipv4PathMtuDiscovery::DO)?;
             socket.set_tos(u32::from(config.traffic_class))?;
             socket.set_ttl(u32::from(config.hop_limit))?;
+            if sends_multicast {
+                socket.set_multicast_if_v4(v4.ip())?;
+                socket.set_multicast_ttl_v4(u32::from(config.hop_limit))?;
+                socket.set_multicast_loop_v4(true)?;
+            }
             if receive {
                 socket.set_recv_tos(true)?;
                 set_int_option(&socket, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
@@ -446,6 +473,13 @@ fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Res
             )?;
             socket.set_tclass_v6(u32::from(config.traffic_class))?;
             socket.set_unicast_hops_v6(u32::from(config.hop_limit))?;
+            if sends_multicast {
+                if let Some(netdev) = crate::device::netdev::holding(addr.ip()) {
+                    socket.set_multicast_if_v6(netdev.index)?;
+                }
+                socket.set_multicast_hops_v6(u32::from(config.hop_limit))?;
+                socket.set_multicast_loop_v6(true)?;
+            }
             if receive {
                 socket.set_recv_tclass_v6(true)?;
                 socket.set_recv_hoplimit_v6(true)?;
@@ -474,7 +508,6 @@ fn rocev2_socket(addr: SocketAddr, config: &UdpConfig, receive: bool) -> io::Res
         }
     }
     let _ = socket.set_send_buffer_size(4 << 20);
-    socket.bind(&SockAddr::from(addr))?;
     Ok(socket)
 }
 
@@ -635,6 +668,8 @@ impl UdpTransport {
                 })
             }),
             held: AtomicUsize::new(0),
+            groups: Groups::default(),
+            ifindex: crate::device::netdev::holding(bound.ip()).map_or(0, |n| n.index),
         })
     }
 
@@ -679,7 +714,10 @@ impl UdpTransport {
                 Some(deadline - now)
             }
         };
-        wait_readable(&self.socket, remaining)?;
+        match self.groups.wait_fd() {
+            Some(all) => wait_readable(all, remaining)?,
+            None => wait_readable(&self.socket, remaining)?,
+        };
         Ok(true)
     }
 
@@ -734,6 +772,17 @@ impl UdpTransport {
     }
 
     fn receive_one(&self, buf: &mut [u8]) -> io::Result<Result<Received, DropReason>> {
+        self.receive_one_on(&self.socket, self.local, buf)
+    }
+
+    /// One `recvmsg(2)` (`MSG_DONTWAIT`) on `socket`, whose datagrams are addressed to
+    /// `to`: the device socket, or a multicast group's.
+    fn receive_one_on(
+        &self,
+        socket: &Socket,
+        to: Endpoint,
+        buf: &mut [u8],
+    ) -> io::Result<Result<Received, DropReason>> {
         let mut control = Control::new();
         let mut from = SockAddr::from(SocketAddr::new(self.local.addr(), 0));
         let (len, truncated, control_len) = {
@@ -743,16 +792,41 @@ impl UdpTransport {
                 .with_buffers(&mut bufs)
                 .with_control(as_uninit(&mut control.0));
             bump(&self.counters.recv_calls);
-            let len = self
-                .socket
-                .recvmsg(&mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC)?;
+            let len = socket.recvmsg(&mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC)?;
             (len, msg.flags().is_truncated(), msg.control_len())
         };
         let control = control.0.get(..control_len).unwrap_or(&[]);
         let checked = self
-            .check_datagram(buf, len, truncated, from.as_socket(), control)
+            .check_datagram(buf, len, truncated, from.as_socket(), to, control)
             .inspect(|packet| self.count_accepted(packet));
         Ok(checked)
+    }
+
+    /// Takes datagrams off the multicast groups' sockets into `bufs[received.len()..]`
+    /// (at most [`MAX_BATCH`] from each a call), checked as the device socket's are, the
+    /// ICRC over the header addressed to the group. Returns how many it took, good or
+    /// dropped.
+    fn receive_groups(&self, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) -> usize {
+        let mut taken = 0;
+        let port = self.local.port();
+        self.groups.for_each(|group, socket| {
+            for _ in 0..MAX_BATCH {
+                let Some(buf) = bufs.get_mut(received.len()) else {
+                    return;
+                };
+                match self.receive_one_on(socket, Endpoint::new(group, port), buf) {
+                    Ok(Ok(packet)) => received.push(packet),
+                    Ok(Err(reason)) => {
+                        tracing::trace!(?reason, %group, "dropped a datagram");
+                        self.counters.count_drop(reason);
+                    }
+                    // Nothing there (or an error about an earlier send): the next group.
+                    Err(_) => return,
+                }
+                taken += 1;
+            }
+        });
+        taken
     }
 
     /// Takes up to [`MAX_BATCH`] datagrams off the socket with one `recvmmsg(2)`
@@ -779,6 +853,7 @@ impl UdpTransport {
                 datagram.len,
                 datagram.truncated,
                 datagram.from,
+                self.local,
                 datagram.control,
             ) {
                 Ok(packet) => {
@@ -963,7 +1038,13 @@ impl UdpTransport {
                 slots.get(packet.start..packet.start + packet.len),
             ) {
                 (Some(buf), Some(bytes)) => self
-                    .check_packet(bytes, packet.from, &packet.ancillary, packet.segment)
+                    .check_packet(
+                        bytes,
+                        packet.from,
+                        self.local,
+                        &packet.ancillary,
+                        packet.segment,
+                    )
                     .map(|checked| (checked, buf, bytes)),
                 (None, _) => Err(DropReason::Truncated),
                 // Cannot happen: every held packet lies within its slot.
@@ -1003,13 +1084,15 @@ impl UdpTransport {
     }
 
     /// Checks a datagram of `len` bytes (its real length) taken into `buf` from `from`,
-    /// with the ancillary data `control`: a packet to hand out, or why it is dropped.
+    /// addressed to `to`, with the ancillary data `control`: a packet to hand out, or why
+    /// it is dropped.
     fn check_datagram(
         &self,
         buf: &[u8],
         len: usize,
         truncated: bool,
         from: Option<SocketAddr>,
+        to: Endpoint,
         control: &[u8],
     ) -> Result<Received, DropReason> {
         let ancillary = self.check_ancillary(control);
@@ -1018,16 +1101,17 @@ impl UdpTransport {
         }
         let bytes = buf.get(..len).ok_or(DropReason::Truncated)?;
         let from = from.ok_or(DropReason::Malformed)?;
-        self.check_packet(bytes, Endpoint::from(from), &ancillary, 0)
+        self.check_packet(bytes, Endpoint::from(from), to, &ancillary, 0)
     }
 
-    /// Checks one packet from `from`, with the ancillary data of its datagram, segment
-    /// `segment` of it (0 for a datagram of its own): a packet to hand out, or why it is
-    /// dropped. Counts nothing.
+    /// Checks one packet from `from` to `to` (the device's endpoint, or a multicast
+    /// group's), with the ancillary data of its datagram, segment `segment` of it (0 for a
+    /// datagram of its own): a packet to hand out, or why it is dropped. Counts nothing.
     fn check_packet(
         &self,
         packet: &[u8],
         from: Endpoint,
+        to: Endpoint,
         ancillary: &Ancillary,
         segment: usize,
     ) -> Result<Received, DropReason> {
@@ -1037,17 +1121,12 @@ impl UdpTransport {
         }
         let traffic_class = ancillary.traffic_class.unwrap_or(0);
         let hop_limit = ancillary.hop_limit.unwrap_or(self.config.hop_limit);
-        let Ok((mut ip, mut udp)) = path_headers(
-            &from,
-            &self.local,
-            from.port(),
-            traffic_class,
-            hop_limit,
-            len,
-        ) else {
+        let Ok((mut ip, mut udp)) =
+            path_headers(&from, &to, from.port(), traffic_class, hop_limit, len)
+        else {
             return Err(DropReason::Malformed);
         };
-        udp.dst_port = self.local.port();
+        udp.dst_port = to.port();
         let icrc_checked = match (&mut ip, self.config.ipv4_icrc) {
             (IpHeaderInfo::V4 { .. }, Ipv4IcrcCheck::Skip) => false,
             (IpHeaderInfo::V4 { id, .. }, check) => {
@@ -1074,7 +1153,7 @@ impl UdpTransport {
         };
         Ok(Received {
             from,
-            to: self.local,
+            to,
             len,
             ip,
             udp,
@@ -1493,8 +1572,9 @@ impl Transport for UdpTransport {
     }
 
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
-        if self.gro.is_some() {
-            // A datagram may hold several packets: through the arena, one packet at most.
+        if self.gro.is_some() || self.groups.any() {
+            // A datagram may hold several packets, or come from a group's socket: through
+            // the batch receive, one packet at most.
             let mut received = Vec::with_capacity(1);
             self.recv_batch(&mut [buf], &mut received, timeout)?;
             return Ok(received.pop());
@@ -1595,10 +1675,18 @@ impl Transport for UdpTransport {
                 Some(arena) => self.receive_coalesced(arena, bufs, received),
                 None => self.receive_many(bufs, received),
             };
+            let from_groups = if self.groups.any() {
+                self.receive_groups(bufs, received)
+            } else {
+                0
+            };
             match taken {
                 Ok(_) if !received.is_empty() => return Ok(received.len()),
                 // Every datagram taken was dropped: look again at once.
-                Ok(taken) if taken > 0 => continue,
+                Ok(taken) if taken > 0 || from_groups > 0 => continue,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock && from_groups > 0 => {
+                    continue
+                }
                 Ok(_) => return Ok(0), // no buffers
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
@@ -1621,14 +1709,34 @@ impl Transport for UdpTransport {
         if self.held.load(Ordering::Relaxed) > 0 {
             return Ok(());
         }
-        wait_readable(&self.socket, Some(timeout)).map(|_| ())
+        match self.groups.wait_fd() {
+            Some(all) => wait_readable(all, Some(timeout)).map(|_| ()),
+            None => wait_readable(&self.socket, Some(timeout)).map(|_| ()),
+        }
     }
 
     /// The socket. Packets of a coalesced datagram already taken off it and waiting to be
-    /// handed out do not show on it; [`Transport::wait_readable`] sees them, and the
-    /// device's progress thread hands them out.
+    /// handed out do not show on it, nor do datagrams for a multicast group (they arrive
+    /// on the group's socket); [`Transport::wait_readable`] sees both, and the device's
+    /// progress thread hands them out.
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.socket.as_fd())
+    }
+
+    /// Opens a socket for `group` (module `multicast`).
+    fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+        self.groups.join(
+            group,
+            self.local.port(),
+            self.local.addr(),
+            self.ifindex,
+            &self.config,
+            self.socket.as_fd(),
+        )
+    }
+
+    fn leave_multicast(&self, group: IpAddr) -> io::Result<()> {
+        self.groups.leave(group)
     }
 }
 

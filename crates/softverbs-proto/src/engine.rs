@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use crate::codec::{self, ParseError};
 use crate::error::{Capacity, Object, Queue, VerbsError};
 use crate::gsi::{Gsi, GsiMad, GSI_QPN};
+use crate::mcast::{is_multicast_gid, Groups, MULTICAST_QPN};
 use crate::memory::Memory;
 use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
 use crate::qp::{Ctx, Qp};
@@ -57,6 +58,8 @@ pub struct Engine {
     /// The per-peer congestion windows of the RC requesters (`window.rs`); every entry
     /// point that may change what a QP has in flight re-syncs that QP's charge.
     windows: Windows,
+    /// The multicast groups the UD QPs are attached to (`mcast.rs`).
+    groups: Groups,
 }
 
 macro_rules! ctx {
@@ -91,6 +94,7 @@ impl Engine {
             woken: Vec::new(),
             gsi: Gsi::default(),
             windows: Windows::default(),
+            groups: Groups::default(),
         }
     }
 
@@ -157,8 +161,22 @@ impl Engine {
         Ok(qpn)
     }
 
-    /// `ibv_destroy_qp`: forgets the QP (no completions are generated).
+    /// `ibv_destroy_qp`: forgets the QP (no completions are generated). A QP still attached
+    /// to a multicast group is refused ([`VerbsError::InUse`], `EBUSY`, as the kernel's
+    /// `uverbs_free_qp`: the application detaches first); [`Engine::detach_all_mcast`]
+    /// detaches it when its owner goes away without doing so.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        if !self.qps.contains_key(&qpn) {
+            return Err(no_qp(qpn));
+        }
+        let groups = self.groups.groups_of(qpn);
+        if groups > 0 {
+            return Err(VerbsError::InUse {
+                object: Object::Qp,
+                by: Object::McastGroup,
+                count: groups,
+            });
+        }
         let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
         // Its entries in the schedule's lists go stale: they name a QP that is gone.
         self.windows
@@ -170,6 +188,48 @@ impl Engine {
             if let Some(srq) = self.srqs.get_mut(&id.0) {
                 srq.users -= 1;
             }
+        }
+        Ok(())
+    }
+
+    /// `ibv_attach_mcast(3)`: attaches UD QP `qpn` to the multicast group `gid` (the LID
+    /// of the call is ignored on RoCE: `mcast.rs`). Returns true if no QP of this engine
+    /// was attached to the group before, so the caller starts receiving it. Refused for a
+    /// QP that is not UD ([`VerbsError::MulticastNeedsUd`]), a GID that is not multicast
+    /// ([`VerbsError::NotMulticast`]), both `EINVAL` as the kernel's `ib_attach_mcast`,
+    /// and past the device's limits ([`VerbsError::TooManyObjects`], `ENOMEM` as rxe).
+    /// Attaching twice succeeds and changes nothing.
+    pub fn attach_mcast(&mut self, qpn: u32, gid: [u8; 16]) -> Result<bool, VerbsError> {
+        self.check_mcast(qpn, &gid)?;
+        self.groups.attach(gid, qpn)
+    }
+
+    /// `ibv_detach_mcast(3)`: detaches `qpn` from group `gid`. Returns true if no QP of this
+    /// engine is attached to the group any more, so the caller stops receiving it. The
+    /// same refusals as [`Engine::attach_mcast`], and [`VerbsError::NotAttached`] for a QP
+    /// that is not attached (`EINVAL`).
+    pub fn detach_mcast(&mut self, qpn: u32, gid: [u8; 16]) -> Result<bool, VerbsError> {
+        self.check_mcast(qpn, &gid)?;
+        self.groups.detach(gid, qpn)
+    }
+
+    /// Detaches `qpn` from every group it is attached to, as the kernel does for a process
+    /// that exits with attachments; returns the groups nobody of this engine is attached to
+    /// any more.
+    pub fn detach_all_mcast(&mut self, qpn: u32) -> Vec<[u8; 16]> {
+        self.groups.detach_all(qpn)
+    }
+
+    /// The checks `ib_attach_mcast` and `ib_detach_mcast` make before a driver sees the call.
+    fn check_mcast(&self, qpn: u32, gid: &[u8; 16]) -> Result<(), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(no_qp(qpn))?;
+        if !is_multicast_gid(gid) {
+            return Err(VerbsError::NotMulticast { gid: *gid });
+        }
+        if qp.init.qp_type != QpType::Ud {
+            return Err(VerbsError::MulticastNeedsUd {
+                qp_type: qp.init.qp_type,
+            });
         }
         Ok(())
     }
@@ -330,6 +390,10 @@ impl Engine {
             self.gsi.handle_packet(&pkt, grh, &mut self.counters);
             return;
         }
+        if pkt.hdr.bth.dest_qp == MULTICAST_QPN {
+            self.handle_multicast(now, &pkt, grh, mem);
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&pkt.hdr.bth.dest_qp) else {
             self.counters
                 .drop_packet(DropReason::UnknownQp, pkt.hdr.bth.dest_qp, pkt.hdr.bth.psn);
@@ -356,6 +420,35 @@ impl Engine {
             qp.on_request(now, &pkt, grh, mem, &mut ctx);
         }
         self.settle(pkt.hdr.bth.dest_qp, true);
+    }
+
+    /// A multicast packet: a copy to every QP attached to the group its GRH names
+    /// (`mcast.rs`), each checking its state, transport and Q_Key as for a unicast
+    /// datagram; nobody attached, it is dropped ([`DropReason::UnknownGroup`]).
+    fn handle_multicast(
+        &mut self,
+        now: u64,
+        pkt: &codec::Packet<'_>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+    ) {
+        let group = grh.map(crate::gsi::grh_destination_gid);
+        let Some(group) = group.filter(|g| self.groups.has(g)) else {
+            self.counters
+                .drop_packet(DropReason::UnknownGroup, MULTICAST_QPN, pkt.hdr.bth.psn);
+            return;
+        };
+        // The list cannot change while the QPs handle the packet (only verbs change it).
+        let mut index = 0;
+        while let Some(qpn) = self.groups.member(&group, index) {
+            index += 1;
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            let mut ctx = ctx!(self);
+            qp.on_request(now, pkt, grh, mem, &mut ctx);
+            self.settle(qpn, true);
+        }
     }
 
     /// After an entry point ran QP `qpn`: re-syncs its charge to its peer's window, lists it
@@ -1415,5 +1508,143 @@ mod tests {
 
     fn ip_octets(s: &str) -> [u8; 16] {
         s.parse::<Ipv6Addr>().unwrap().octets()
+    }
+
+    /// A UD QP in RTS with Q_Key `qkey`.
+    fn ud_rts(ep: &mut Engine, qkey: u32) -> u32 {
+        let qpn = ep.create_qp(QpInit::new(QpType::Ud)).unwrap();
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        let init = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY;
+        ep.modify_qp(qpn, &attr, init).unwrap();
+        attr.qp_state = QpState::Rtr;
+        ep.modify_qp(qpn, &attr, AttrMask::STATE).unwrap();
+        attr.qp_state = QpState::Rts;
+        ep.modify_qp(qpn, &attr, AttrMask::STATE | AttrMask::SQ_PSN)
+            .unwrap();
+        qpn
+    }
+
+    /// A UD SEND ONLY to the multicast QPN (IBTA 9.2: 0xFFFFFF) with Q_Key `qkey` from
+    /// source QP 0x77, and the GRH area of its datagram from 127.0.0.9 to IPv4 `group`.
+    fn multicast_send(qkey: u32, group: [u8; 4], payload: &[u8]) -> (Vec<u8>, [u8; 40]) {
+        let send = codec::Headers {
+            bth: codec::Bth {
+                opcode: codec::op::SEND_ONLY | 0x60,
+                pkey: 0xFFFF,
+                dest_qp: MULTICAST_QPN,
+                psn: 3,
+                ..Default::default()
+            },
+            deth: Some(codec::Deth { qkey, src_qp: 0x77 }),
+            ..Default::default()
+        };
+        let mut buf = [0u8; 128];
+        let n = codec::emit(&send, payload, &mut buf).unwrap();
+        let mut grh = [0u8; 40];
+        grh[20] = 0x45;
+        grh[32..36].copy_from_slice(&[127, 0, 0, 9]);
+        grh[36..40].copy_from_slice(&group);
+        (buf[..n].to_vec(), grh)
+    }
+
+    fn group_gid(group: [u8; 4]) -> [u8; 16] {
+        std::net::Ipv4Addr::from(group).to_ipv6_mapped().octets()
+    }
+
+    /// ibv_attach_mcast(3), IBTA 10.5.2.2: a multicast datagram reaches every UD QP attached
+    /// to its group — each through its own receive queue and Q_Key check, the GRH area
+    /// naming the group — and no QP that is not attached; a group nobody joined drops it.
+    #[test]
+    fn a_multicast_datagram_reaches_every_attached_qp_with_a_matching_qkey_and_no_other() {
+        let mut ep = Engine::new(EngineConfig::default());
+        let mut mem = Flat(vec![0; 4096]);
+        let group = [239, 1, 2, 3];
+        let attached = [ud_rts(&mut ep, 0x11), ud_rts(&mut ep, 0x11)];
+        let bystander = ud_rts(&mut ep, 0x11);
+        let other_qkey = ud_rts(&mut ep, 0x22);
+        for (i, qpn) in [attached[0], attached[1], bystander, other_qkey]
+            .into_iter()
+            .enumerate()
+        {
+            let recv = RecvWr {
+                wr_id: i as u64,
+                sg_list: vec![Sge {
+                    addr: 256 * i as u64,
+                    length: 256,
+                    lkey: 1,
+                }],
+            };
+            ep.post_recv(qpn, recv).unwrap();
+        }
+        for qpn in [attached[0], attached[1], other_qkey] {
+            assert_eq!(
+                ep.attach_mcast(qpn, group_gid(group)),
+                Ok(qpn == attached[0]),
+                "true for the group's first QP only"
+            );
+        }
+        let (packet, grh) = multicast_send(0x11, group, b"to all");
+        ep.handle_packet(1, &packet, Some(&grh), &mut mem);
+        let mut got: Vec<u32> = std::iter::from_fn(|| ep.poll_completion())
+            .map(|c| {
+                assert_eq!(c.wc.result().map(|w| w.byte_len()), Ok(40 + 6));
+                c.wc.qp_num()
+            })
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, attached);
+        // The GRH area each received names the group as its destination.
+        assert_eq!(&mem.0[36..40], &group);
+        assert_eq!(&mem.0[256 + 40..256 + 46], b"to all");
+        assert_eq!(ep.counters().drops(DropReason::QkeyMismatch), 1);
+        assert!(mem.0[512..768].iter().all(|&b| b == 0), "not attached");
+
+        let (packet, grh) = multicast_send(0x11, [239, 9, 9, 9], b"nobody");
+        ep.handle_packet(2, &packet, Some(&grh), &mut mem);
+        assert_eq!(ep.counters().drops(DropReason::UnknownGroup), 1);
+        assert!(ep.poll_completion().is_none());
+    }
+
+    /// ibv_attach_mcast(3) / ibv_detach_mcast(3) as the kernel checks them: only UD QPs,
+    /// only multicast GIDs (EINVAL); attaching twice is a success; detaching a QP that is not
+    /// attached is EINVAL; ibv_destroy_qp(3) of an attached QP is EBUSY (`uverbs_free_qp`).
+    #[test]
+    fn attach_and_detach_follow_the_kernels_rules_and_an_attached_qp_is_not_destroyed() {
+        let mut ep = Engine::new(EngineConfig::default());
+        let g = group_gid([239, 0, 0, 1]);
+        let ud = ud_rts(&mut ep, 1);
+        let rc = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0);
+        assert_eq!(
+            ep.attach_mcast(rc, g),
+            Err(VerbsError::MulticastNeedsUd {
+                qp_type: QpType::Rc
+            })
+        );
+        let unicast = group_gid([127, 0, 0, 1]);
+        assert_eq!(
+            ep.attach_mcast(ud, unicast),
+            Err(VerbsError::NotMulticast { gid: unicast })
+        );
+        assert_eq!(
+            ep.detach_mcast(ud, g),
+            Err(VerbsError::NotAttached { gid: g, qpn: ud })
+        );
+        assert_eq!(ep.attach_mcast(ud, g), Ok(true));
+        assert_eq!(ep.attach_mcast(ud, g), Ok(false));
+        assert_eq!(
+            ep.destroy_qp(ud),
+            Err(VerbsError::InUse {
+                object: Object::Qp,
+                by: Object::McastGroup,
+                count: 1
+            })
+        );
+        assert_eq!(ep.detach_mcast(ud, g), Ok(true));
+        assert_eq!(ep.destroy_qp(ud), Ok(()));
     }
 }

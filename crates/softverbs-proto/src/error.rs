@@ -28,6 +28,10 @@ pub enum Object {
     Ah,
     /// A memory window.
     Mw,
+    /// A multicast group (`ibv_attach_mcast(3)`).
+    McastGroup,
+    /// A QP's attachment to a multicast group.
+    McastAttachment,
 }
 
 impl std::fmt::Display for Object {
@@ -42,6 +46,8 @@ impl std::fmt::Display for Object {
             Object::Srq => "SRQ",
             Object::Ah => "address handle",
             Object::Mw => "memory window",
+            Object::McastGroup => "multicast group",
+            Object::McastAttachment => "multicast attachment",
         })
     }
 }
@@ -289,6 +295,29 @@ pub enum VerbsError {
         object: Object,
         /// The device's limit.
         max: u32,
+    },
+    /// `ibv_attach_mcast(3)`, `ibv_detach_mcast(3)`: only a UD QP joins a multicast group
+    /// (the kernel's `ib_attach_mcast`: `EINVAL`).
+    #[error("a {qp_type:?} QP cannot join a multicast group: only UD QPs do")]
+    MulticastNeedsUd {
+        /// The QP's type.
+        qp_type: QpType,
+    },
+    /// `ibv_attach_mcast(3)`, `ibv_detach_mcast(3)`: the GID is not a multicast address
+    /// (`rdma_is_multicast_addr`: `ff00::/8` or IPv4-mapped 224.0.0.0/4; `EINVAL`).
+    #[error("GID {} is not a multicast address", std::net::Ipv6Addr::from(*gid))]
+    NotMulticast {
+        /// The GID given.
+        gid: [u8; 16],
+    },
+    /// `ibv_detach_mcast(3)`: the QP is not attached to this group (`EINVAL`, as the
+    /// kernel's `ib_uverbs_detach_mcast`).
+    #[error("QP {qpn} is not attached to multicast group {}", std::net::Ipv6Addr::from(*gid))]
+    NotAttached {
+        /// The group.
+        gid: [u8; 16],
+        /// The QP.
+        qpn: u32,
     },
     /// The object is still used by others (`ibv_destroy_srq(3)` of an SRQ QPs use).
     #[error("the {object} is still used by {count} {by}(s)")]

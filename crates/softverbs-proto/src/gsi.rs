@@ -236,7 +236,18 @@ pub(crate) fn grh_addresses(grh: &[u8; 40]) -> (IpAddr, IpAddr) {
 
 /// The source of a GRH area as a GID (an IPv4 source as `::ffff:a.b.c.d`).
 pub(crate) fn grh_source_gid(grh: &[u8; 40]) -> [u8; 16] {
-    match grh_addresses(grh).0 {
+    ip_gid(grh_addresses(grh).0)
+}
+
+/// The destination of a GRH area as a GID (an IPv4 destination as `::ffff:a.b.c.d`): a
+/// multicast packet's group.
+pub(crate) fn grh_destination_gid(grh: &[u8; 40]) -> [u8; 16] {
+    ip_gid(grh_addresses(grh).1)
+}
+
+/// The GID of an IP address (IPv4 as `::ffff:a.b.c.d`).
+fn ip_gid(addr: IpAddr) -> [u8; 16] {
+    match addr {
         IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
         IpAddr::V6(v6) => v6.octets(),
     }

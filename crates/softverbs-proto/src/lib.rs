@@ -26,6 +26,7 @@
 //! | `gsi` | QP1, the General Services Interface: management datagrams in and out, bounded ([`GsiMad`]) |
 //! | `window` | the per-peer congestion window over the RC requesters ([`PeerWindow`]) |
 //! | `sched` | the schedule: which QPs the outputs visit (ready to send, local operations, timers) |
+//! | `mcast` | UD multicast: the groups QPs are attached to, attach and detach rules |
 //! | `gid` | GIDs as addresses: the address a GID names, the link-local GID of a port |
 //! | `memory`, `wr`, `types`, `output`, `srq`, `psn` | the vocabulary |
 //!
@@ -89,6 +90,7 @@ mod error;
 mod gid;
 mod gsi;
 mod local;
+mod mcast;
 mod memory;
 mod output;
 mod psn;
@@ -105,6 +107,10 @@ pub use engine::Engine;
 pub use error::{Capacity, Object, PostVerb, Queue, VerbsError};
 pub use gid::{gid_address, link_local_gid};
 pub use gsi::{GsiMad, GSI_INBOX_LEN, GSI_OUTBOX_LEN, GSI_QKEY, GSI_QPN, MAD_LEN};
+pub use mcast::{
+    is_multicast_gid, MAX_MCAST_GROUPS, MAX_MCAST_QP_ATTACH, MAX_TOTAL_MCAST_QP_ATTACH,
+    MULTICAST_QPN,
+};
 pub use memory::{
     access_needed, atomic_result, check_access, check_bind, Accessor, AtomicOp, BindError,
     MemError, MemKey, Memory, RegionInfo, WindowBind, WindowBinding, WindowInfo, WindowType,

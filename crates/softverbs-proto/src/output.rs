@@ -198,11 +198,14 @@ pub enum DropReason {
     /// A management datagram for QP1 while the GSI inbox already holds
     /// [`GSI_INBOX_LEN`](crate::GSI_INBOX_LEN) MADs nobody has taken.
     GsiInboxFull,
+    /// A multicast packet (destination QPN 0xFFFFFF) for a group no QP of this device is
+    /// attached to (`ibv_attach_mcast(3)`), or without a GRH naming a group.
+    UnknownGroup,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 19] = [
+    pub const ALL: [DropReason; 20] = [
         DropReason::Malformed,
         DropReason::UnknownOpcode,
         DropReason::BadPkey,
@@ -222,6 +225,7 @@ impl DropReason {
         DropReason::BadSyndrome,
         DropReason::OffPath,
         DropReason::GsiInboxFull,
+        DropReason::UnknownGroup,
     ];
 
     fn index(self) -> usize {

@@ -128,5 +128,5 @@ pub use softverbs_device::{
 };
 pub use softverbs_proto::{
     AccessFlags, AttrMask, FlushPlacement, FlushSelectivity, Mtu, QpAttr, QpCaps, QpInit, QpState,
-    QpType, Sge, SrqInit, WindowType,
+    QpType, Sge, SrqInit, WindowType, MULTICAST_QPN,
 };

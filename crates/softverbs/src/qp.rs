@@ -452,6 +452,9 @@ impl fmt::Debug for Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         if self.live {
+            // Dropping cannot fail: the QP leaves its multicast groups first, as the kernel
+            // detaches a QP whose owner went away ([`Qp::destroy`] refuses instead).
+            self.device().detach_all_mcast(self.qpn);
             let _ = self.device().destroy_qp(self.qpn);
         }
     }
@@ -628,8 +631,42 @@ impl Qp {
         Ok(self.device().post_recv(self.qpn, wr.wr)?)
     }
 
-    /// Destroys the QP (`ibv_destroy_qp(3)`), handing it back on failure; dropping it does
-    /// the same, ignoring the outcome. Its CQs and SRQ may be destroyed afterwards.
+    /// Attaches this UD QP to the multicast group `gid` (`ibv_attach_mcast(3)`): from now on
+    /// it receives the datagrams sent to the group's QPN 0xFFFFFF with its Q_Key, from any
+    /// process of this host or beyond. A UD send reaches the group through an address
+    /// handle to `gid` and remote QPN [`MULTICAST_QPN`](crate::MULTICAST_QPN). Attaching
+    /// twice changes nothing.
+    ///
+    /// Errors: a QP that is not UD ([`VerbsError::MulticastNeedsUd`](crate::VerbsError)),
+    /// a GID that is not multicast ([`VerbsError::NotMulticast`](crate::VerbsError)), both
+    /// `EINVAL`; the device's limits (`ENOMEM`); the socket's error if the group cannot be
+    /// joined.
+    ///
+    /// ```
+    /// use softverbs::{Context, DeviceConfig, Gid, QpType};
+    /// let ctx = Context::open_with(DeviceConfig::in_process())?;
+    /// let pd = ctx.alloc_pd();
+    /// let cq = ctx.create_cq(16)?;
+    /// let qp = pd.qp_builder(QpType::Ud, &cq, &cq).build()?;
+    /// let group = Gid::from("239.1.2.3".parse::<std::net::Ipv4Addr>()?);
+    /// qp.attach_mcast(&group)?;
+    /// assert_eq!(qp.detach_mcast(&group)?, ());
+    /// assert_eq!(qp.detach_mcast(&group).unwrap_err().errno(), 22); // not attached: EINVAL
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn attach_mcast(&self, gid: &Gid) -> Result<(), Error> {
+        Ok(self.device().attach_mcast(self.qpn, gid.octets())?)
+    }
+
+    /// Detaches this QP from the multicast group `gid` (`ibv_detach_mcast(3)`); `EINVAL` if
+    /// it is not attached. Dropping the QP detaches it from every group.
+    pub fn detach_mcast(&self, gid: &Gid) -> Result<(), Error> {
+        Ok(self.device().detach_mcast(self.qpn, gid.octets())?)
+    }
+
+    /// Destroys the QP (`ibv_destroy_qp(3)`), handing it back on failure (`EBUSY` while it
+    /// is attached to a multicast group, as the kernel); dropping it detaches it and
+    /// destroys it, ignoring the outcome. Its CQs and SRQ may be destroyed afterwards.
     pub fn destroy(mut self) -> Result<(), (Qp, Error)> {
         match self.device().destroy_qp(self.qpn) {
             Ok(()) => {

@@ -3,7 +3,7 @@
 //! | function | version | status |
 //! |---|---|---|
 //! | `ibv_create_qp`, `ibv_destroy_qp`, `ibv_modify_qp`, `ibv_query_qp` | 1.1 | real: RC, UC, UD |
-//! | `ibv_attach_mcast`, `ibv_detach_mcast` | 1.1 | documented failure (`EOPNOTSUPP`): no multicast |
+//! | `ibv_attach_mcast`, `ibv_detach_mcast` | 1.1 | real: UD QPs, IPv4 and IPv6 multicast GIDs as IP multicast on the device's interface (loopback too, for IPv4) |
 //! | `ibv_qp_to_qp_ex` | 1.6 | real: the `ibv_qp_ex` of a QP made by `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, else `NULL` |
 //! | `ibv_query_qp_data_in_order` | 1.14 | 0 ("not guaranteed"), the documented answer when unknown |
 //! | `ibv_query_ece`, `ibv_set_ece` | 1.10 | `EOPNOTSUPP` (documented: no ECE) |
@@ -44,16 +44,63 @@ pub use qp_ex::ibv_qp_to_qp_ex;
 pub use state::{QpBlock, QpState};
 
 use crate::abi::*;
+use crate::boundary::{errno_code, errno_of};
 use std::ffi::{c_int, c_void};
 
-unsupported! {
-    /// `ibv_attach_mcast(3)`: the soft device has no multicast.
-    errno "IBVERBS_1.1" fn ibv_attach_mcast(*mut ibv_qp, *const ibv_gid, u16)
+/// `ibv_attach_mcast(3)`: attaches a UD QP to the multicast group `gid` (the device's
+/// rules: `Device::attach_mcast`; the LID is ignored on RoCE). 0, or the errno: `EINVAL` for
+/// a QP that is not UD, a GID that is not multicast or a NULL argument, `ENOMEM` past the
+/// device's limits, the socket's errno if the group cannot be joined.
+///
+/// # Safety
+///
+/// `qp` is NULL or a live QP; `gid` is NULL or points at 16 readable bytes.
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: `qp` is NULL or a live QP (this function's `# Safety`).
+        let state = unsafe { QpBlock::state(qp) }?;
+        // SAFETY: `gid` is NULL or 16 readable bytes (this function's `# Safety`), and every
+        // bit pattern is a valid `raw`.
+        let gid = unsafe { gid.as_ref().map(|g| g.raw) }.ok_or(libc::EINVAL)?;
+        state
+            .entry
+            .device
+            .attach_mcast(state.qpn, gid)
+            .map_err(errno_of)
+    })
 }
-unsupported! {
-    /// `ibv_detach_mcast(3)`: the soft device has no multicast.
-    errno "IBVERBS_1.1" fn ibv_detach_mcast(*mut ibv_qp, *const ibv_gid, u16)
+crate::symver!(ibv_attach_mcast, "IBVERBS_1.1");
+
+/// `ibv_detach_mcast(3)`: detaches a QP from the multicast group `gid`. 0, or `EINVAL` (a
+/// QP not attached to it, or the checks of `ibv_attach_mcast`).
+///
+/// # Safety
+///
+/// As [`ibv_attach_mcast`].
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: `qp` is NULL or a live QP (this function's `# Safety`).
+        let state = unsafe { QpBlock::state(qp) }?;
+        // SAFETY: `gid` is NULL or 16 readable bytes (this function's `# Safety`), and every
+        // bit pattern is a valid `raw`.
+        let gid = unsafe { gid.as_ref().map(|g| g.raw) }.ok_or(libc::EINVAL)?;
+        state
+            .entry
+            .device
+            .detach_mcast(state.qpn, gid)
+            .map_err(errno_of)
+    })
 }
+crate::symver!(ibv_detach_mcast, "IBVERBS_1.1");
+
 unsupported! {
     /// `ibv_query_ece(3)`: enhanced connection establishment is not offered.
     errno "IBVERBS_1.10" fn ibv_query_ece(*mut ibv_qp, *mut c_void)

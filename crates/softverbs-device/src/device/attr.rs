@@ -59,6 +59,12 @@ pub struct DeviceAttr {
     pub max_mw: u32,
     /// Protection domains.
     pub max_pd: u32,
+    /// Multicast groups (`max_mcast_grp`, rxe's limit).
+    pub max_mcast_grp: u32,
+    /// QPs one multicast group holds (`max_mcast_qp_attach`).
+    pub max_mcast_qp_attach: u32,
+    /// Attachments over all groups (`max_total_mcast_qp_attach`).
+    pub max_total_mcast_qp_attach: u32,
     /// Incoming reads/atomics per QP.
     pub max_qp_rd_atom: u8,
     /// Outgoing reads/atomics per QP.

@@ -12,7 +12,7 @@
 //! A device with neither knob has no link: its packets are handed over directly, with no
 //! headers, no ICRC and no middleware (`runtime.rs`).
 
-use super::registry::registry;
+use super::registry::{group_members, registry};
 use super::runtime::hand_over;
 use super::{lock, DeviceInner};
 use crate::transport::{
@@ -95,7 +95,17 @@ impl Transport for Link {
     fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
         if let Some(peer) = self.peer(to) {
             self.counters.count_sent(ib_packet.len());
-            hand_over(peer, sent, ib_packet.to_vec());
+            hand_over(peer, to.addr(), sent, ib_packet.to_vec());
+            return Ok(());
+        }
+        if self.udp.is_none() && to.addr().is_multicast() {
+            // An in-process device's multicast: a copy to each device of this process in
+            // the group (a UDP device's goes to the socket).
+            self.counters.count_sent(ib_packet.len());
+            let members = group_members(&lock(registry()), to.addr());
+            for member in members {
+                hand_over(member, to.addr(), sent, ib_packet.to_vec());
+            }
             return Ok(());
         }
         match &self.udp {
@@ -141,6 +151,22 @@ impl Transport for Link {
 
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         self.udp.as_ref().and_then(|udp| udp.readiness_fd())
+    }
+
+    /// A UDP device's socket joins; an in-process device's groups are the device's own
+    /// (devices of this process hand multicast packets to each member).
+    fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+        match &self.udp {
+            Some(udp) => udp.join_multicast(group),
+            None => Ok(()),
+        }
+    }
+
+    fn leave_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+        match &self.udp {
+            Some(udp) => udp.leave_multicast(group),
+            None => Ok(()),
+        }
     }
 
     /// A UDP device's socket counters; an in-process device's hand-overs.

@@ -47,7 +47,7 @@ mod error;
 mod grh;
 mod link;
 mod mtu;
-mod netdev;
+pub(crate) mod netdev;
 mod objects;
 mod registry;
 mod runtime;
@@ -80,7 +80,7 @@ use softverbs_proto::{
     QpState, RecvWr, SendWr, Sge, SrqId, SrqInit, VerbsError, WindowType,
 };
 use stats::CqSummary as RetiredCqs;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -177,6 +177,10 @@ pub(crate) struct DeviceInner {
     /// `device{name, address}`, entered around each run of the engine (empty when no
     /// subscriber listened as the device opened).
     span: tracing::Span,
+    /// The IP multicast groups some QP of the device is attached to (a group's address is
+    /// its GID's, `ibv_attach_mcast(3)`). Changed under the state lock; read, alone, by
+    /// devices of this process sending to a group.
+    groups: Mutex<HashSet<IpAddr>>,
 }
 
 /// The stack of a device with a capture or faults (`link.rs`).
@@ -186,6 +190,23 @@ struct Tap {
     /// What every packet the device sends goes through, to the socket or to a device of
     /// this process: the faults over the capture over the link.
     stack: Arc<dyn Transport>,
+}
+
+impl DeviceInner {
+    /// Whether some QP of the device is attached to multicast group `group`.
+    fn in_group(&self, group: IpAddr) -> bool {
+        lock(&self.groups).contains(&group)
+    }
+
+    /// Stops receiving `group`, its last QP gone (the caller holds the state lock).
+    fn leave_group(&self, group: IpAddr) {
+        lock(&self.groups).remove(&group);
+        if let Some(transport) = &self.transport {
+            if let Err(error) = transport.leave_multicast(group) {
+                tracing::debug!(%group, %error, "leaving a multicast group failed");
+            }
+        }
+    }
 }
 
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
@@ -314,6 +335,7 @@ impl Device {
             capture: config.capture.clone(),
             last_report: Mutex::new(None),
             span,
+            groups: Mutex::new(HashSet::new()),
         });
         lock(registry()).insert(address, Arc::downgrade(&inner));
         inner
@@ -393,6 +415,9 @@ impl Device {
             max_mr: 1 << 20,
             max_mw: MAX_MW,
             max_pd: 1 << 20,
+            max_mcast_grp: softverbs_proto::MAX_MCAST_GROUPS,
+            max_mcast_qp_attach: softverbs_proto::MAX_MCAST_QP_ATTACH,
+            max_total_mcast_qp_attach: softverbs_proto::MAX_TOTAL_MCAST_QP_ATTACH,
             max_qp_rd_atom: config.max_qp_rd_atom,
             max_qp_init_rd_atom: config.max_qp_init_rd_atom,
             max_srq: 1 << 16,
@@ -737,7 +762,49 @@ impl Device {
         self.inner.send_held_acks();
     }
 
-    /// Destroys a QP; its CQs may then be destroyed.
+    /// `ibv_attach_mcast(3)`: attaches UD QP `qpn` to the multicast group `gid` (the rules
+    /// are the engine's, [`Engine::attach_mcast`]). The device starts receiving the group
+    /// with its first QP in it: a UDP device joins the IP multicast group on its interface
+    /// (a socket of its own, so any number of processes of the host receive it); an
+    /// in-process device gets a copy of what devices of this process send to it. If the
+    /// socket cannot join, nothing is attached and the error is the operating system's.
+    pub fn attach_mcast(&self, qpn: u32, gid: [u8; 16]) -> Result<(), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        if st.engine.attach_mcast(qpn, gid)? {
+            let group = Gid(gid).ip();
+            if let Some(transport) = &self.inner.transport {
+                if let Err(error) = transport.join_multicast(group) {
+                    let _ = st.engine.detach_mcast(qpn, gid);
+                    return Err(error.into());
+                }
+            }
+            lock(&self.inner.groups).insert(group);
+        }
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast(3)`: detaches `qpn` from group `gid` ([`Engine::detach_mcast`]); the
+    /// device stops receiving the group when its last QP leaves it.
+    pub fn detach_mcast(&self, qpn: u32, gid: [u8; 16]) -> Result<(), DeviceError> {
+        let mut st = lock(&self.inner.state);
+        if st.engine.detach_mcast(qpn, gid)? {
+            self.inner.leave_group(Gid(gid).ip());
+        }
+        Ok(())
+    }
+
+    /// Detaches `qpn` from every multicast group, as the kernel does when the process that
+    /// attached it goes away: for a front door whose QP handle is dropped without a way to
+    /// fail ([`Device::destroy_qp`] refuses a QP still attached, `EBUSY`).
+    pub fn detach_all_mcast(&self, qpn: u32) {
+        let mut st = lock(&self.inner.state);
+        for gid in st.engine.detach_all_mcast(qpn) {
+            self.inner.leave_group(Gid(gid).ip());
+        }
+    }
+
+    /// Destroys a QP; its CQs may then be destroyed. A QP still attached to a multicast
+    /// group is refused (`EBUSY`, [`Engine::destroy_qp`]).
     pub fn destroy_qp(&self, qpn: u32) -> Result<(), DeviceError> {
         // The ACKs of what the QP received leave before it goes (the application that
         // destroys it posts nothing more to carry them).

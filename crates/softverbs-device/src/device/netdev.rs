@@ -9,11 +9,11 @@ use std::os::fd::AsRawFd;
 
 /// The interface holding an address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Netdev {
+pub(crate) struct Netdev {
     /// Its index (`if_nametoindex(3)`), never 0.
-    pub(super) index: u32,
+    pub(crate) index: u32,
     /// Its MTU (`None` if the kernel would not say).
-    pub(super) mtu: Option<u32>,
+    pub(crate) mtu: Option<u32>,
 }
 
 /// The interface holding `address`: the one that has it as an address, else the loopback
@@ -21,7 +21,7 @@ pub(super) struct Netdev {
 /// 127.x.y.z address as local to `lo`; another interface's prefix only says where an
 /// address's neighbours are). `None` if no interface does (a wildcard address, an address
 /// of no interface).
-pub(super) fn holding(address: IpAddr) -> Option<Netdev> {
+pub(crate) fn holding(address: IpAddr) -> Option<Netdev> {
     let name = interface_name(address)?;
     // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
     let index = unsafe { libc::if_nametoindex(name.as_ptr()) };

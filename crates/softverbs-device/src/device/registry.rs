@@ -8,7 +8,7 @@ use super::DeviceInner;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// The devices of this process by address (weak: the registry keeps none alive).
 pub(super) fn registry() -> &'static Mutex<HashMap<IpAddr, Weak<DeviceInner>>> {
@@ -21,4 +21,17 @@ pub(super) fn next_in_process_address() -> IpAddr {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     IpAddr::V4(Ipv4Addr::new(127, 1, (n >> 8) as u8, n as u8))
+}
+
+/// The devices of this process in multicast group `group` (an in-process device's
+/// multicast goes to each of them; `ibv_attach_mcast(3)`).
+pub(super) fn group_members(
+    devices: &HashMap<IpAddr, Weak<DeviceInner>>,
+    group: IpAddr,
+) -> Vec<Arc<DeviceInner>> {
+    devices
+        .values()
+        .filter_map(Weak::upgrade)
+        .filter(|device| device.in_group(group))
+        .collect()
 }

@@ -18,7 +18,7 @@
 use super::completions::push_completion;
 use super::grh::grh_bytes;
 use super::link::HOP_LIMIT;
-use super::registry::registry;
+use super::registry::{group_members, registry};
 use super::{lock, DeviceInner, State};
 use crate::pcap::{Capture, Direction};
 use crate::transport::{
@@ -147,6 +147,8 @@ struct HandedOver {
     to: Arc<DeviceInner>,
     /// The sender's address.
     from: IpAddr,
+    /// The address it was sent to: the receiving device's, or a multicast group it is in.
+    dest: IpAddr,
     /// The UDP source port the sender's transport would have used.
     src_port: u16,
     bytes: Vec<u8>,
@@ -325,11 +327,22 @@ impl DeviceInner {
             let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
             let reg = shortcut.then(|| lock(registry()));
             for (slot, bytes) in outgoing.split() {
+                let dest = slot.to.addr();
                 let peer = reg
                     .as_ref()
-                    .and_then(|reg| reg.get(&slot.to.addr()).and_then(Weak::upgrade));
+                    .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade));
                 match peer {
-                    Some(peer) => local.push((peer, slot.src_port, bytes.to_vec())),
+                    Some(peer) => local.push((peer, dest, slot.src_port, bytes.to_vec())),
+                    // An in-process device's multicast: a copy to every device of this
+                    // process in the group (a UDP device's goes to the socket, and the
+                    // kernel hands a copy to every group socket of the host).
+                    None if dest.is_multicast() && self.transport.is_none() => {
+                        if let Some(reg) = &reg {
+                            for member in group_members(reg, dest) {
+                                local.push((member, dest, slot.src_port, bytes.to_vec()));
+                            }
+                        }
+                    }
                     None if self.transport.is_some() => {
                         batch.push(OutgoingPacket::new(slot.to, slot.src_port, bytes));
                     }
@@ -347,10 +360,11 @@ impl DeviceInner {
         let from = self.address;
         let drain_here = LOCAL_DELIVERY.with(|cell| {
             let mut q = cell.borrow_mut();
-            for (to, src_port, bytes) in local {
+            for (to, dest, src_port, bytes) in local {
                 q.1.push_back(HandedOver {
                     to,
                     from,
+                    dest,
                     src_port,
                     bytes,
                     sent: None,
@@ -378,6 +392,7 @@ impl DeviceInner {
     fn receive_handed(
         self: &Arc<Self>,
         from: IpAddr,
+        dest: IpAddr,
         src_port: u16,
         mut bytes: Vec<u8>,
         sent: Option<Box<Sent>>,
@@ -387,9 +402,9 @@ impl DeviceInner {
                 return;
             }
         } else if let Some(capture) = &self.capture {
-            self.record_direct(capture, &mut bytes, from, src_port);
+            self.record_direct(capture, &mut bytes, from, dest, src_port);
         }
-        self.receive(&bytes, from);
+        self.receive(&bytes, from, dest);
     }
 
     /// Checks the ICRC of a packet a sender's link handed over (a bad one is dropped and
@@ -410,8 +425,15 @@ impl DeviceInner {
     /// Records a packet a device without a link handed over directly: with the headers a
     /// sender's transport gives it (`link.rs`), and the ICRC it fills for them.
     #[inline(never)]
-    fn record_direct(&self, capture: &Capture, bytes: &mut [u8], from: IpAddr, src_port: u16) {
-        let to = Endpoint::new(self.address, self.port());
+    fn record_direct(
+        &self,
+        capture: &Capture,
+        bytes: &mut [u8],
+        from: IpAddr,
+        dest: IpAddr,
+        src_port: u16,
+    ) {
+        let to = Endpoint::new(dest, self.port());
         let from = Endpoint::new(from, to.port());
         let framed =
             path_headers(&from, &to, src_port, 0, HOP_LIMIT, bytes.len()).and_then(|(ip, udp)| {
@@ -425,8 +447,8 @@ impl DeviceInner {
     }
 
     /// Handles one packet from `from`.
-    fn receive(self: &Arc<Self>, bytes: &[u8], from: IpAddr) {
-        let grh = grh_bytes(from, self.address, bytes.len());
+    fn receive(self: &Arc<Self>, bytes: &[u8], from: IpAddr, dest: IpAddr) {
+        let grh = grh_bytes(from, dest, bytes.len());
         let now = DeviceClock::now();
         self.run(|st| {
             let State { engine, memory, .. } = st;
@@ -469,7 +491,8 @@ impl DeviceInner {
                     let Some(bytes) = buf.get(..packet.len) else {
                         continue;
                     };
-                    let grh = grh_bytes(packet.from.addr(), self.address, bytes.len());
+                    // To the device's address, or to a multicast group it is in.
+                    let grh = grh_bytes(packet.from.addr(), packet.to.addr(), bytes.len());
                     engine.handle_packet(now, bytes, Some(&grh), memory);
                 }
             });
@@ -669,10 +692,11 @@ fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGu
 
 /// Queues a packet the link of a device with a capture or faults hands to `to`, a device
 /// of this process, with the headers it prepared (`sent`); [`deliver_local`] delivers it.
-pub(super) fn hand_over(to: Arc<DeviceInner>, sent: &Sent, bytes: Vec<u8>) {
+pub(super) fn hand_over(to: Arc<DeviceInner>, dest: IpAddr, sent: &Sent, bytes: Vec<u8>) {
     let handed = HandedOver {
         to,
         from: sent.from.addr(),
+        dest,
         src_port: sent.udp.src_port,
         bytes,
         sent: Some(Box::new(*sent)),
@@ -702,12 +726,13 @@ fn drain_local() {
     while let Some(HandedOver {
         to,
         from,
+        dest,
         src_port,
         bytes,
         sent,
     }) = LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.pop_front())
     {
-        to.receive_handed(from, src_port, bytes, sent);
+        to.receive_handed(from, dest, src_port, bytes, sent);
     }
     LOCAL_DELIVERY.with(|cell| cell.borrow_mut().0 = false);
 }
