@@ -1090,6 +1090,18 @@ pub struct ibv_qp_ex {
     pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
+/// `struct ibv_qp_ex` as rdma-core 45 and later define it: the rdma-core 44 struct above
+/// (the installed header's, checked by `tests/abi_layout.rs`) and the builder 45 appended,
+/// `wr_flush`. A QP's block begins with it, so a program built against newer headers finds
+/// `qp->wr_flush` where it looks, and older programs see the struct they know.
+#[repr(C)]
+pub struct ibv_qp_ex_45 {
+    /// The rdma-core 44 part.
+    pub ex: ibv_qp_ex,
+    /// `ibv_wr_flush(qp, rkey, remote_addr, len, type, level)`.
+    pub wr_flush: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, usize, u8, u8)>,
+}
+
 /// `struct ibv_qp_init_attr` (64 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

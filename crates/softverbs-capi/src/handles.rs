@@ -342,6 +342,11 @@ pub unsafe trait Prefix<C> {}
 unsafe impl<T> Prefix<T> for T {}
 // SAFETY: `qp_base`, an `ibv_qp`, is the first member of `#[repr(C)]` `ibv_qp_ex`.
 unsafe impl Prefix<ibv_qp_ex> for ibv_qp {}
+// SAFETY: `ex`, an `ibv_qp_ex` (which begins with its `ibv_qp`), is the first member of
+// `#[repr(C)]` `ibv_qp_ex_45`.
+unsafe impl Prefix<ibv_qp_ex_45> for ibv_qp_ex {}
+// SAFETY: as above, through `ibv_qp_ex`'s first member.
+unsafe impl Prefix<ibv_qp_ex_45> for ibv_qp {}
 // SAFETY: `ibv_cq_ex` begins with the 128 bytes of `ibv_cq`, field for field (both
 // mirrors are checked against `verbs.h` by `tests/abi_layout.rs`).
 unsafe impl Prefix<ibv_cq_ex> for ibv_cq {}

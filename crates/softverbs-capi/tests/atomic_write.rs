@@ -4,7 +4,11 @@
 //! `IB_UVERBS_DEVICE_ATOMIC_WRITE`, bit 40 of `device_cap_flags_ex`, which rdma-core 44's
 //! headers do not name), and `ibv_wr_post(3)` `ibv_wr_atomic_write` on a QP created by
 //! `ibv_create_qp_ex` with `IBV_QP_EX_WITH_ATOMIC_WRITE`: the 8 bytes land exactly with
-//! `IBV_WC_ATOMIC_WRITE`; a misaligned address is `IBV_WC_REM_INV_REQ_ERR`.
+//! `IBV_WC_ATOMIC_WRITE`; a misaligned address is `IBV_WC_REM_INV_REQ_ERR`. And RDMA FLUSH
+//! through rdma-core 45's `ibv_wr_flush` (the program declares 45's `struct ibv_qp_ex`, as a
+//! program built against newer headers sees it): `IBV_WC_FLUSH` on a region with
+//! `IBV_ACCESS_FLUSH_GLOBAL`, `IBV_WC_REM_ACCESS_ERR` for a persistent flush of a region
+//! without `IBV_ACCESS_FLUSH_PERSISTENT`.
 //!
 //! As `memory_windows.rs` does, it runs under AddressSanitizer/UndefinedBehaviorSanitizer
 //! and under valgrind memcheck (`tests/common/rules.rs`).
@@ -14,11 +18,13 @@ mod common;
 use common::rules::{assert_rules_hold, Checker};
 
 /// The lines the program prints, one per rule, in order.
-const RULES: [&str; 5] = [
+const RULES: [&str; 7] = [
     "rule setup: ",
     "rule 1: ",
     "rule 2: ",
     "rule 3: ",
+    "rule 4: ",
+    "rule 5: ",
     "rule teardown: ",
 ];
 

@@ -8,7 +8,7 @@
 //! | `ibv_query_qp_data_in_order` | 1.14 | 0 ("not guaranteed"), the documented answer when unknown |
 //! | `ibv_query_ece`, `ibv_set_ece` | 1.10 | `EOPNOTSUPP` (documented: no ECE) |
 //! | `ops.post_send`, `ops.post_recv` | (ops) | real; a list stops at the first bad request (`*bad_wr`) |
-//! | `verbs_context.create_qp_ex` | (ops) | real: PD, no create flags, `send_ops_flags` for the work-request builders (send, send with immediate / invalidate, RDMA write (with immediate), RDMA read, both atomics) |
+//! | `verbs_context.create_qp_ex` | (ops) | real: PD, no create flags, `send_ops_flags` for the work-request builders (send, send with immediate / invalidate, RDMA write (with immediate), RDMA read, both atomics, ATOMIC WRITE, FLUSH — `wr_flush` after rdma-core 44's struct, as rdma-core 45 lays it out) |
 //! | `ibv_qp_ex` builders (`ibv_wr_start` … `ibv_wr_complete`) | (ops) | real for the operations above and every `set_*` but XRC; a builder's error is returned by `ibv_wr_complete`, which then posts nothing |
 //!
 //! Work requests: `SEND`, `SEND_WITH_IMM`, `SEND_WITH_INV`, `RDMA_WRITE`,

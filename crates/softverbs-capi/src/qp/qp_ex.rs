@@ -25,11 +25,18 @@ use crate::verbs_h::{
     IBV_QP_EX_WITH_SEND, IBV_QP_EX_WITH_SEND_WITH_IMM, IBV_QP_EX_WITH_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, sges};
-use softverbs::core::engine::{Gather, SendFlags, SendOp, SendWr, Sge, UdDest, WindowType};
+use softverbs::core::engine::{
+    FlushPlacement, FlushSelectivity, Gather, SendFlags, SendOp, SendWr, Sge, UdDest, WindowType,
+};
 use std::ffi::{c_int, c_void};
 
-/// What the device offers (no TSO, atomic write).
-pub(super) const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
+/// `IBV_QP_EX_WITH_FLUSH` (`enum ibv_qp_create_send_ops_flags` of rdma-core ≥ 45, which the
+/// installed header predates).
+pub(super) const IBV_QP_EX_WITH_FLUSH: u64 = 1 << 11;
+
+/// What the device offers (no TSO; atomic write and flush).
+pub(super) const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_FLUSH
+    | IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
     | IBV_QP_EX_WITH_SEND
     | IBV_QP_EX_WITH_SEND_WITH_IMM
@@ -43,10 +50,10 @@ pub(super) const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
 
 /// The `ibv_qp_ex` of a QP: the builders of the operations in `send_ops` (the others stay
 /// NULL: the application did not ask for them).
-pub(super) fn builders(qp_base: ibv_qp, send_ops: u64) -> ibv_qp_ex {
+pub(super) fn builders(qp_base: ibv_qp, send_ops: u64) -> ibv_qp_ex_45 {
     let with = |flag: u64| send_ops & flag != 0;
     let any = send_ops != 0;
-    ibv_qp_ex {
+    let ex = ibv_qp_ex {
         qp_base,
         comp_mask: 0,
         wr_id: 0,
@@ -75,6 +82,10 @@ pub(super) fn builders(qp_base: ibv_qp, send_ops: u64) -> ibv_qp_ex {
         wr_complete: any.then_some(wr_complete as _),
         wr_abort: any.then_some(wr_abort as _),
         wr_atomic_write: with(IBV_QP_EX_WITH_ATOMIC_WRITE).then_some(wr_atomic_write as _),
+    };
+    ibv_qp_ex_45 {
+        ex,
+        wr_flush: with(IBV_QP_EX_WITH_FLUSH).then_some(wr_flush as _),
     }
 }
 
@@ -311,6 +322,36 @@ unsafe extern "C" fn wr_atomic_write(
         },
     );
     if value.is_none() {
+        set_gather(qpx, Err(libc::EINVAL));
+    }
+}
+
+/// `ibv_wr_flush` (rdma-core ≥ 45, IBTA 1.5 RDMA FLUSH): `type` is the placement
+/// (`IBV_FLUSH_GLOBAL` 1, `IBV_FLUSH_PERSISTENT` 2, or both), `level` the selectivity
+/// (`IBV_FLUSH_RANGE` 0, `IBV_FLUSH_MR` 1); the engine checks the rest as for the safe
+/// API's `SendRequest::flush`. Another placement bit, no placement or another level fails
+/// the batch with `EINVAL` at `ibv_wr_complete`.
+unsafe extern "C" fn wr_flush(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    placement: u8,
+    level: u8,
+) {
+    let placement = FlushPlacement::from_bits(placement).filter(|p| !p.is_empty());
+    let selectivity = FlushSelectivity::from_raw(level);
+    begin(
+        qpx,
+        SendOp::Flush {
+            remote_addr,
+            rkey,
+            len: len as u64,
+            placement: placement.unwrap_or(FlushPlacement::GLOBAL),
+            selectivity: selectivity.unwrap_or_default(),
+        },
+    );
+    if placement.is_none() || selectivity.is_none() {
         set_gather(qpx, Err(libc::EINVAL));
     }
 }

@@ -38,4 +38,4 @@ impl Tagged for QpState {
 
 /// A QP as C sees it (an `ibv_qp_ex`, whose first member is the `ibv_qp`), followed by its
 /// state. [`Block::state`] takes either pointer.
-pub type QpBlock = Block<ibv_qp_ex, QpState>;
+pub type QpBlock = Block<ibv_qp_ex_45, QpState>;

@@ -19,6 +19,16 @@
  *   3 ibv_wr_post(3) ibv_wr_atomic_write to a misaligned address (IBA 1.5: the address of
  *     an ATOMIC WRITE is 8-byte aligned; the responder NAKs an invalid request):
  *     IBV_WC_REM_INV_REQ_ERR, the memory untouched
+ *   4 ibv_wr_flush (rdma-core 45's ibv_wr_post(3), IBA 1.5 RDMA FLUSH) on a QP created with
+ *     IBV_QP_EX_WITH_FLUSH (the responder QP granting the flush access), to a region
+ *     registered with IBV_ACCESS_FLUSH_GLOBAL: the global
+ *     flush of a range and of the whole region (IBV_FLUSH_MR) complete with IBV_WC_FLUSH.
+ *     The installed rdma-core 44 headers have neither ibv_wr_flush nor its constants: the
+ *     program declares rdma-core 45's struct ibv_qp_ex (44's, then wr_flush) and values,
+ *     as a program built against newer headers sees them
+ *   5 ibv_wr_flush of the persistent placement to a region registered without
+ *     IBV_ACCESS_FLUSH_PERSISTENT: IBV_WC_REM_ACCESS_ERR (IBA 1.5: the responder checks
+ *     the flush access of the region)
  *
  * Prints one "rule N: ...: ok" line per rule and "ok <checks> checks" at the end; exits 1
  * with "FAIL rule N" on stderr at the first failed check. Every wait is bounded.
@@ -38,6 +48,23 @@
 
 /* IB_UVERBS_DEVICE_ATOMIC_WRITE of Linux >= 6.2; not in rdma-core 44's headers. */
 #define DEVICE_ATOMIC_WRITE (1ULL << 40)
+
+/* rdma-core 45's verbs.h, which the installed rdma-core 44 predates. */
+#define QP_EX_WITH_FLUSH (1ULL << 11) /* IBV_QP_EX_WITH_FLUSH */
+#define ACCESS_FLUSH_GLOBAL (1 << 8)  /* IBV_ACCESS_FLUSH_GLOBAL */
+#define ACCESS_FLUSH_PERSISTENT (1 << 9) /* IBV_ACCESS_FLUSH_PERSISTENT */
+/* A responder QP takes FLUSH only when it grants it (rxe's check_op_valid). */
+#define QP_FLUSH_ACCESS (IBV_ACCESS_REMOTE_WRITE | ACCESS_FLUSH_GLOBAL | ACCESS_FLUSH_PERSISTENT)
+#define FLUSH_GLOBAL 1                /* IBV_FLUSH_GLOBAL */
+#define FLUSH_PERSISTENT 2            /* IBV_FLUSH_PERSISTENT */
+#define FLUSH_RANGE 0                 /* IBV_FLUSH_RANGE */
+#define FLUSH_MR 1                    /* IBV_FLUSH_MR */
+#define WC_FLUSH 8                    /* IBV_WC_FLUSH */
+struct qp_ex_45 {
+	struct ibv_qp_ex ex;
+	void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len,
+			 uint8_t type, uint8_t level);
+};
 
 static void rule_ok(const char *what)
 {
@@ -72,7 +99,14 @@ struct pair {
 	struct ibv_cq *req_cq, *resp_cq;
 };
 
+static struct pair make_pair_with(uint64_t send_ops, unsigned int access);
+
 static struct pair make_pair(void)
+{
+	return make_pair_with(IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_ACCESS_REMOTE_WRITE);
+}
+
+static struct pair make_pair_with(uint64_t send_ops, unsigned int access)
 {
 	struct pair p;
 	struct ibv_qp_cap cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1,
@@ -88,18 +122,18 @@ static struct pair make_pair(void)
 		.sq_sig_all = 1,
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE,
+		.send_ops_flags = send_ops,
 	};
 	p.req = ibv_create_qp_ex(ctx, &ex);
-	CHECKF(p.req != NULL, "ibv_create_qp_ex(RC, IBV_QP_EX_WITH_ATOMIC_WRITE)");
+	CHECKF(p.req != NULL, "ibv_create_qp_ex(RC, send_ops_flags %#" PRIx64 ")", send_ops);
 	p.req_ex = ibv_qp_to_qp_ex(p.req);
-	CHECK(p.req_ex != NULL && p.req_ex->wr_atomic_write != NULL);
+	CHECK(p.req_ex != NULL);
 	struct ibv_qp_init_attr attr = { .send_cq = p.resp_cq, .recv_cq = p.resp_cq, .cap = cap,
 					 .qp_type = IBV_QPT_RC, .sq_sig_all = 1 };
 	p.resp = ibv_create_qp(pd, &attr);
 	CHECKF(p.resp != NULL, "ibv_create_qp(RC)");
-	connect_rc(p.req, p.resp->qp_num, &gid, IBV_ACCESS_REMOTE_WRITE);
-	connect_rc(p.resp, p.req->qp_num, &gid, IBV_ACCESS_REMOTE_WRITE);
+	connect_rc(p.req, p.resp->qp_num, &gid, access);
+	connect_rc(p.resp, p.req->qp_num, &gid, access);
 	return p;
 }
 
@@ -115,6 +149,7 @@ static void destroy_pair(struct pair p)
 static void post_atomic_write(struct pair *p, uint64_t wr_id, uint64_t addr,
 			      const unsigned char wire[8])
 {
+	CHECK(p->req_ex->wr_atomic_write != NULL);
 	ibv_wr_start(p->req_ex);
 	p->req_ex->wr_id = wr_id;
 	p->req_ex->wr_flags = IBV_SEND_SIGNALED;
@@ -166,6 +201,55 @@ static void rule_misaligned(void)
 	rule_ok("ibv_wr_atomic_write to a misaligned address: IBV_WC_REM_INV_REQ_ERR");
 }
 
+/* One FLUSH through rdma-core 45's builder. */
+static void post_flush(struct pair *p, uint64_t wr_id, struct ibv_mr *mr, uint64_t addr,
+		       size_t len, uint8_t type, uint8_t level)
+{
+	struct qp_ex_45 *qpx = (struct qp_ex_45 *)p->req_ex;
+	CHECKF(qpx->wr_flush != NULL, "wr_flush of a QP created with IBV_QP_EX_WITH_FLUSH");
+	ibv_wr_start(p->req_ex);
+	p->req_ex->wr_id = wr_id;
+	p->req_ex->wr_flags = IBV_SEND_SIGNALED;
+	qpx->wr_flush(p->req_ex, mr->rkey, addr, len, type, level);
+	CHECKF(ibv_wr_complete(p->req_ex) == 0, "ibv_wr_complete(ibv_wr_flush)");
+}
+
+static void rule_flush(void)
+{
+	start_rule("4");
+	struct pair p = make_pair_with(QP_EX_WITH_FLUSH, QP_FLUSH_ACCESS);
+	struct ibv_mr *mr = ibv_reg_mr(pd, target, REGION,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       ACCESS_FLUSH_GLOBAL);
+	CHECKF(mr != NULL, "ibv_reg_mr(IBV_ACCESS_FLUSH_GLOBAL)");
+	post_flush(&p, 41, mr, (uintptr_t)target, 256, FLUSH_GLOBAL, FLUSH_RANGE);
+	struct ibv_wc wc = expect_one(p.req_cq, IBV_WC_SUCCESS, 41);
+	CHECKF(wc.opcode == WC_FLUSH, "opcode %d, expected IBV_WC_FLUSH (8)", wc.opcode);
+	post_flush(&p, 42, mr, 0, 0, FLUSH_GLOBAL, FLUSH_MR);
+	wc = expect_one(p.req_cq, IBV_WC_SUCCESS, 42);
+	CHECKF(wc.opcode == WC_FLUSH, "opcode %d, expected IBV_WC_FLUSH (8)", wc.opcode);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	destroy_pair(p);
+	rule_ok("ibv_wr_flush (rdma-core 45), global placement, a range and the whole region: "
+		"IBV_WC_FLUSH");
+}
+
+static void rule_flush_refused(void)
+{
+	start_rule("5");
+	struct pair p = make_pair_with(QP_EX_WITH_FLUSH, QP_FLUSH_ACCESS);
+	struct ibv_mr *mr = ibv_reg_mr(pd, target, REGION,
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+					       ACCESS_FLUSH_GLOBAL);
+	CHECK(mr != NULL);
+	post_flush(&p, 51, mr, (uintptr_t)target, 64, FLUSH_PERSISTENT, FLUSH_RANGE);
+	expect_one(p.req_cq, IBV_WC_REM_ACCESS_ERR, 51);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	destroy_pair(p);
+	rule_ok("ibv_wr_flush, persistent placement, region without IBV_ACCESS_FLUSH_PERSISTENT: "
+		"IBV_WC_REM_ACCESS_ERR");
+}
+
 int main(void)
 {
 	signal(SIGALRM, watchdog);
@@ -186,6 +270,8 @@ int main(void)
 	rule_capability();
 	rule_lands();
 	rule_misaligned();
+	rule_flush();
+	rule_flush_refused();
 
 	start_rule("teardown");
 	CHECK(ibv_dereg_mr(target_mr) == 0);
