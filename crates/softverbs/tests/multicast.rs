@@ -115,6 +115,52 @@ fn an_attached_qp_is_not_destroyed_and_only_ud_qps_join() {
     qp.destroy().expect("detached, it is destroyed");
 }
 
+/// Capture on the multicast path (issue #14/#16: a capture shows the RoCEv2 packets): an
+/// in-process sender that captures records the datagram to the group's address with a good
+/// ICRC, and a receiver that captures records it inbound; both attached receivers get it.
+#[test]
+fn a_capture_records_the_multicast_datagram_at_the_sender_and_at_a_receiver() {
+    use softverbs::core::device::pcap::{read_capture, Capture, Direction};
+    let g = [239, 255, 17, 4];
+    let dir = std::env::temp_dir().join(format!("softverbs-mcast-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sender_path, receiver_path) = (dir.join("sender.pcap"), dir.join("receiver.pcap"));
+    let with_capture = |capture| {
+        Context::open_with(DeviceConfig {
+            capture: Some(capture),
+            ..DeviceConfig::in_process()
+        })
+        .unwrap()
+    };
+    let sender_capture = Capture::create(&sender_path).unwrap();
+    let receiver_capture = Capture::create(&receiver_path).unwrap();
+    let sender = ud_side(with_capture(sender_capture.clone()));
+    let captured = ud_side(with_capture(receiver_capture.clone()));
+    let plain = ud_side(in_process());
+    for r in [&captured, &plain] {
+        post_receive(r);
+        r.qp.attach_mcast(&group(g)).unwrap();
+    }
+    send_to_group(&sender, &group(g), 4, b"seen");
+    assert_received(&captured, g, b"seen", sender.qp.qpn());
+    assert_received(&plain, g, b"seen", sender.qp.qpn());
+    for (capture, path, direction) in [
+        (&sender_capture, &sender_path, Direction::Outbound),
+        (&receiver_capture, &receiver_path, Direction::Inbound),
+    ] {
+        capture.flush().unwrap();
+        let records = read_capture(path).unwrap();
+        let to_group: Vec<_> = records
+            .iter()
+            .filter(|r| r.to_string().contains("> 239.255.17.4.4791"))
+            .collect();
+        assert_eq!(to_group.len(), 1, "{records:?}");
+        assert_eq!(to_group[0].direction, direction);
+        assert!(to_group[0].icrc_ok(), "{}", to_group[0]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The child of the several-process test: a UD QP attached to the group and one that is
 /// not, on a UDP device at 127.0.0.`last`; says "ready", then waits (bounded) for one
 /// datagram and checks it, and that the other QP got nothing.
