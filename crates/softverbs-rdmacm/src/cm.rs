@@ -293,7 +293,7 @@ fn ud_param(b: &mut crate::state::EventBox, data: &[u8], ah: ibv_ah_attr, qpn: u
 }
 
 /// The address vector towards `dgid` from id `key`'s source GID.
-fn ah_towards(st: &State, key: usize, dev: usize, dgid: [u8; 16]) -> ibv_ah_attr {
+pub(crate) fn ah_towards(st: &State, key: usize, dev: usize, dgid: [u8; 16]) -> ibv_ah_attr {
     let p = st.ids[&key].ptr.0;
     // SAFETY: a live id.
     let sgid = unsafe { (*p).route.addr.ibaddr.sgid.bytes() };

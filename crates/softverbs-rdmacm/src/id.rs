@@ -67,6 +67,7 @@ pub(crate) fn new_id(
             ack_timeout: None,
             reuse: false,
             afonly: false,
+            groups: Vec::new(),
         },
     );
     p
@@ -341,7 +342,10 @@ fn resolve_addr(p: *mut rdma_cm_id, src: Option<SocketAddr>, dst: SocketAddr) ->
     if !sgid_ok {
         return Err(libc::EADDRNOTAVAIL);
     }
-    if let Some(e) = unreachable(dst) {
+    // A multicast group is reached out of the source's interface (the kernel's route
+    // lookup picks the device of a bound source for a multicast destination), no route
+    // needed.
+    if let Some(e) = unreachable(dst).filter(|_| !dst.ip().is_multicast()) {
         st.queue_event(key, key, event::ADDR_ERROR, -e, |_| {});
         return Ok(());
     }

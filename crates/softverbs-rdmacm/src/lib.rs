@@ -24,7 +24,8 @@
 //! | [`conn`] | connect, get_request, accept, reject, disconnect, establish, notify, ECE |
 //! | [`devices`] | `rdma_get_devices` / `rdma_free_devices` |
 //! | [`getaddrinfo`] | `rdma_getaddrinfo`, `rdma_create_ep` and their frees |
-//! | [`unsupported`] | multicast and rsockets: documented refusals |
+//! | [`multicast`] | `rdma_join_multicast`, `_ex`, `rdma_leave_multicast`: UD multicast joins as the kernel's CM makes them on RoCE |
+//! | [`unsupported`] | rsockets: documented refusals |
 //!
 //! # Symbol versions
 //!
@@ -42,6 +43,7 @@ pub mod conn;
 pub mod devices;
 pub mod getaddrinfo;
 pub mod id;
+pub mod multicast;
 pub mod qp;
 pub mod state;
 pub mod unsupported;

@@ -344,6 +344,8 @@ pub(crate) fn create_qp(
 
 /// Destroys id `p`'s QP and the CQs made for it.
 pub(crate) fn destroy_qp(st: &mut State, p: *mut rdma_cm_id) {
+    // A QP attached to a multicast group cannot be destroyed: it leaves them first.
+    crate::multicast::detach_all(st, p);
     let Ok(id) = st.id(p) else { return };
     let owned = id.owned_cqs.take();
     // SAFETY: a live id.

@@ -167,6 +167,8 @@ pub struct Id {
     pub reuse: bool,
     /// `RDMA_OPTION_ID_AFONLY`.
     pub afonly: bool,
+    /// The multicast groups joined (`rdma_join_multicast`), in order.
+    pub groups: Vec<crate::multicast::Joined>,
 }
 
 /// The QP a passive endpoint of `rdma_create_ep` gives every request.

@@ -2,7 +2,6 @@
 //!
 //! | functions | result |
 //! |---|---|
-//! | `rdma_join_multicast`, `rdma_join_multicast_ex`, `rdma_leave_multicast` | -1, `errno = EOPNOTSUPP` (no multicast groups on the soft device) |
 //! | rsockets (`rsocket`, `rbind`, `rlisten`, `raccept`, `rconnect`, `rshutdown`, `rclose`, `rrecv`, `rrecvfrom`, `rrecvmsg`, `rsend`, `rsendto`, `rsendmsg`, `rread`, `rreadv`, `rwrite`, `rwritev`, `rgetpeername`, `rgetsockname`, `rsetsockopt`, `rgetsockopt`, `rfcntl`, `riomap`, `riounmap`, `riowrite`) | -1, `errno = ENOSYS`, and one line on stderr naming the call |
 //!
 //! | `rpoll`, `rselect` | `poll(2)` / `select(2)`: with no rsockets every descriptor is an ordinary one, which rsockets' `rpoll` / `rselect` pass to the system too (cmtime waits on its event channel with `rpoll`) |
@@ -12,24 +11,6 @@
 use crate::boundary::set_errno;
 use crate::symver;
 use libc::c_int;
-
-macro_rules! multicast {
-    ($($name:ident),*) => {$(
-        /// Multicast is not supported by the soft device: -1 with `errno = EOPNOTSUPP`.
-        pub extern "C" fn $name() -> c_int {
-            set_errno(libc::EOPNOTSUPP);
-            -1
-        }
-    )*};
-}
-multicast!(
-    rdma_join_multicast,
-    rdma_leave_multicast,
-    rdma_join_multicast_ex
-);
-symver!(rdma_join_multicast, "RDMACM_1.0");
-symver!(rdma_leave_multicast, "RDMACM_1.0");
-symver!(rdma_join_multicast_ex, "RDMACM_1.1");
 
 macro_rules! rsockets {
     ($($name:ident),*) => {$(

@@ -34,6 +34,8 @@ pub struct Verbs {
     pub destroy_qp: unsafe extern "C" fn(*mut c_void) -> c_int,
     pub create_srq: unsafe extern "C" fn(*mut c_void, *mut c_void) -> *mut c_void,
     pub destroy_srq: unsafe extern "C" fn(*mut c_void) -> c_int,
+    pub attach_mcast: unsafe extern "C" fn(*mut c_void, *const ibv_gid, u16) -> c_int,
+    pub detach_mcast: unsafe extern "C" fn(*mut c_void, *const ibv_gid, u16) -> c_int,
 }
 
 /// softverbs' private GSI exports (`SOFTVERBS_PRIVATE_1.0` of our libibverbs.so.1).
@@ -123,6 +125,8 @@ fn load_verbs() -> Result<Verbs, String> {
         destroy_qp: load!(h, c"ibv_destroy_qp", IBVERBS_1_1),
         create_srq: load!(h, c"ibv_create_srq", IBVERBS_1_1),
         destroy_srq: load!(h, c"ibv_destroy_srq", IBVERBS_1_1),
+        attach_mcast: load!(h, c"ibv_attach_mcast", IBVERBS_1_1),
+        detach_mcast: load!(h, c"ibv_detach_mcast", IBVERBS_1_1),
     })
 }
 

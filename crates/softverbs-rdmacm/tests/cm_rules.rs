@@ -114,7 +114,8 @@ fn scenario(name: &str, server: u8, client: u8, port: u16) {
 }
 
 /// rdma_cm(7) / rdma_get_cm_event(3): bad pointers and arguments fail with -1 and EINVAL
-/// (EAFNOSUPPORT for an AF_IB address, EOPNOTSUPP for multicast), never a crash.
+/// (EAFNOSUPPORT for an AF_IB address; EINVAL for a multicast join on an id neither bound
+/// nor resolved), never a crash.
 #[test]
 fn bad_arguments_fail_with_the_documented_errno() {
     scenario("bad_arguments", 162, 0, 0);

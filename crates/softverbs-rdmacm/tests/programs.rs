@@ -190,6 +190,33 @@ fn udaddy_resolves_through_sidr_and_exchanges_datagrams() {
     }
 }
 
+/// mckey(1): UD multicast through the connection manager (`rdma_join_multicast(3)`): the
+/// receiver joins 239.255.20.1 (its QP attached to `::ffff:239.255.20.1`), the sender
+/// joins too and sends 10 datagrams to QPN 0xFFFFFF with the join event's address vector
+/// and Q_Key; the receiver gets all of them, and both exit 0.
+#[test]
+fn mckey_joins_a_multicast_group_and_the_receiver_gets_every_datagram() {
+    let (s, c) = pair(
+        ("mckey", "mckey"),
+        "rdmacm-utils",
+        &["-m", "239.255.20.1", "-b", "127.0.0.166"],
+        &["-m", "239.255.20.1", "-s", "-b", "127.0.0.168"],
+        (166, 168),
+        false,
+        false,
+    );
+    assert_both_ok(&s, &c);
+    for side in [&s, &c] {
+        assert!(
+            side.stdout.contains("joined dgid: ::ffff:239.255.20.1")
+                && side.stdout.contains("data transfers complete")
+                && side.stdout.contains("return status 0"),
+            "{}",
+            side.report()
+        );
+    }
+}
+
 /// rdma_server(1) / rdma_client(1): synchronous endpoints (`rdma_create_ep`,
 /// `rdma_get_request`) exchanging one message; both print "end 0".
 #[test]
