@@ -27,8 +27,9 @@
 # two-process pair are pinned to different CPUs (CPU 0: server, CPU 1: client) when there are two;
 # the in-process runs are left unpinned (the device may run a progress thread). All
 # latencies in the table are round trips (perftest-like tools print half of that).
-# Takes about 1.5-2 minutes on a quiet 2-core machine (up to ~5 under heavy load). The machines are shared and noisy:
-# compare the ratios of one run, not absolute numbers across runs.
+# Takes about 2-2.5 minutes on a 2-core machine, row 5 about 40 s of it (up to ~5 under
+# heavy load). The machines are shared and noisy: compare the ratios of one run, not
+# absolute numbers across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
