@@ -9,18 +9,27 @@
 #   4. the same workloads with ucx_perftest (UCX_TLS=tcp and posix,cma) and fi_pingpong
 #      (providers tcp and udp), as the peers a user would pick instead; the ping-pong
 #      bandwidth against fi_pingpong over TCP                              target >= 1x
+#   5. two hosts: rows 2 and 3 with the same programs, the server and the client in two
+#      network namespaces joined by a veth pair (MTU 1500), each against the same bare UDP
+#      ping-pong (RTT target <= 1.3x; over IPv6 too) and stream (write bw target >= 0.5x)
+#      across the same veth; the veth's GSO/GRO features (ethtool -k, before and after the
+#      script turns GRO on) and the GSO sends and GRO segments the devices counted
+#      (SOFTVERBS_STATS), so the table shows whether offload was used
 #
 # Usage: scripts/bench-device.sh [--json] [--reps N]
 #   --json    print the results as one JSON document on stdout (progress goes to stderr)
 #   --reps N  repetitions of every measurement, medians reported (default 3)
 #
-# Run by hand, as root (it installs ucx-utils and libfabric-bin with apt-get if they are
-# missing). Everything talks over 127.0.0.0/8 only. The two sides of every two-process
-# pair are pinned to different CPUs (CPU 0: server, CPU 1: client) when there are two;
+# Run by hand, as root (it installs ucx-utils, libfabric-bin and ethtool with apt-get if
+# they are missing). Rows 1-4 talk over 127.0.0.0/8 only; row 5 over the veth pair between
+# its two namespaces (10.211.0.0/24, fd00:211::/64), which only this run sees and which are
+# removed at exit (without root, row 5 says it was not measured). The two sides of every
+# two-process pair are pinned to different CPUs (CPU 0: server, CPU 1: client) when there are two;
 # the in-process runs are left unpinned (the device may run a progress thread). All
 # latencies in the table are round trips (perftest-like tools print half of that).
-# Takes about 1.5-2 minutes on a quiet 2-core machine (up to ~5 under heavy load). The machines are shared and noisy:
-# compare the ratios of one run, not absolute numbers across runs.
+# Takes about 2-2.5 minutes on a 2-core machine, row 5 about 40 s of it (up to ~5 under
+# heavy load). The machines are shared and noisy: compare the ratios of one run, not
+# absolute numbers across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +42,8 @@ bench_parse_args "$@"
 bench_check_tools
 need_pkg ucx_perftest ucx-utils
 need_pkg fi_pingpong libfabric-bin
+# Row 5 reports and turns on the veth's offloads with ethtool; without it, it still runs.
+if [ "$(id -u)" = 0 ]; then (need_pkg ethtool ethtool) || log "    row 5 will not show the veth's offloads"; fi
 bench_build "softverbs and udp-baseline" softverbs-cli
 
 # ---------------------------------------------------------------------------- plumbing
@@ -104,7 +115,138 @@ fi_ppbw() { # KEY PROVIDER EP SIZE
     record "$1" "$(awk 'NF==8 && $1 ~ /^[0-9]/ {v=$6} END {print v*8/1000}' "$WORK/fi_bw.out")" || return 1
 }
 
+# ---------------------------------------------------------------------------- two hosts
+# Row 5: two network namespaces joined by a veth pair, made once per run (names unique to
+# the run) and removed at exit, a failed or interrupted run included. The server runs in
+# A (10.211.0.1, fd00:211::1), the client in B (10.211.0.2, fd00:211::2): everything over
+# IPv4, and the latency over IPv6 too. The MTU is the veth's default, 1500, as on
+# plain Ethernet: the devices take their port MTU from the interface's, as rxe does (1024
+# here, 4096 on loopback), so the same bytes take four times the packets of rows 2-3.
+#
+# What a veth does with UDP offload (Linux 6.x, checked on 6.18): it offers
+# tx-udp-segmentation, so a UDP_SEGMENT (GSO) datagram crosses the pair whole and a
+# receiving socket with UDP_GRO takes it as one coalesced datagram (softverbs counts its
+# packets in gro_segments) -- no veth setting is needed for that. GRO proper (coalescing
+# packets sent one by one) needs the receiving end's NAPI: `gro on` gives the veth NAPI,
+# but packets a local socket sends use it only if the receiving end also has
+# rx-udp-gro-forwarding (or rx-gro-list) on (veth_skb_is_eligible_for_gro in
+# drivers/net/veth.c), so the script turns on both, on both ends. Even then what is sent
+# one datagram at a time seldom coalesces (none of 200,000 1000-byte datagrams sent one
+# per sendto did, in a check on 6.18): the veth's NAPI poll seems to run as each packet
+# is sent, with that one packet to look at. So what the GRO counts show is GSO crossing.
+VETH_NS_A="sv-bench-a-$$"
+VETH_NS_B="sv-bench-b-$$"
+VETH_DEV_A="svb$$a"
+VETH_DEV_B="svb$$b"
+VETH_ADDR_A=10.211.0.1
+VETH_ADDR_B=10.211.0.2
+VETH_ADDR6_A=fd00:211::1
+VETH_ADDR6_B=fd00:211::2
+VETH_SKIPPED="" # why the two-host rows could not be measured, if they could not
+VETH_MADE=0
+# The features the table reports, as `ethtool -k` names them, and those the script turns on.
+VETH_FEATURES=(tx-udp-segmentation generic-receive-offload rx-udp-gro-forwarding rx-gro-list)
+VETH_ENABLE=(gro on rx-udp-gro-forwarding on)
+
+veth_remove() {
+    [ "$VETH_MADE" = 1 ] || return 0
+    # Deleting a namespace deletes its end of the pair, and with it the pair.
+    ip netns del "$VETH_NS_A" 2> /dev/null || true
+    ip netns del "$VETH_NS_B" 2> /dev/null || true
+    VETH_MADE=0
+}
+veth_make() {
+    if [ "$(id -u)" != 0 ]; then
+        VETH_SKIPPED="not root (network namespaces need root)"
+        return 1
+    fi
+    VETH_MADE=1
+    CLEANUP_HOOKS+=(veth_remove)
+    local err="$WORK/veth.err" ns dev a a6
+    if ! { ip netns add "$VETH_NS_A" && ip netns add "$VETH_NS_B" &&
+        ip link add "$VETH_DEV_A" netns "$VETH_NS_A" type veth peer name "$VETH_DEV_B" netns "$VETH_NS_B"; } 2> "$err"; then
+        VETH_SKIPPED="cannot make the namespaces and the veth pair: $(head -1 "$err")"
+        return 1
+    fi
+    for ns in A B; do
+        if [ "$ns" = A ]; then
+            set -- "$VETH_NS_A" "$VETH_DEV_A" "$VETH_ADDR_A" "$VETH_ADDR6_A"
+        else
+            set -- "$VETH_NS_B" "$VETH_DEV_B" "$VETH_ADDR_B" "$VETH_ADDR6_B"
+        fi
+        ns="$1" dev="$2" a="$3" a6="$4"
+        if ! { ip -n "$ns" addr add "$a/24" dev "$dev" && ip -n "$ns" addr add "$a6/64" dev "$dev" nodad &&
+            ip -n "$ns" link set "$dev" up && ip -n "$ns" link set lo up; } 2> "$err"; then
+            VETH_SKIPPED="cannot address the veth pair: $(head -1 "$err")"
+            return 1
+        fi
+    done
+    log "==> two hosts: namespaces $VETH_NS_A ($VETH_ADDR_A) and $VETH_NS_B ($VETH_ADDR_B), veth $VETH_DEV_A-$VETH_DEV_B"
+}
+# A feature of a veth end as `ethtool -k` shows it ("on", "off [fixed]", ...).
+veth_feature() { # NS DEV FEATURE
+    ip netns exec "$1" ethtool -k "$2" 2> /dev/null | sed -n "s/^[[:space:]]*$3: //p"
+}
+# Turns on what GRO needs on both ends; writes the features before and after, one line
+# per end and feature (END <TAB> FEATURE <TAB> BEFORE <TAB> AFTER), to $WORK/veth.features.
+veth_offload() {
+    local end ns dev f
+    : > "$WORK/veth.features"
+    for end in A B; do
+        if [ "$end" = A ]; then ns="$VETH_NS_A" dev="$VETH_DEV_A"; else ns="$VETH_NS_B" dev="$VETH_DEV_B"; fi
+        local -A before=()
+        for f in "${VETH_FEATURES[@]}"; do before[$f]="$(veth_feature "$ns" "$dev" "$f")"; done
+        if ! ip netns exec "$ns" ethtool -K "$dev" "${VETH_ENABLE[@]}" 2> "$WORK/veth.err"; then
+            log "    ethtool -K $dev ${VETH_ENABLE[*]}: $(head -1 "$WORK/veth.err")"
+        fi
+        for f in "${VETH_FEATURES[@]}"; do
+            printf '%s\t%s\t%s\t%s\n' "$end" "$f" "${before[$f]:-?}" "$(veth_feature "$ns" "$dev" "$f" | sed 's/^$/?/')" >> "$WORK/veth.features"
+        done
+    done
+    log "    veth offload (end, feature, before, after):"
+    sed 's/^/      /' "$WORK/veth.features" >&2
+}
+
+# on_veth FUNCTION ARGS...: one of the common measurements with the server in A and the
+# client in B over IPv4, its samples under veth_* keys; under over_ipv6, over IPv6 with
+# veth6_* keys. The devices write their SOFTVERBS_STATS lines to $WORK/veth.{srv,cli}.stats.
+VETH_IP_A="$VETH_ADDR_A"
+VETH_IP_B="$VETH_ADDR_B"
+VETH_KEY=veth_
+on_veth() {
+    local XP_SERVER="$VETH_IP_A" XP_KEY="$VETH_KEY"
+    local -a XP_HOST_S=(ip netns exec "$VETH_NS_A") XP_HOST_C=(ip netns exec "$VETH_NS_B") UB_ARGS=(--test-link)
+    local -a DEV_ENV_S=(env "SOFTVERBS_ADDR=$VETH_IP_A" "SOFTVERBS_STATS=$WORK/veth.srv.stats")
+    local -a DEV_ENV_C=(env "SOFTVERBS_ADDR=$VETH_IP_B" "SOFTVERBS_STATS=$WORK/veth.cli.stats")
+    "$@"
+}
+over_ipv6() { # FUNCTION ARGS...
+    local VETH_IP_A="$VETH_ADDR6_A" VETH_IP_B="$VETH_ADDR6_B" VETH_KEY=veth6_
+    "$@"
+}
+# A counter of the transport part of the SOFTVERBS_STATS lines in FILE, summed over its
+# devices; nothing if no device wrote one.
+transport_counter() { # FILE NAME
+    sed -n 's/.*; transport: \([^;]*\).*/\1/p' "$1" | tr ' ' '\n' |
+        awk -F= -v k="$2" '$1 == k {s += $2; n++} END {if (n) print s}'
+}
+# veth_sv TAG FUNCTION ARGS...: a softverbs measurement across the veth, then what its
+# devices counted of the offload (veth_{srv,cli}_COUNTER_TAG, veth6_... over IPv6).
+veth_sv() {
+    local tag="$1" side counter
+    shift
+    : > "$WORK/veth.srv.stats"
+    : > "$WORK/veth.cli.stats"
+    on_veth "$@" || return 1
+    for side in srv cli; do
+        for counter in sent_packets gso_sends received_packets gro_segments; do
+            note "${VETH_KEY}${side}_${counter}_$tag" "$(transport_counter "$WORK/veth.$side.stats" "$counter")"
+        done
+    done
+}
+
 # ---------------------------------------------------------------------------- run
+if veth_make; then veth_offload; else log "==> two hosts: not measured: $VETH_SKIPPED"; fi
 bench_start
 
 for rep in $(seq "$REPS"); do
@@ -133,8 +275,24 @@ for rep in $(seq "$REPS"); do
         try "softverbs cross-process send ping-pong $s" sv_xp_ppbw "$s"
         try "fi_pingpong tcp $s" fi_ppbw "fi_tcp_ppbw_$s" tcp msg "$s"
     done
+    log "  5. two hosts (namespaces + veth): send latency, write bandwidth / bare UDP"
+    if [ -z "$VETH_SKIPPED" ]; then
+        try "veth softverbs send lat" veth_sv lat sv_xp_lat
+        try "veth UDP ping-pong" on_veth udp_pp 20000
+        for s in "${SIZES[@]}"; do
+            try "veth softverbs write bw $s" veth_sv "$s" sv_xp_bw "$s" "$(sv_bw_iters "$s")"
+        done
+        try "veth UDP stream" on_veth udp_stream_best
+        try "veth IPv6 softverbs send lat" over_ipv6 veth_sv lat sv_xp_lat
+        try "veth IPv6 UDP ping-pong" over_ipv6 on_veth udp_pp 20000
+    else
+        log "    not measured: $VETH_SKIPPED"
+    fi
 done
+veth_remove
 bench_done
+VETH_KERNEL="$(uname -r)"
+export VETH_SKIPPED VETH_FEATURES_FILE="$WORK/veth.features" VETH_KERNEL
 
 # ---------------------------------------------------------------------------- table
 bench_report << 'EOF'
@@ -156,10 +314,49 @@ for s in SIZES:
     row(f"4. write bw {size_name(s)} vs UCX posix,cma ucp_put_bw", f"sv_xp_bw_{s}", f"ucx_shm_bw_{s}", "Gbit/s", False, None, "UCX posix,cma ucp_put_bw")
     row(f"4. ping-pong bw {size_name(s)} vs fi_pingpong tcp", f"sv_xp_ppbw_{s}", f"fi_tcp_ppbw_{s}", "Gbit/s", False, ("ratio>=", 1.0), "fi_pingpong tcp msg")
 
+import os
+veth_skipped = os.environ.get("VETH_SKIPPED") or None
+def dgrams(key):
+    return "/".join(str(int(d)) for d in samples.get(key, [])) or "?"
+veth_dgram = dgrams("veth_udp_stream_best_dgram")
+veth_features = {}  # end -> feature -> (before, after)
+try:
+    for line in open(os.environ.get("VETH_FEATURES_FILE", "")):
+        end, feature, before, after = line.rstrip("\n").split("\t")
+        veth_features.setdefault(end, {})[feature] = (before, after)
+except (OSError, ValueError):
+    pass
+def offload_row(workload, key, of_key):
+    row(workload, key, of_key, "", False, None, "packets")
+    v = med.get(key)
+    rows[-1]["verdict"] = "n/a" if v is None else ("used" if v > 0 else "NOT USED")
+row("5. two hosts (veth) send 8 B RTT median", "veth_sv_xp_lat_rtt_med", "veth_udp_pp_rtt_med", "us", True, ("ratio<=", 1.3), "bare UDP ping-pong across the veth, busy-poll")
+row("5. two hosts (veth) send 8 B RTT p99", "veth_sv_xp_lat_rtt_p99", "veth_udp_pp_rtt_p99", "us", True, None, "bare UDP ping-pong across the veth, busy-poll")
+for s in SIZES:
+    row(f"5. two hosts (veth) write bw {size_name(s)}", f"veth_sv_xp_bw_{s}", "veth_udp_stream_best", "Gbit/s", False, ("ratio>=", 0.5), f"UDP stream across the veth, best datagram size (per run: {veth_dgram} B)")
+for s in SIZES:
+    offload_row(f"5. veth write {size_name(s)}: GSO sends / packets sent (client)", f"veth_cli_gso_sends_{s}", f"veth_cli_sent_packets_{s}")
+    offload_row(f"5. veth write {size_name(s)}: GRO segments / packets received (server)", f"veth_srv_gro_segments_{s}", f"veth_srv_received_packets_{s}")
+row("5. two hosts (veth, IPv6) send 8 B RTT median", "veth6_sv_xp_lat_rtt_med", "veth6_udp_pp_rtt_med", "us", True, ("ratio<=", 1.3), "bare UDP ping-pong across the veth, busy-poll")
+row("5. two hosts (veth, IPv6) send 8 B RTT p99", "veth6_sv_xp_lat_rtt_p99", "veth6_udp_pp_rtt_p99", "us", True, None, "bare UDP ping-pong across the veth, busy-poll")
+
 if as_json:
+    counters = ("sent_packets", "gso_sends", "received_packets", "gro_segments")
     print(json.dumps({"repetitions": reps, "statistic": "median", "best_udp_datagram": best_dgram,
                       "failed_measurements": failed, "rows": rows,
-                      "retransmitted_packets_cross_process_bw": {str(s): samples.get(f"sv_xp_bw_retrans_{s}", []) for s in SIZES}},
+                      "retransmitted_packets_cross_process_bw": {str(s): samples.get(f"sv_xp_bw_retrans_{s}", []) for s in SIZES},
+                      "two_hosts": {
+                          "not_measured": veth_skipped, "kernel": os.environ.get("VETH_KERNEL"), "veth_mtu": 1500,
+                          "best_udp_datagram": veth_dgram,
+                          "veth_features": {end: {f: {"before": b, "after": a} for f, (b, a) in fs.items()} for end, fs in veth_features.items()},
+                          "retransmitted_packets_bw": {str(s): samples.get(f"veth_sv_xp_bw_retrans_{s}", []) for s in SIZES},
+                          "device_counters": {tag: {f"{side}_{c}": samples.get(f"veth_{side}_{c}_{tag}", [])
+                                                    for side in ("cli", "srv") for c in counters}
+                                              for tag in ["lat"] + [str(s) for s in SIZES]},
+                          "device_counters_ipv6": {tag: {f"{side}_{c}": samples.get(f"veth6_{side}_{c}_{tag}", [])
+                                                         for side in ("cli", "srv") for c in counters}
+                                                   for tag in ["lat"]},
+                      }},
                      indent=2))
     sys.exit(0)
 
@@ -168,5 +365,16 @@ print("Baselines: 2 = udp-baseline pingpong (two processes, non-blocking, busy-p
       f"3 = udp-baseline memcpy of the same size / udp-baseline stream (best of 16384/32768/65507-byte datagrams per run: {best_dgram}; goodput at the receiver);")
 print("4 = ucx_perftest tag_lat / ucp_put_bw / tag_bw, fi_pingpong -e msg|dgram; ping-pong bw = size / one-way time "
       "(softverbs perf send lat -s SIZE against fi_pingpong -S SIZE).")
+print("5 = the programs of rows 2-3, server and client in two network namespaces joined by a veth pair (MTU 1500, so "
+      f"RoCEv2 MTU 1024 and fragmented UDP datagrams; UDP stream per run: {veth_dgram} B); GSO/GRO counts from SOFTVERBS_STATS, medians per run.")
+if veth_skipped:
+    print(f"5: NOT MEASURED: {veth_skipped}")
+else:
+    ends = list(veth_features.values())
+    same = all(e == ends[0] for e in ends)
+    def show(fs):
+        return ", ".join(f"{f} {b}" + (f" -> {a}" if a != b else "") for f, (b, a) in fs.items())
+    print(f"5: kernel {os.environ.get('VETH_KERNEL')}; veth offload (ethtool -k, before -> after ethtool -K gro on rx-udp-gro-forwarding on): "
+          + ("; ".join(f"end {e}: {show(fs)}" for e, fs in veth_features.items()) if not same else (show(ends[0]) if ends else "unknown")))
 print_summary()
 EOF

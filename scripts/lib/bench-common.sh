@@ -12,7 +12,8 @@
 # prints them with `bench_report` (Python on stdin, after the common part below).
 #
 # The measurements both scripts make (the softverbs CLI across two processes, the bare UDP
-# ping-pong and stream of udp-baseline) are here too, so they are the same in both.
+# ping-pong and stream of udp-baseline) are here too, so they are the same in both; the
+# XP_* variables below move them from loopback to two hosts (network namespaces).
 
 # Defaults the script's options override; read by the script and bench_report.
 # shellcheck disable=SC2034 # JSON and REPS are read by the sourcing script
@@ -101,11 +102,16 @@ RESULTS=""
 PIN_S=()
 PIN_C=()
 PORT=0
+# Functions a script adds to run at exit, after the servers and clients are stopped and
+# before the work directory goes (to remove what it made: network namespaces, ...).
+CLEANUP_HOOKS=()
 bench_cleanup() {
     # The timeout processes pass the signal on to the program they run.
     if [ -n "$CLIENT_PID" ]; then kill "$CLIENT_PID" 2> /dev/null || true; fi
     if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2> /dev/null || true; fi
     wait 2> /dev/null || true
+    local hook
+    for hook in "${CLEANUP_HOOKS[@]}"; do "$hook" || true; done
     if [ -n "$WORK" ]; then rm -rf "$WORK"; fi
 }
 bench_setup() {
@@ -139,11 +145,28 @@ record() {
 # note KEY VALUE: a side fact kept with the samples (any value, zero included).
 note() { printf '%s\t%s\n' "$1" "$2" >> "$RESULTS"; }
 
-# Waits until something listens on PORT (TCP or UDP), up to 10 s.
+# Where the two processes of a pair run: by default both on this host, the server on
+# 127.0.0.1. A script that made two hosts (network namespaces) sets, for its measurements
+# there (as `local`s of a function that calls them):
+#   XP_SERVER             the server's address: it listens (and udp-baseline binds) there
+#                         and the client connects to it
+#   XP_HOST_S, XP_HOST_C  command prefixes that run the server / the client in its host
+#                         (ip netns exec NS)
+#   XP_KEY                a prefix of the samples' keys (veth_sv_xp_lat_rtt_med, ...)
+#   UB_ARGS               udp-baseline's options (--test-link for a non-loopback address)
+XP_SERVER=127.0.0.1
+XP_HOST_S=()
+XP_HOST_C=()
+XP_KEY=""
+UB_ARGS=()
+# ADDRESS:PORT of the server for udp-baseline ([ADDRESS]:PORT for IPv6).
+xp_udp_address() { case "$XP_SERVER" in *:*) echo "[$XP_SERVER]:$1" ;; *) echo "$XP_SERVER:$1" ;; esac }
+
+# Waits until something listens on PORT (TCP or UDP) in the server's host, up to 10 s.
 wait_port() {
     local i
     for i in $(seq 100); do
-        if ss -H -lntu "sport = :$1" 2> /dev/null | grep -q .; then return 0; fi
+        if "${XP_HOST_S[@]}" ss -H -lntu "sport = :$1" 2> /dev/null | grep -q .; then return 0; fi
         sleep 0.1
     done
     return 1
@@ -219,39 +242,40 @@ DEV_ENV_S=()
 DEV_ENV_C=()
 sv_xp_lat() {
     next_port
-    pair sv_xp_lat "$PORT" -- "${DEV_ENV_S[@]}" "$SV" perf send lat --server --listen 127.0.0.1 -p "$PORT" \
-        -- "${DEV_ENV_C[@]}" "$SV" perf send lat -s 8 -n 20000 --client 127.0.0.1 -p "$PORT" --json || return 1
-    record sv_xp_lat_rtt_med "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_median_usec"]')" || return 1
-    record sv_xp_lat_rtt_p99 "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_p99_usec"]')" || return 1
+    pair sv_xp_lat "$PORT" -- "${XP_HOST_S[@]}" "${DEV_ENV_S[@]}" "$SV" perf send lat --server --listen "$XP_SERVER" -p "$PORT" \
+        -- "${XP_HOST_C[@]}" "${DEV_ENV_C[@]}" "$SV" perf send lat -s 8 -n 20000 --client "$XP_SERVER" -p "$PORT" --json || return 1
+    record "${XP_KEY}sv_xp_lat_rtt_med" "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_median_usec"]')" || return 1
+    record "${XP_KEY}sv_xp_lat_rtt_p99" "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_p99_usec"]')" || return 1
 }
 sv_xp_bw() { # SIZE ITERS; tx-depth 128, the default of softverbs perf and of perftest
     next_port
-    pair sv_xp_bw "$PORT" -- "${DEV_ENV_S[@]}" "$SV" perf write bw --server --listen 127.0.0.1 -p "$PORT" \
-        -- "${DEV_ENV_C[@]}" "$SV" perf write bw -s "$1" -n "$2" -t 128 --client 127.0.0.1 -p "$PORT" --json || return 1
-    record "sv_xp_bw_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["results"][0]["bw_gbit_per_sec"]')" || return 1
-    note "sv_xp_bw_retrans_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["client_counters"]["retransmitted_packets"]')"
+    pair sv_xp_bw "$PORT" -- "${XP_HOST_S[@]}" "${DEV_ENV_S[@]}" "$SV" perf write bw --server --listen "$XP_SERVER" -p "$PORT" \
+        -- "${XP_HOST_C[@]}" "${DEV_ENV_C[@]}" "$SV" perf write bw -s "$1" -n "$2" -t 128 --client "$XP_SERVER" -p "$PORT" --json || return 1
+    record "${XP_KEY}sv_xp_bw_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["results"][0]["bw_gbit_per_sec"]')" || return 1
+    note "${XP_KEY}sv_xp_bw_retrans_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["client_counters"]["retransmitted_packets"]')"
 }
 
 # The bare kernel UDP floor: udp-baseline between two processes.
-udp_pp() {
+udp_pp() { # [ITERS] (default 50000)
     next_port
-    pair udp_pp "$PORT" -- "$UB" pingpong-server --bind "127.0.0.1:$PORT" \
-        -- "$UB" pingpong-client --connect "127.0.0.1:$PORT" -s 8 -n 50000 || return 1
-    record udp_pp_rtt_med "$(jget "$WORK/udp_pp.out" 'd["rtt_median_usec"]')" || return 1
-    record udp_pp_rtt_p99 "$(jget "$WORK/udp_pp.out" 'd["rtt_p99_usec"]')" || return 1
+    pair udp_pp "$PORT" -- "${XP_HOST_S[@]}" "$UB" "${UB_ARGS[@]}" pingpong-server --bind "$(xp_udp_address "$PORT")" \
+        -- "${XP_HOST_C[@]}" "$UB" "${UB_ARGS[@]}" pingpong-client --connect "$(xp_udp_address "$PORT")" -s 8 -n "${1:-50000}" || return 1
+    record "${XP_KEY}udp_pp_rtt_med" "$(jget "$WORK/udp_pp.out" 'd["rtt_median_usec"]')" || return 1
+    record "${XP_KEY}udp_pp_rtt_p99" "$(jget "$WORK/udp_pp.out" 'd["rtt_p99_usec"]')" || return 1
 }
 # udp_stream DATAGRAM_SIZE SECS: sets UDP_STREAM_BW (Gbit/s). Not run in a $(...)
 # subshell, so that the clean-up on exit knows its server and client.
 UDP_STREAM_BW=""
 udp_stream() {
     next_port
-    pair udp_stream "$PORT" -- "$UB" stream-server --bind "127.0.0.1:$PORT" \
-        -- "$UB" stream-client --connect "127.0.0.1:$PORT" -s "$1" --secs "$2" || return 1
+    pair udp_stream "$PORT" -- "${XP_HOST_S[@]}" "$UB" "${UB_ARGS[@]}" stream-server --bind "$(xp_udp_address "$PORT")" \
+        -- "${XP_HOST_C[@]}" "$UB" "${UB_ARGS[@]}" stream-client --connect "$(xp_udp_address "$PORT")" -s "$1" --secs "$2" || return 1
     UDP_STREAM_BW="$(jget "$WORK/udp_stream.srv" 'd["bw_gbit_per_sec"]')" || return 1
 }
 
 # The best UDP throughput of this repetition: the best of a few datagram sizes (up to
-# the largest IPv4 datagram; loopback's MTU is 64 KiB, so none is fragmented).
+# the largest IPv4 datagram; loopback's MTU is 64 KiB, so none is fragmented; a link of
+# smaller MTU fragments them, as a bare UDP application's would be).
 DGRAM_SIZES=(16384 32768 65507)
 udp_stream_best() {
     local d bw best=0 best_d=0
@@ -264,8 +288,8 @@ udp_stream_best() {
         fi
     done
     log "    best UDP stream: $best Gbit/s with $best_d-byte datagrams"
-    note udp_stream_best_dgram "$best_d"
-    record udp_stream_best "$best" || return 1
+    note "${XP_KEY}udp_stream_best_dgram" "$best_d"
+    record "${XP_KEY}udp_stream_best" "$best" || return 1
 }
 
 # ---------------------------------------------------------------------------- report
@@ -329,7 +353,7 @@ def fmt(v):
 
 def print_table(title):
     head = ("workload", SUBJECT.replace("_", "-"), "baseline", "ratio", "target", "result")
-    table = [head] + [(r["workload"], f"{fmt(r[SUBJECT])} {r['unit']}", f"{fmt(r['baseline'])} {r['unit']}" if r["baseline_name"] else "-",
+    table = [head] + [(r["workload"], f"{fmt(r[SUBJECT])} {r['unit']}".rstrip(), f"{fmt(r['baseline'])} {r['unit']}".rstrip() if r["baseline_name"] else "-",
                        f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-", r["target"], r["verdict"]) for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     print()

@@ -6,6 +6,7 @@
 //! udp-baseline stream-server --bind ADDR:PORT
 //! udp-baseline stream-client --connect ADDR:PORT [-s 65507] [--secs 1]
 //! udp-baseline memcpy [-s 65536] [--secs 0.3]
+//! udp-baseline --test-link ...   (any of the above between two network namespaces)
 //! ```
 //!
 //! - `pingpong-*`: two processes bounce the same `-s` bytes over UDP, both sides
@@ -18,7 +19,11 @@
 //!   in-process device copies a write from the local into the remote region, and prints
 //!   the bandwidth as JSON.
 //!
-//! Addresses must be loopback ones (127.0.0.0/8 or ::1): this is a benchmark for one host.
+//! Addresses must be loopback ones (127.0.0.0/8 or ::1): this is a benchmark for one host,
+//! and the stream floods whatever link it crosses. `--test-link` lifts that for a link the
+//! caller made for the test and owns both ends of (two network namespaces joined by a veth
+//! pair, as `scripts/bench-device.sh` makes for its two-host rows); the servers then
+//! answer datagrams from any address.
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
@@ -33,10 +38,14 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Parser, Debug)]
 #[command(
     name = "udp-baseline",
-    about = "Baselines for scripts/bench-device.sh: bare UDP ping-pong and stream between two processes on loopback, and memcpy",
+    about = "Baselines for scripts/bench-device.sh: bare UDP ping-pong and stream between two processes on loopback (or a test link), and memcpy",
     long_about = None
 )]
 struct Cli {
+    /// Allow addresses that are not loopback ones: only for a link made for the test, whose
+    /// both ends are yours (network namespaces joined by a veth pair).
+    #[arg(long, global = true)]
+    test_link: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -45,7 +54,7 @@ struct Cli {
 enum Command {
     /// Echo every datagram back to its sender, busy-polling, until the client says stop.
     PingpongServer {
-        /// Loopback address and port to bind.
+        /// Loopback address (or, with --test-link, the link's) and port to bind.
         #[arg(long)]
         bind: String,
         /// Give up after this many seconds without a datagram.
@@ -54,7 +63,8 @@ enum Command {
     },
     /// Ping-pong with the server and print the round-trip times as JSON.
     PingpongClient {
-        /// The server's loopback address and port.
+        /// The server's loopback address (or, with --test-link, its address on the link)
+        /// and port.
         #[arg(long)]
         connect: String,
         /// Datagram size in bytes.
@@ -69,7 +79,7 @@ enum Command {
     },
     /// Receive a stream of datagrams and print the goodput as JSON.
     StreamServer {
-        /// Loopback address and port to bind.
+        /// Loopback address (or, with --test-link, the link's) and port to bind.
         #[arg(long)]
         bind: String,
         /// Give up after this many seconds without the first datagram.
@@ -78,7 +88,8 @@ enum Command {
     },
     /// Send datagrams to the server as fast as possible.
     StreamClient {
-        /// The server's loopback address and port.
+        /// The server's loopback address (or, with --test-link, its address on the link)
+        /// and port.
         #[arg(long)]
         connect: String,
         /// Datagram size in bytes (at most 65507 over IPv4).
@@ -104,17 +115,34 @@ const STOP: u8 = 0xff;
 /// The first byte of an ordinary datagram.
 const DATA: u8 = 0x01;
 
-fn loopback(addr: &str) -> Result<SocketAddr, Error> {
-    let sa = addr
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| format!("{addr}: no address"))?;
-    if !sa.ip().is_loopback() {
-        return Err(
-            format!("{addr}: only loopback addresses (127.0.0.0/8, ::1) are allowed").into(),
-        );
+/// Which addresses the benchmark may talk to: loopback ones, or (`--test-link`) any.
+#[derive(Clone, Copy, Debug)]
+enum Reach {
+    Loopback,
+    TestLink,
+}
+
+impl Reach {
+    /// Whether a datagram from `ip` is one of ours.
+    fn allows(self, ip: std::net::IpAddr) -> bool {
+        matches!(self, Reach::TestLink) || ip.is_loopback()
     }
-    Ok(sa)
+
+    /// `addr` resolved, if it is an address this benchmark may use.
+    fn resolve(self, addr: &str) -> Result<SocketAddr, Error> {
+        let sa = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| format!("{addr}: no address"))?;
+        if !self.allows(sa.ip()) {
+            return Err(format!(
+                "{addr}: only loopback addresses (127.0.0.0/8, ::1) are allowed, unless \
+                 --test-link says it is a link made for the test"
+            )
+            .into());
+        }
+        Ok(sa)
+    }
 }
 
 /// Socket buffers as large as the softverbs device asks for its own (8 MiB receive,
@@ -130,9 +158,18 @@ fn big_buffers(sock: &UdpSocket) {
     }
 }
 
+/// The client's local address for talking to `peer`, any port: on loopback the peer's own
+/// address (every 127.x.y.z is local); across a test link the unspecified address of its
+/// family, for which the kernel picks the link's own address from the route.
 fn any_port_like(peer: SocketAddr) -> SocketAddr {
     let mut local = peer;
     local.set_port(0);
+    if !peer.ip().is_loopback() {
+        local.set_ip(match peer {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        });
+    }
     local
 }
 
@@ -163,14 +200,14 @@ fn spin_recv(
     }
 }
 
-fn pingpong_server(bind: &str, idle_secs: f64) -> Result<(), Error> {
-    let sock = UdpSocket::bind(loopback(bind)?)?;
+fn pingpong_server(reach: Reach, bind: &str, idle_secs: f64) -> Result<(), Error> {
+    let sock = UdpSocket::bind(reach.resolve(bind)?)?;
     sock.set_nonblocking(true)?;
     let mut buf = vec![0u8; 65536];
     let idle = Duration::from_secs_f64(idle_secs);
     let mut echoed = 0u64;
     while let Some((n, from)) = spin_recv(&sock, &mut buf, idle)? {
-        if !from.ip().is_loopback() {
+        if !reach.allows(from.ip()) {
             continue;
         }
         if n > 0 && buf[0] == STOP {
@@ -197,11 +234,17 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn pingpong_client(connect: &str, size: usize, iters: usize, warmup: usize) -> Result<(), Error> {
+fn pingpong_client(
+    reach: Reach,
+    connect: &str,
+    size: usize,
+    iters: usize,
+    warmup: usize,
+) -> Result<(), Error> {
     if !(1..=65507).contains(&size) {
         return Err("-s must be 1..=65507".into());
     }
-    let peer = loopback(connect)?;
+    let peer = reach.resolve(connect)?;
     let sock = UdpSocket::bind(any_port_like(peer))?;
     sock.connect(peer)?;
     sock.set_nonblocking(true)?;
@@ -268,8 +311,8 @@ fn pingpong_client(connect: &str, size: usize, iters: usize, warmup: usize) -> R
     Ok(())
 }
 
-fn stream_server(bind: &str, idle_secs: f64) -> Result<(), Error> {
-    let sock = UdpSocket::bind(loopback(bind)?)?;
+fn stream_server(reach: Reach, bind: &str, idle_secs: f64) -> Result<(), Error> {
+    let sock = UdpSocket::bind(reach.resolve(bind)?)?;
     big_buffers(&sock);
     sock.set_read_timeout(Some(Duration::from_secs_f64(idle_secs)))?;
     let mut buf = vec![0u8; 65536];
@@ -280,7 +323,7 @@ fn stream_server(bind: &str, idle_secs: f64) -> Result<(), Error> {
     loop {
         match sock.recv_from(&mut buf) {
             Ok((n, from)) => {
-                if !from.ip().is_loopback() {
+                if !reach.allows(from.ip()) {
                     continue;
                 }
                 if n == 1 && buf[0] == STOP {
@@ -316,11 +359,11 @@ fn stream_server(bind: &str, idle_secs: f64) -> Result<(), Error> {
     Ok(())
 }
 
-fn stream_client(connect: &str, size: usize, secs: f64) -> Result<(), Error> {
+fn stream_client(reach: Reach, connect: &str, size: usize, secs: f64) -> Result<(), Error> {
     if !(2..=65507).contains(&size) {
         return Err("-s must be 2..=65507".into());
     }
-    let peer = loopback(connect)?;
+    let peer = reach.resolve(connect)?;
     let sock = UdpSocket::bind(any_port_like(peer))?;
     big_buffers(&sock);
     sock.connect(peer)?;
@@ -392,20 +435,25 @@ fn memcpy_bw(size: usize, secs: f64) -> Result<(), Error> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let reach = if cli.test_link {
+        Reach::TestLink
+    } else {
+        Reach::Loopback
+    };
     let result = match cli.command {
-        Command::PingpongServer { bind, idle_secs } => pingpong_server(&bind, idle_secs),
+        Command::PingpongServer { bind, idle_secs } => pingpong_server(reach, &bind, idle_secs),
         Command::PingpongClient {
             connect,
             size,
             iters,
             warmup,
-        } => pingpong_client(&connect, size, iters, warmup),
-        Command::StreamServer { bind, idle_secs } => stream_server(&bind, idle_secs),
+        } => pingpong_client(reach, &connect, size, iters, warmup),
+        Command::StreamServer { bind, idle_secs } => stream_server(reach, &bind, idle_secs),
         Command::StreamClient {
             connect,
             size,
             secs,
-        } => stream_client(&connect, size, secs),
+        } => stream_client(reach, &connect, size, secs),
         Command::Memcpy { size, secs } => memcpy_bw(size, secs),
     };
     match result {
