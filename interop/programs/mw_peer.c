@@ -570,20 +570,27 @@ static uint32_t bind_type2(struct peer *p, int i)
 	return rkey;
 }
 
-/* The receive completion of the user's SEND on QP 0. With inv, it must carry
- * IBV_WC_WITH_INV and inv_rkey. */
+/* The receive completion of the user's SEND on QP 0: a plain SEND (inv 0) must not
+ * carry IBV_WC_WITH_INV. For a SEND WITH INVALIDATE (inv 1) two checks: the completion
+ * with inv_rkey in its invalidated_rkey, and (wc_with_inv) IBV_WC_WITH_INV in its
+ * wc_flags, which ibv_poll_cq(3) says marks that field valid. */
 static void check_send_received(struct peer *p, const char *name, int inv, uint32_t inv_rkey)
 {
 	struct ibv_wc wc;
 	int st = wait_wc(p, 0, &wc), ok, with_inv = !!(wc.wc_flags & IBV_WC_WITH_INV);
 
-	ok = st == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.byte_len == SEND_LEN &&
-	     with_inv == inv && (!inv || wc.invalidated_rkey == inv_rkey);
-	check(p, ok, name, "%s, %s, %u bytes, wc_flags %#x (IBV_WC_WITH_INV %s, wanted "
-	      "%s), invalidated R_Key %#x (wanted %#x)", status_name(st), opcode_name(wc.opcode),
-	      wc.byte_len,
-	      wc.wc_flags, with_inv ? "set" : "clear", inv ? "set" : "clear",
-	      with_inv ? wc.invalidated_rkey : 0, inv ? inv_rkey : 0);
+	ok = st == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.byte_len == SEND_LEN;
+	if (!inv) {
+		check(p, ok && !with_inv, name, "%s, %s, %u bytes, wc_flags %#x (IBV_WC_WITH_INV "
+		      "%s, wanted clear)", status_name(st), opcode_name(wc.opcode), wc.byte_len,
+		      wc.wc_flags, with_inv ? "set" : "clear");
+		return;
+	}
+	check(p, ok && wc.invalidated_rkey == inv_rkey, name, "%s, %s, %u bytes, invalidated "
+	      "R_Key %#x (wanted %#x)", status_name(st), opcode_name(wc.opcode), wc.byte_len,
+	      wc.invalidated_rkey, inv_rkey);
+	check(p, st == IBV_WC_SUCCESS && with_inv, "wc_with_inv", "wc_flags %#x: IBV_WC_WITH_INV "
+	      "(%#x) %s", wc.wc_flags, IBV_WC_WITH_INV, with_inv ? "set" : "clear, wanted set");
 }
 
 /* local_inv (inv_by_send 0) and send_inv (1). */
