@@ -258,6 +258,11 @@ class Case:
         m = re.search(r"-s (\d+)", self.args)
         return int(m.group(1)) if m else 0
 
+    def unexpected(self, res):
+        """For a case marked xfail: whether it failed otherwise than its mark expects.
+        Here any failure is the expected one."""
+        return False
+
     def pmtu(self, info):
         """The path MTU the run uses: -m, else (UD) the active MTU of the phase."""
         m = re.search(r"-m (\d+)", self.args)
@@ -526,6 +531,8 @@ def check_output(case, text, side="?"):
 
 def verdict(r):
     if r.get("xfail"):
+        if r.get("unexpected"):
+            return "FAIL"  # it failed, but not (only) as its mark expects
         return "XPASS" if r["ok"] else "xfail"
     return "ok" if r["ok"] else "FAIL"
 
@@ -712,18 +719,24 @@ class Runner:
                                                  if k.startswith("dropped_") and v}}
         return res
 
-    def run(self, case):
-        res = self.run_case(case)
+    def run_marked(self, case, attempt=1):
+        res = self.run_case(case, attempt)
         if case.xfail:
             res["xfail"] = case.xfail
-        if not res["ok"] and self.a.retries > 0 and not case.xfail:
+            res["unexpected"] = not res["ok"] and case.unexpected(res)
+        return res
+
+    def run(self, case):
+        res = self.run_marked(case)
+        if verdict(res) == "FAIL" and self.a.retries > 0:
             log(f"FAIL {case.name} (host rc {res['host_rc']}, guest rc {res['guest_rc']}"
                 f"{'; ' + '; '.join(res['notes']) if res['notes'] else ''}): retrying once")
-            again = self.run_case(case, attempt=2)
+            again = self.run_marked(case, attempt=2)
             again["first_attempt"] = {k: res[k] for k in ("host_rc", "guest_rc", "notes", "seconds")}
-            if again["ok"]:
+            if verdict(again) == "ok":
                 again["notes"].append("passed on retry (flaky)")
-            res = again
+            elif verdict(again) == "xfail":
+                again["notes"].append("failed only as expected on retry (flaky)")
         self.results.append(res)
         sv = res["softverbs"]
         extra = ""
@@ -733,7 +746,8 @@ class Runner:
                      f" dups_rx={sv.get('duplicates_received', 0)}")
         log(f"{verdict(res):5s} {case.name:52s} {res['seconds']:6.2f}s"
             f" host={res['host_rc']} guest={res['guest_rc']}{extra}"
-            f"{' [' + '; '.join(res['notes']) + ']' if res['notes'] else ''}")
+            f"{' [' + '; '.join(res['notes']) + ']' if res['notes'] else ''}"
+            f"{' (expected to fail: ' + res['xfail'] + ')' if res.get('xfail') else ''}")
         return res
 
 
@@ -1281,7 +1295,7 @@ def main():
             ph["seconds"] = round(time.monotonic() - tp, 1)
         stop_capture(cap)
         cap = None
-        failures += [f"case {r['case']}" for r in runner.results if not r["ok"] and not r.get("xfail")]
+        failures += [f"case {r['case']}" for r in runner.results if verdict(r) == "FAIL"]
         if cap is None and pcap.exists():
             tv = time.monotonic()
             # (the rxe-only cases never reach the wire)
@@ -1352,7 +1366,8 @@ def write_summary(a, s):
     lines.append(f"{'case':58s} {'result':6s} {'secs':>6s} host guest notes")
     for r in s.get("cases", []):
         lines.append(f"{r['case']:58s} {verdict(r):6s} {r['seconds']:6.2f} "
-                     f"{str(r['host_rc']):4s} {str(r['guest_rc']):5s} {'; '.join(r['notes'])}")
+                     f"{str(r['host_rc']):4s} {str(r['guest_rc']):5s} {'; '.join(r['notes'])}"
+                     f"{' (expected to fail: ' + r['xfail'] + ')' if r.get('xfail') else ''}")
     lines.append("")
     lines.append("capture: " + json.dumps(s["checks"].get("capture", {}), default=str))
     lines.append("failures: " + ("; ".join(s["failures"]) if s["failures"] else "none"))
