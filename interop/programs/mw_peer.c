@@ -46,6 +46,7 @@
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -194,6 +195,7 @@ static void ctl_recv(struct peer *p, const char *tag, char *line, size_t size)
 static int tcp_listen_accept(struct peer *p)
 {
 	struct sockaddr_in6 a6 = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_ANY_INIT };
+	struct pollfd pfd = { .events = POLLIN };
 	int one = 1, zero = 0, s, c;
 
 	a6.sin6_port = htons(p->o.tcp_port);
@@ -205,6 +207,10 @@ static int tcp_listen_accept(struct peer *p)
 	setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
 	if (bind(s, (struct sockaddr *)&a6, sizeof(a6)) || listen(s, 1))
 		fatal(p, "listen on TCP port %d: %s", p->o.tcp_port, strerror(errno));
+	pfd.fd = s;
+	if (poll(&pfd, 1, PEER_TIMEOUT_S * 1000) != 1)
+		fatal(p, "no peer connected to TCP port %d within %d s", p->o.tcp_port,
+		      PEER_TIMEOUT_S);
 	c = accept(s, NULL, NULL);
 	if (c < 0)
 		fatal(p, "accept: %s", strerror(errno));
