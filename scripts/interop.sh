@@ -4,8 +4,9 @@
 # Unmodified ibv_{rc,uc,ud}_pingpong and perftest programs run with one side on kernel rxe
 # in a QEMU guest and the other on the softverbs drop-in libibverbs.so.1 on the host, in
 # both roles, at MTU 4096 and 1024, then the RDMA CM programs (rping, ucmatose, udaddy:
-# the kernel's rdma_cm against the drop-in librdmacm.so.1), then RC and the CM under 5 %
-# packet loss; a capture of the tap has its every ICRC checked. See interop/README.md.
+# the kernel's rdma_cm against the drop-in librdmacm.so.1), memory windows (our own
+# interop/programs/mw_peer.c, built here), then RC and the CM under 5 % packet loss; a
+# capture of the tap has its every ICRC checked. See interop/README.md.
 #
 # Run as root (network namespace, tap, iptables, apt-get for the guest image's tools).
 # Nothing leaves the machine: the guest's only NIC is a tap inside a network namespace
@@ -24,9 +25,10 @@ step() { printf '[interop.sh +%ss] %s\n' "$((SECONDS - T0))" "$*"; }
 die() { printf 'interop FAILED: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root (network namespace, tap device, iptables, apt-get)"
 
-# Host tools: the programs run on the drop-in, the capture and its checks, the namespace.
+# Host tools: the programs run on the drop-in, the capture and its checks, the namespace,
+# and gcc with libibverbs-dev for our own verbs programs (interop/programs).
 need=()
-for p in ibverbs-utils perftest rdmacm-utils iproute2 iptables tshark python3; do
+for p in ibverbs-utils perftest rdmacm-utils iproute2 iptables tshark python3 gcc libibverbs-dev; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -57,6 +59,14 @@ rm -rf "$OUT"; mkdir -p "$OUT/lib"; OUT=$(cd "$OUT" && pwd)
 ln -s "$TARGET/libsoftverbs_capi.so" "$OUT/lib/libibverbs.so.1"
 ln -s "$TARGET/libsoftverbs_rdmacm.so" "$OUT/lib/librdmacm.so.1"
 
+# Our own verbs program (memory windows), built here against the host's libibverbs-dev
+# (rdma-core 44, as the guest's libibverbs1) and linked to libibverbs.so.1 only: the same
+# binary runs in the guest (from the 9p share) on rxe and here on the drop-in.
+step "building interop/programs/mw_peer.c (gcc, libibverbs-dev)"
+mkdir -p "$OUT/bin"
+gcc -O2 -Wall -Wextra -Werror -o "$OUT/bin/mw_peer" interop/programs/mw_peer.c -libverbs \
+    || die "gcc interop/programs/mw_peer.c"
+
 NS=svrxe$$
 TAP=svtap0
 cleanup() {
@@ -77,7 +87,8 @@ step "running the interop matrix (results in $OUT)"
 set +e
 timeout -k 10 "${SOFTVERBS_INTEROP_TIMEOUT:-1200}" ip netns exec "$NS" \
     python3 interop/host/driver.py --image "$IMG" --qemu-env "$CACHE/qemu.env" \
-    --lib "$OUT/lib" --cli "$TARGET/softverbs" --out "$OUT" --tap "$TAP" "$@"
+    --lib "$OUT/lib" --cli "$TARGET/softverbs" --mw-peer "$OUT/bin/mw_peer" --out "$OUT" \
+    --tap "$TAP" "$@"
 rc=$?
 set -e
 [ $rc = 124 ] && echo "interop FAILED: the driver ran out of time (SOFTVERBS_INTEROP_TIMEOUT)"

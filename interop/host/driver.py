@@ -11,7 +11,9 @@ device is the host end of the guest's NIC. It
     side and as client on the other, the host side on the softverbs drop-ins
     libibverbs.so.1 and librdmacm.so.1 (LD_LIBRARY_PATH, SOFTVERBS_ADDR=<host ip>,
     SOFTVERBS_STATS), the guest side on kernel rxe (and the kernel's rdma_cm for the CM
-    programs rping, ucmatose and udaddy);
+    programs rping, ucmatose and udaddy); the memory-window cases run our own mw_peer
+    (interop/programs/mw_peer.c, built by scripts/interop.sh), one binary for both sides,
+    copied into the share;
   * switches the link MTU (9000: both ports' active MTU is 4096; 1500: 1024) and, for the
     loss phase, drops 5 % of the RoCEv2 packets with iptables in the namespace;
   * verifies the ICRC of every captured packet with `softverbs pcap` and with icrc.py
@@ -253,10 +255,16 @@ class Case:
         self.family, self.xfail = family, xfail
         self.perf = prog.startswith("ib_")
         self.cm = False
+        self.mw = False
 
     def size(self):
         m = re.search(r"-s (\d+)", self.args)
         return int(m.group(1)) if m else 0
+
+    def unexpected(self, res):
+        """For a case marked xfail: whether it failed otherwise than its mark expects.
+        Here any failure is the expected one."""
+        return False
 
     def pmtu(self, info):
         """The path MTU the run uses: -m, else (UD) the active MTU of the phase."""
@@ -360,6 +368,116 @@ class CmCase(Case):
         return (client, server) if self.server == "guest" else (server, client)
 
 
+# mw_peer (interop/programs/mw_peer.c, built on the host by scripts/interop.sh and put
+# in the share): memory windows. The server (the side that listens on TCP) is the
+# "binder": it registers a region with IBV_ACCESS_MW_BIND, binds windows over a strict
+# sub-range of it and checks what reached its memory; the client, the "user", reaches
+# that memory only through the windows. Each test, and the checks each role must print
+# "mw_peer: check NAME: ok" for (binder's, user's):
+MW_GUEST_PATH = "/mnt/share/bin/mw_peer"
+MW_CHECKS = {
+    # type 2 window, IBV_WR_BIND_MW; WRITE and READ of the whole window, SEND; the
+    # binder's IBV_WR_LOCAL_INV; a WRITE through the old R_Key: IBV_WC_REM_ACCESS_ERR
+    "local_inv": (("bind_qp0", "send_received", "window_bytes", "local_inv",
+                   "window_after_refused", "teardown"),
+                  ("write", "read", "send", "write_after_invalidate", "teardown")),
+    # the same, invalidated by the user's IBV_WR_SEND_WITH_INV (IBV_WC_WITH_INV and the
+    # R_Key in the binder's receive completion)
+    "send_inv": (("bind_qp0", "send_with_inv_received", "wc_with_inv", "window_bytes",
+                  "window_after_refused", "teardown"),
+                 ("write", "read", "send_with_inv", "write_after_invalidate", "teardown")),
+    # a WRITE 8 bytes past the window's end and (second QP and window) a READ from 8
+    # bytes before its start, both inside the region: IBV_WC_REM_ACCESS_ERR
+    "bounds": (("bind_qp0", "bind_qp1", "window_after_refused", "teardown"),
+               ("write", "write_past_window_end", "read_before_window_start", "teardown")),
+    # a type 2 window bound on one QP, written through another QP to the same peer:
+    # IBV_WC_REM_ACCESS_ERR
+    "other_qp": (("bind_qp0", "window_after_refused", "teardown"),
+                 ("write", "write_through_other_qp", "teardown")),
+    # type 1 window, ibv_bind_mw(3); unbound by a bind of length 0; a WRITE through the
+    # old R_Key: IBV_WC_REM_ACCESS_ERR
+    "type1": (("bind_type1", "send_received", "window_bytes", "unbind_type1",
+               "window_after_refused", "teardown"),
+              ("write", "read", "send", "write_after_unbind", "teardown")),
+}
+MW_CHECK_LINE = re.compile(r"^mw_peer: check (\S+): (ok|FAIL)")
+# What rxe does otherwise when it is the binder (Linux 6.1, rdma-core 44; the guest):
+# {test: ({role: checks it fails}, why)}. Such a case is an expected failure (xfail) as
+# long as these checks, and no other, fail; a failure of any other check fails it, and
+# its passing asks for the mark to be dropped.
+MW_RXE_BINDER = {
+    "bounds": ({"user": ("write_past_window_end", "read_before_window_start"),
+                "binder": ("window_after_refused",)},
+               "rxe checks an access through a window against the bounds of the window's "
+               "region, not of the window (rxe_resp.c check_rkey: mr = mw->mr, then "
+               "mr_check_range(mr, ...)): the WRITE past the window's end and the READ from "
+               "before its start succeed and the WRITE lands outside the window"),
+    "send_inv": ({"binder": ("wc_with_inv",)},
+                 "rxe writes the kernel's IB_WC_WITH_INVALIDATE (1 << 2) into a user CQ's "
+                 "wc_flags (rxe_resp.c do_complete) and the rxe provider copies it as it is: "
+                 "the consumer sees IBV_WC_IP_CSUM_OK (1 << 2), not IBV_WC_WITH_INV (1 << 3); "
+                 "the invalidated R_Key itself is right and the window is invalidated"),
+}
+# The prefix of a note for a check that failed as MW_RXE_BINDER expects
+MW_KNOWN = "known rxe behaviour: "
+
+
+class MwCase(Case):
+    """mw_peer, one test of MW_CHECKS: the host side runs the same binary as the guest,
+    on the drop-in libibverbs.so.1. The binder is the server."""
+
+    def __init__(self, name, test, server, phase, mtu, **kw):
+        super().__init__(name, "mw_peer", f"-t {test} -m {mtu}", server, phase, **kw)
+        self.test = test
+        self.mw = True
+        # {(role, check)} rxe fails as the binder (MW_RXE_BINDER)
+        self.known = set()
+        if server == "guest" and test in MW_RXE_BINDER:
+            checks, self.xfail = MW_RXE_BINDER[test]
+            self.known = {(role, c) for role, cs in checks.items() for c in cs}
+
+    def size(self):
+        return 4 * int(re.search(r"-m (\d+)", self.args).group(1)) + 3  # the window's length
+
+    def role(self, side):
+        return "binder" if side == self.server else "user"
+
+    def unexpected(self, res):
+        """A check outside self.known failed, or a side did not end with mw_peer's own
+        exit status (0, or 1 for a failed check)."""
+        return (any(not n.startswith(MW_KNOWN) for n in res["notes"])
+                or any(rc not in (0, 1) for rc in (res["host_rc"], res["guest_rc"])))
+
+    def commands(self, a, info, port):
+        gidx = info["GIDX6"] if self.family == 6 else info["GIDX4"]
+        common = f"{self.args} -p {port}"
+        guest = f"{MW_GUEST_PATH} -d rxe0 -g {gidx} {common}"
+        host = f"{a.share / 'bin' / 'mw_peer'} -g 1 {common}"  # GID index 1: see Case
+        if self.server == "guest":
+            host += f" {a.guest_ip}"
+        else:
+            guest += f" {a.host_ip}"
+        return host, guest
+
+
+def check_mw(case, text, side):
+    """Every check the side's role must make printed ok, and none printed FAIL."""
+    role = case.role(side)
+    probs, seen = [], {}
+    for line in text.splitlines():
+        m = MW_CHECK_LINE.match(line)
+        if m:
+            seen[m.group(1)] = m.group(2)
+        if (m and m.group(2) == "FAIL") or line.startswith("mw_peer: FAIL"):
+            known = MW_KNOWN if m and (role, m.group(1)) in case.known else ""
+            probs.append(f"{known}{side} ({role}): {line.strip()[len('mw_peer: '):][:240]}")
+    want = MW_CHECKS[case.test][role == "user"]
+    missing = [c for c in want if c not in seen]
+    if missing:
+        probs.append(f"{side} ({role}): no result for check(s) {', '.join(missing)}")
+    return probs
+
+
 def sizes_for(mtu):
     # one byte (pad 3); exactly one MTU (a full ONLY packet); four MTUs and three bytes
     # (FIRST, three MIDDLEs, LAST of 3 bytes with pad 1)
@@ -400,6 +518,13 @@ def matrix(a):
             add(phase, "rc_pingpong_m1024/s4099", "ibv_rc_pingpong", "-s 4099 -m 1024 -n 50 -c")
             add(phase, "ib_write_bw_m1024/s4099", "ib_write_bw",
                 f"-F -m 1024 -s 4099 -n {a.iters} --report_gbits")
+        if mtu == 1024:
+            # Memory windows (issue 16), the binder on each side: a window of four MTUs
+            # plus 3 bytes, at an odd offset into its region.
+            for test in MW_CHECKS:
+                for srv in roles:
+                    cases.append(MwCase(f"{phase}/mw/{test}/{srv}-binder", test, srv, phase,
+                                        mtu, timeout=60, family=a.family))
     # The RDMA CM (link MTU 1500, active MTU 1024): the kernel's rdma_cm and softverbs'
     # librdmacm exchange the IB CM's MADs on QP1 (REQ/REP/RTU, DREQ/DREP; SIDR REQ/REP for
     # udaddy), then move data over the QPs they set up. rping: RDMA READ and WRITE of one
@@ -516,6 +641,8 @@ def check_output(case, text, side="?"):
         if case.prog == "rping":
             probs += check_rping(case, text, side)
         return probs
+    if case.mw:
+        return check_mw(case, text, side)
     for pat in ("invalid data", "Failed status", "Couldn't", "parse WC failed"):
         for line in text.splitlines():
             if pat in line:
@@ -526,6 +653,8 @@ def check_output(case, text, side="?"):
 
 def verdict(r):
     if r.get("xfail"):
+        if r.get("unexpected"):
+            return "FAIL"  # it failed, but not (only) as its mark expects
         return "XPASS" if r["ok"] else "xfail"
     return "ok" if r["ok"] else "FAIL"
 
@@ -700,7 +829,7 @@ class Runner:
         st = parse_stats(stats)
         res = {"case": case.name, "phase": case.phase, "family": case.family,
                "server": case.server, "ok": ok, **({"cmtime": cmtime} if cmtime else {}),
-               "window": [wall0, time.time()], "pingpong": not case.perf and not case.cm,
+               "window": [wall0, time.time()], "pingpong": not case.perf and not case.cm and not case.mw,
                "cm": case.prog if case.cm else None,
                "size": case.size(), "pmtu": case.pmtu(g.info),
                "host_rc": hrc, "guest_rc": grc, "seconds": round(dt, 2), "attempt": attempt,
@@ -712,17 +841,24 @@ class Runner:
                                                  if k.startswith("dropped_") and v}}
         return res
 
-    def run(self, case):
-        res = self.run_case(case)
+    def run_marked(self, case, attempt=1):
+        res = self.run_case(case, attempt)
         if case.xfail:
             res["xfail"] = case.xfail
-        if not res["ok"] and self.a.retries > 0 and not case.xfail:
+            res["unexpected"] = not res["ok"] and case.unexpected(res)
+        return res
+
+    def run(self, case):
+        res = self.run_marked(case)
+        if verdict(res) == "FAIL" and self.a.retries > 0:
             log(f"FAIL {case.name} (host rc {res['host_rc']}, guest rc {res['guest_rc']}"
                 f"{'; ' + '; '.join(res['notes']) if res['notes'] else ''}): retrying once")
-            again = self.run_case(case, attempt=2)
+            again = self.run_marked(case, attempt=2)
             again["first_attempt"] = {k: res[k] for k in ("host_rc", "guest_rc", "notes", "seconds")}
-            if again["ok"]:
+            if verdict(again) == "ok":
                 again["notes"].append("passed on retry (flaky)")
+            elif verdict(again) == "xfail":
+                again["notes"].append("failed only as expected on retry (flaky)")
             res = again
         self.results.append(res)
         sv = res["softverbs"]
@@ -733,7 +869,8 @@ class Runner:
                      f" dups_rx={sv.get('duplicates_received', 0)}")
         log(f"{verdict(res):5s} {case.name:52s} {res['seconds']:6.2f}s"
             f" host={res['host_rc']} guest={res['guest_rc']}{extra}"
-            f"{' [' + '; '.join(res['notes']) + ']' if res['notes'] else ''}")
+            f"{' [' + '; '.join(res['notes']) + ']' if res['notes'] else ''}"
+            f"{' (expected to fail: ' + res['xfail'] + ')' if res.get('xfail') else ''}")
         return res
 
 
@@ -1165,6 +1302,8 @@ def main():
     ap.add_argument("--qemu-env", required=True)
     ap.add_argument("--lib", required=True, type=Path, help="directory holding libibverbs.so.1 (the drop-in)")
     ap.add_argument("--cli", required=True, type=Path, help="the softverbs command")
+    ap.add_argument("--mw-peer", required=True, type=Path,
+                    help="interop/programs/mw_peer.c built for the host (it runs on both sides)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--tap", default="svtap0")
     ap.add_argument("--host-ip", default="10.99.0.1")
@@ -1199,6 +1338,11 @@ def main():
     (share / "jobs").mkdir(parents=True)
     (share / "out").mkdir()
     shutil.copy(INTEROP / "guest" / "agent.sh", share / "agent.sh")
+    # our own verbs programs, one binary for both sides: the guest runs it from the share
+    (share / "bin").mkdir()
+    shutil.copy(a.mw_peer, share / "bin" / "mw_peer")
+    (share / "bin" / "mw_peer").chmod(0o755)
+    a.share = share
 
     summary = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}, "checks": {},
                "cases": []}
@@ -1281,7 +1425,7 @@ def main():
             ph["seconds"] = round(time.monotonic() - tp, 1)
         stop_capture(cap)
         cap = None
-        failures += [f"case {r['case']}" for r in runner.results if not r["ok"] and not r.get("xfail")]
+        failures += [f"case {r['case']}" for r in runner.results if verdict(r) == "FAIL"]
         if cap is None and pcap.exists():
             tv = time.monotonic()
             # (the rxe-only cases never reach the wire)
@@ -1352,7 +1496,8 @@ def write_summary(a, s):
     lines.append(f"{'case':58s} {'result':6s} {'secs':>6s} host guest notes")
     for r in s.get("cases", []):
         lines.append(f"{r['case']:58s} {verdict(r):6s} {r['seconds']:6.2f} "
-                     f"{str(r['host_rc']):4s} {str(r['guest_rc']):5s} {'; '.join(r['notes'])}")
+                     f"{str(r['host_rc']):4s} {str(r['guest_rc']):5s} {'; '.join(r['notes'])}"
+                     f"{' (expected to fail: ' + r['xfail'] + ')' if r.get('xfail') else ''}")
     lines.append("")
     lines.append("capture: " + json.dumps(s["checks"].get("capture", {}), default=str))
     lines.append("failures: " + ("; ".join(s["failures"]) if s["failures"] else "none"))
