@@ -8,7 +8,8 @@
 #               the job is killed after it), LISTEN (a TCP port: out/N.ready appears once
 #               something listens there, or once the job has ended), CMLISTEN (an RDMA CM
 #               port: out/N.ready appears once `rdma resource show cm_id` lists a
-#               listening id on that port, or once the job has ended)
+#               listening id on that port, or once the job has ended); with neither,
+#               out/N.ready appears once the job started
 #   out/N.log   the job's stdout and stderr; out/N.pid: its timeout(1) process;
 #   out/N.rc    its exit status (124: killed by its timeout), written last
 #   jobs/stop   ends the agent (the guest powers off)
@@ -79,6 +80,9 @@ run_job() { # run_job N: starts job N in the background
             : | publish "$OUT/$n.ready"
         elif [ -n "$CMLISTEN" ]; then
             wait_for 30 cm_ready_or_gone "$CMLISTEN" "$pid"
+            : | publish "$OUT/$n.ready"
+        else
+            # nothing to wait for (a multicast receiver): ready once started
             : | publish "$OUT/$n.ready"
         fi
         wait $pid

@@ -256,6 +256,9 @@ class Case:
         self.perf = prog.startswith("ib_")
         self.cm = False
         self.mw = False
+        # Seconds to let the server side settle before its client starts, once the harness
+        # saw it ready (a multicast receiver has no listener to wait for).
+        self.grace = 0.0
 
     def size(self):
         m = re.search(r"-s (\d+)", self.args)
@@ -291,6 +294,8 @@ class Case:
 # ..." on the client, "server ping data: ..." on the server); -V makes the client compare
 # what came back with what it sent. udaddy listens on a fixed port.
 RPING_COUNT = 200
+# mckey: datagrams the sender sends per datagram the receiver waits for.
+MC_SENDS_PER_RECEIVE = 3
 UDADDY_PORT = 7174
 CMTIME_CONNS = 100
 # cmtime's client (rdma-core 44) ends with a table of its steps:
@@ -366,6 +371,37 @@ class CmCase(Case):
         else:
             raise ValueError(f"no CM command line for {self.prog}")
         return (client, server) if self.server == "guest" else (server, client)
+
+
+class McCase(CmCase):
+    """mckey (rdmacm-utils): UD multicast through the RDMA CM (rdma_join_multicast). The
+    "server" is the receiver: it joins the case's group (on rxe the kernel's CM also joins
+    the IP group on the guest's NIC) and waits for -C datagrams; the sender, on the other
+    side, joins and sends MC_SENDS_PER_RECEIVE times as many, so a datagram sent while the
+    receiver was still joining costs nothing. Each side binds its own address of the case's
+    family; the group is IPv4 (239.255.30.N) or IPv6 (ff0e::30:N)."""
+
+    def __init__(self, name, group, args, server, phase, **kw):
+        super().__init__(name, "mckey", args, server, phase, **kw)
+        self.group = group
+        self.grace = 2.0
+
+    def listen_port(self, port):
+        return None
+
+    def commands(self, a, info, port):
+        if self.family == 6:
+            ips = {"guest": a.guest_ip6, "host": a.host_ip6}
+        else:
+            ips = {"guest": a.guest_ip, "host": a.host_ip}
+        receiver_at = self.server
+        sender_at = "host" if receiver_at == "guest" else "guest"
+        count = self.count() or 10
+        sender_args = re.sub(r"-C \d+", f"-C {count * MC_SENDS_PER_RECEIVE}", self.args)
+        receiver = f"mckey -m {self.group} -b {ips[receiver_at]} {self.args}"
+        sender = f"mckey -m {self.group} -s -b {ips[sender_at]} {sender_args}"
+        # (host command, guest command)
+        return (sender, receiver) if receiver_at == "guest" else (receiver, sender)
 
 
 # mw_peer (interop/programs/mw_peer.c, built on the host by scripts/interop.sh and put
@@ -538,6 +574,15 @@ def matrix(a):
     add("cm", "ucmatose/c4", "ucmatose", "-c 4 -C 20 -S 100", cls=CmCase, timeout=60)
     add("cm", "udaddy/s100", "udaddy", "-C 100 -S 100", cls=CmCase, timeout=60)
     add("cm", "udaddy/s1000", "udaddy", "-C 100 -S 1000", cls=CmCase, timeout=60)
+    # UD multicast (issue 16): mckey's receiver joins a group through the CM, the sender
+    # (the other side) joins and sends to QPN 0xFFFFFF; each role, a group of its own.
+    # Over IPv4 whatever the main family: Linux 6.1's RDMA CM refuses IPv6 multicast joins
+    # on RoCEv2 (below).
+    for i, srv in enumerate(roles):
+        for s in (100, 1000):
+            group = f"239.255.30.{i * 2 + (s > 100) + 1}"
+            cases.append(McCase(f"cm/mckey/s{s}/{srv}-receiver", group, f"-C 20 -S {s}", srv,
+                                "cm", timeout=60, family=4))
     # Connection setup rate (issue 13; a report, no target): cmtime times each step of
     # CMTIME_CONNS connections (create id ... connect, disconnect, destroy) in both roles,
     # and with both ends on rxe in the guest (over its own address) as the baseline. Its
@@ -582,6 +627,9 @@ def matrix(a):
     # them (IPv6: all 16 bytes), the GIDs are the addresses themselves.
     add(name, "rping/s100", "rping", "-v -V -C 50 -S 100", cls=CmCase, family=other, timeout=90)
     add(name, "udaddy/s100", "udaddy", "-C 50 -S 100", cls=CmCase, family=other, timeout=90)
+    # (No mckey over IPv6: Linux 6.1's RDMA CM refuses an IPv6 multicast join on RoCEv2,
+    # cma_iboe_join_multicast: ENOTSUPP, errno 524, so rxe cannot take part. softverbs'
+    # librdmacm joins IPv6 groups; its tests run that between two softverbs hosts.)
     return cases
 
 
@@ -718,6 +766,7 @@ class Runner:
             if not g.ready(j):
                 note.append("guest server did not listen within 40 s")
             elif g.rc(j) is None:
+                time.sleep(case.grace)
                 hp = start_host()
         elif case.cm:
             # softverbs' CM listener is state inside the process: wait until its device is
@@ -729,7 +778,7 @@ class Runner:
             while not udp_bound(addr, 4791) and hp.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             bound = udp_bound(addr, 4791)
-            grace = time.monotonic() + 1.0
+            grace = time.monotonic() + 1.0 + case.grace
             while hp.poll() is None and time.monotonic() < grace:
                 time.sleep(0.05)
             if hp.poll() is None and bound:
@@ -1071,6 +1120,20 @@ def check_cm_dataflow(a, cm_results, pkts):
         want = cm_wanted(r, mtu)
         res = {"want": want, "problems": []}
         out[r["case"]] = res
+        if r["cm"] == "mckey":
+            # The sender (the side that is not the receiver) sent at least as many UD SENDs
+            # to the multicast QPN 0xFFFFFF as the receiver waited for.
+            receiver_cmd = r["guest_cmd"] if r["server"] == "guest" else r["host_cmd"]
+            count = re.search(r"-C (\d+)", receiver_cmd)
+            want = res["want"] = int(count.group(1)) if count else 10
+            src = host if r["server"] == "guest" else guest
+            n = sum(1 for p in ps if p["who"] == src and p["opcode"]
+                    and tshark_int(p["opcode"]) in (100, 101)
+                    and tshark_int(p["infiniband.bth.destqp"] or "1") == 0xFFFFFF)
+            res[f"{src}->group"] = n
+            if n < want:
+                res["problems"].append(f"{src} sent {n} UD SENDs to QPN 0xffffff, wanted {want}")
+            continue
         if r["cm"] == "udaddy":
             for src, dst in ((host, guest), (guest, host)):
                 # UD SEND ONLY (100) or with immediate (101, udaddy's), not to QP1
@@ -1196,9 +1259,11 @@ def verify_capture(a, pcap, results):
     # The CM's MADs are RoCEv2 packets like the others (UD SEND ONLY to QP1): each side's
     # must be among the verified ones whenever a CM case passed.
     cm_results = [r for r in results if r.get("cm")]
+    # mckey's joins are local on RoCE (no MAD): only the other CM programs send MADs.
+    mad_results = [r for r in cm_results if r["cm"] != "mckey"]
     cm_senders = tuple(addr for fam, pair in ((4, (a.host_ip, a.guest_ip)),
                                               (6, (a.host_ip6, a.guest_ip6)))
-                       if fam in {r["family"] for r in cm_results} for addr in pair)
+                       if fam in {r["family"] for r in mad_results} for addr in pair)
     for who in cm_senders:
         if per.get(who, {}).get("mad_icrc_ok", 0) == 0:
             rep["problems"].append(f"softverbs pcap: no MAD (QP1) with a valid ICRC from {who}")
@@ -1275,7 +1340,7 @@ def verify_capture(a, pcap, results):
             if d["not_infiniband"] or d["malformed"]:
                 rep["problems"].append(f"tshark: {who}: {d['not_infiniband']} not dissected as "
                                        f"InfiniBand, {d['malformed']} malformed")
-        rep["problems"] += check_cm_mads(a, cm_results, cm_mads, rep)
+        rep["problems"] += check_cm_mads(a, mad_results, cm_mads, rep)
         flow = check_cm_dataflow(a, cm_results, cm_pkts)
         rep["cm_dataflow"] = flow
         for r in cm_results:
