@@ -94,20 +94,40 @@ impl Finished {
 
 /// Starts `path args` on the drop-ins with the device address 127.0.0.`octet`.
 pub fn spawn(lib: &Path, path: &Path, args: &[&str], octet: u8) -> Running {
-    let addr = format!("127.0.0.{octet}:4791");
+    spawn_at(None, lib, path, args, &format!("127.0.0.{octet}:4791"))
+}
+
+/// Starts `path args` on the drop-ins with the device address `addr` (`SOFTVERBS_ADDR`),
+/// in network namespace `netns` if given (`ip netns exec`).
+pub fn spawn_at(
+    netns: Option<&str>,
+    lib: &Path,
+    path: &Path,
+    args: &[&str],
+    addr: &str,
+) -> Running {
     let what = format!(
-        "SOFTVERBS_ADDR={addr} LD_LIBRARY_PATH={} {} {}",
+        "{}SOFTVERBS_ADDR={addr} LD_LIBRARY_PATH={} {} {}",
+        netns.map_or(String::new(), |n| format!("ip netns exec {n} ")),
         lib.display(),
         path.display(),
         args.join(" ")
     );
-    let mut child = Command::new("/usr/bin/stdbuf")
+    let mut command = match netns {
+        Some(netns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", netns, "/usr/bin/stdbuf"]);
+            c
+        }
+        None => Command::new("/usr/bin/stdbuf"),
+    };
+    let mut child = command
         .args(["-oL", "-eL"])
         .arg(path)
         .args(args)
         .env("LD_LIBRARY_PATH", lib)
         .env("LD_BIND_NOW", "1")
-        .env("SOFTVERBS_ADDR", &addr)
+        .env("SOFTVERBS_ADDR", addr)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
