@@ -106,21 +106,15 @@ fn wait_for_receive(side: &Side) -> usize {
     let mut sends = 0;
     loop {
         let k = side.cq.poll(&mut wcs).unwrap();
-        let mut received = false;
         for wc in &wcs[..k] {
             assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
             if wc
                 .result()
                 .is_ok_and(|done| done.opcode() == softverbs_cq::WcOpcode::Recv)
             {
-                received = true;
-            } else {
-                sends += 1;
+                return sends;
             }
-        }
-        if received {
-            // (A send completion polled with it counts too: the ACK may come after.)
-            return sends;
+            sends += 1;
         }
         if k == 0 {
             side.device.progress();
@@ -134,9 +128,8 @@ fn wait_for_receive(side: &Side) -> usize {
 
 /// A busy-polling ping-pong of 8-byte SENDs: the ACK of the peer's SEND, received in the
 /// application's poll, waits for the application's reply and leaves with it in one system
-/// call (IBTA vol. 1 §9.7.5.1.1: a responder may delay and coalesce its ACKs), as one GSO
-/// message, so a round trip costs each side one send call and one datagram, not two — and
-/// every SEND is still acknowledged.
+/// call (IBTA vol. 1 §9.7.5.1.1: a responder may delay and coalesce its ACKs), so a round
+/// trip costs each side one send call, not two — and every SEND is still acknowledged.
 #[test]
 fn a_ping_pong_sends_the_reply_and_the_ack_it_overtakes_in_one_system_call() {
     const ROUNDS: u64 = 1000;
@@ -197,15 +190,7 @@ fn a_ping_pong_sends_the_reply_and_the_ack_it_overtakes_in_one_system_call() {
         b_sends += b.cq.poll(&mut wcs).unwrap();
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    assert_eq!(
-        (a_sends, b_sends),
-        (ROUNDS as usize, ROUNDS as usize),
-        "a: {} / {}; b: {} / {}",
-        a.device.transport_counters().unwrap(),
-        a.device.counters(),
-        b.device.transport_counters().unwrap(),
-        b.device.counters()
-    );
+    assert_eq!((a_sends, b_sends), (ROUNDS as usize, ROUNDS as usize));
     let (a1, b1) = (
         a.device.transport_counters().unwrap(),
         b.device.transport_counters().unwrap(),
@@ -216,18 +201,7 @@ fn a_ping_pong_sends_the_reply_and_the_ack_it_overtakes_in_one_system_call() {
         let context = format!("{name}: {calls} send calls for {packets} packets, {ROUNDS} rounds");
         // A SEND and an ACK per round each way.
         assert!(packets >= 2 * ROUNDS, "{context}");
-        // One call per round, not two; slack for ACKs the progress thread sent alone (it
-        // does after 100 us, which a loaded machine's scheduler can take).
-        assert!(calls * 10 <= ROUNDS * 15, "{context}");
-        // The reply (24 bytes) goes first and the shorter ACK (20) after it: one GSO
-        // message, one datagram through the kernel (udp(7) UDP_SEGMENT), cut back into the
-        // two packets at the receiver — in every round but those whose ACK the progress
-        // thread sent alone (each an extra call above): gso >= ROUNDS - (calls - ROUNDS),
-        // less 1 % for the rounds at the edges.
-        let gso = after.gso_sends - before.gso_sends;
-        assert!(
-            gso + calls + ROUNDS / 100 >= 2 * ROUNDS,
-            "{context}, {gso} of them GSO messages"
-        );
+        // One call per round; a little slack for an ACK the progress thread sent first.
+        assert!(calls * 10 <= ROUNDS * 12, "{context}");
     }
 }

@@ -96,18 +96,6 @@ impl Outgoing {
         })
     }
 
-    /// Whether every packet is a request: no RC response (ACKNOWLEDGE, RDMA READ response,
-    /// ATOMIC ACKNOWLEDGE: opcodes 0x0D–0x12, IBTA vol. 1 table 38), which an ACK held
-    /// from before could overtake.
-    fn only_requests(&self) -> bool {
-        let mut at = 0;
-        self.packets.iter().all(|slot| {
-            let opcode = self.bytes[at];
-            at += slot.len;
-            !(0x0D..=0x12).contains(&opcode)
-        })
-    }
-
     /// Appends `other`'s packets after these.
     fn append(&mut self, other: &Outgoing) {
         self.packets.extend_from_slice(&other.packets);
@@ -135,9 +123,8 @@ impl Outgoing {
 /// send lock) until the application's next post or poll, so that the reply the
 /// application is about to post and the ACK leave in one system call: the reply's
 /// request does not wait behind a call of its own for the ACK (IBTA vol. 1 §9.7.5.1.1
-/// lets a responder coalesce and delay ACKs). A run of requests sends them after its own
-/// packets (a reply and the shorter ACK to the same peer then make one GSO message); a run
-/// with a response sends them first, so no ACK ever follows a newer response.
+/// lets a responder coalesce and delay ACKs). Every other run sends them first, before its
+/// own packets, so the order of the device's packets never changes.
 #[derive(Default)]
 pub(super) struct HeldAcks(Outgoing);
 
@@ -230,18 +217,10 @@ impl DeviceInner {
                 guard.0.append(&outgoing);
                 self.acks_held.store(true, Ordering::Relaxed);
             } else {
-                // Held ACKs leave in one call with what this run sends (a run that sends
-                // nothing, e.g. a post_recv, leaves them for the next post): after the
-                // run's packets when those are all requests — an ACK and a request of the
-                // other direction have no order to keep, and a reply followed by the
-                // shorter ACK to the same peer is one GSO message (one datagram through
-                // the kernel, `udp.rs`) — else first, so no ACK follows a newer response.
+                // Held ACKs go first, in one call with what this run sends (a run that
+                // sends nothing, e.g. a post_recv, leaves them for the next post).
                 if self.acks_held.swap(false, Ordering::Relaxed) {
-                    if outgoing.only_requests() {
-                        outgoing.append(&guard.0);
-                    } else {
-                        outgoing.prepend(&guard.0);
-                    }
+                    outgoing.prepend(&guard.0);
                     guard.0.clear();
                 }
                 self.send_all(&mut outgoing, guard);
