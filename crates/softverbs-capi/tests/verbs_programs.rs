@@ -830,6 +830,22 @@ fn ib_send_lat_reports_send_latency() {
     assert_perftest(&out, &pair, Table::Latency, 2, 200, true);
 }
 
+/// `ib_send_lat -e`: the ping-pong asleep on completion events, the send and receive CQs
+/// sharing one channel; per event the program re-arms and polls one completion of the CQ
+/// it expects, so it relies on the order a NIC gives: the send completion of its SEND (its
+/// ACK arrives before the peer can reply) before the receive completion of the reply.
+#[test]
+fn ib_send_lat_sleeps_on_events_with_e() {
+    let (out, pair) = perftest(
+        "ib_send_lat",
+        &["-n", "200", "-s", "8", "-e"],
+        129,
+        130,
+        18645,
+    );
+    assert_perftest(&out, &pair, Table::Latency, 8, 200, true);
+}
+
 /// `ib_send_bw(1)`: RC SEND bandwidth with a separate receive CQ, 4 KiB messages.
 #[test]
 fn ib_send_bw_reports_send_bandwidth() {
