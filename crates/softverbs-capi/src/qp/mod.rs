@@ -47,6 +47,31 @@ use crate::abi::*;
 use crate::boundary::{errno_code, errno_of};
 use std::ffi::{c_int, c_void};
 
+/// Runs `verb` (the device's attach or detach) on the QP and GID a multicast call names;
+/// the convention of both calls (0 or the errno; NULL arguments `EINVAL`).
+///
+/// # Safety
+///
+/// As [`ibv_attach_mcast`].
+unsafe fn with_group(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    verb: fn(
+        &softverbs::core::device::Device,
+        u32,
+        [u8; 16],
+    ) -> Result<(), softverbs::core::device::DeviceError>,
+) -> c_int {
+    errno_code(|| {
+        // SAFETY: `qp` is NULL or a live QP (the caller's `# Safety`).
+        let state = unsafe { QpBlock::state(qp) }?;
+        // SAFETY: `gid` is NULL or 16 readable bytes (the caller's `# Safety`), and every
+        // bit pattern is a valid `raw`.
+        let gid = unsafe { gid.as_ref().map(|g| g.raw) }.ok_or(libc::EINVAL)?;
+        verb(&state.entry.device, state.qpn, gid).map_err(errno_of)
+    })
+}
+
 /// `ibv_attach_mcast(3)`: attaches a UD QP to the multicast group `gid` (the device's
 /// rules: `Device::attach_mcast`; the LID is ignored on RoCE). 0, or the errno: `EINVAL` for
 /// a QP that is not UD, a GID that is not multicast or a NULL argument, `ENOMEM` past the
@@ -60,18 +85,8 @@ pub unsafe extern "C" fn ibv_attach_mcast(
     gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
-    errno_code(|| {
-        // SAFETY: `qp` is NULL or a live QP (this function's `# Safety`).
-        let state = unsafe { QpBlock::state(qp) }?;
-        // SAFETY: `gid` is NULL or 16 readable bytes (this function's `# Safety`), and every
-        // bit pattern is a valid `raw`.
-        let gid = unsafe { gid.as_ref().map(|g| g.raw) }.ok_or(libc::EINVAL)?;
-        state
-            .entry
-            .device
-            .attach_mcast(state.qpn, gid)
-            .map_err(errno_of)
-    })
+    // SAFETY: this function's `# Safety`.
+    unsafe { with_group(qp, gid, softverbs::core::device::Device::attach_mcast) }
 }
 crate::symver!(ibv_attach_mcast, "IBVERBS_1.1");
 
@@ -86,18 +101,8 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     gid: *const ibv_gid,
     _lid: u16,
 ) -> c_int {
-    errno_code(|| {
-        // SAFETY: `qp` is NULL or a live QP (this function's `# Safety`).
-        let state = unsafe { QpBlock::state(qp) }?;
-        // SAFETY: `gid` is NULL or 16 readable bytes (this function's `# Safety`), and every
-        // bit pattern is a valid `raw`.
-        let gid = unsafe { gid.as_ref().map(|g| g.raw) }.ok_or(libc::EINVAL)?;
-        state
-            .entry
-            .device
-            .detach_mcast(state.qpn, gid)
-            .map_err(errno_of)
-    })
+    // SAFETY: this function's `# Safety`.
+    unsafe { with_group(qp, gid, softverbs::core::device::Device::detach_mcast) }
 }
 crate::symver!(ibv_detach_mcast, "IBVERBS_1.1");
 

@@ -214,14 +214,22 @@ static void post_flush(struct pair *p, uint64_t wr_id, struct ibv_mr *mr, uint64
 	CHECKF(ibv_wr_complete(p->req_ex) == 0, "ibv_wr_complete(ibv_wr_flush)");
 }
 
+/* A pair whose requester builds FLUSH and whose responder grants it, and the target
+ * region registered again with IBV_ACCESS_FLUSH_GLOBAL (not _PERSISTENT). */
+static struct pair flush_pair(struct ibv_mr **mr)
+{
+	struct pair p = make_pair_with(QP_EX_WITH_FLUSH, QP_FLUSH_ACCESS);
+	*mr = ibv_reg_mr(pd, target, REGION,
+			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | ACCESS_FLUSH_GLOBAL);
+	CHECKF(*mr != NULL, "ibv_reg_mr(IBV_ACCESS_FLUSH_GLOBAL)");
+	return p;
+}
+
 static void rule_flush(void)
 {
 	start_rule("4");
-	struct pair p = make_pair_with(QP_EX_WITH_FLUSH, QP_FLUSH_ACCESS);
-	struct ibv_mr *mr = ibv_reg_mr(pd, target, REGION,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					       ACCESS_FLUSH_GLOBAL);
-	CHECKF(mr != NULL, "ibv_reg_mr(IBV_ACCESS_FLUSH_GLOBAL)");
+	struct ibv_mr *mr;
+	struct pair p = flush_pair(&mr);
 	post_flush(&p, 41, mr, (uintptr_t)target, 256, FLUSH_GLOBAL, FLUSH_RANGE);
 	struct ibv_wc wc = expect_one(p.req_cq, IBV_WC_SUCCESS, 41);
 	CHECKF(wc.opcode == WC_FLUSH, "opcode %d, expected IBV_WC_FLUSH (8)", wc.opcode);
@@ -237,11 +245,8 @@ static void rule_flush(void)
 static void rule_flush_refused(void)
 {
 	start_rule("5");
-	struct pair p = make_pair_with(QP_EX_WITH_FLUSH, QP_FLUSH_ACCESS);
-	struct ibv_mr *mr = ibv_reg_mr(pd, target, REGION,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-					       ACCESS_FLUSH_GLOBAL);
-	CHECK(mr != NULL);
+	struct ibv_mr *mr;
+	struct pair p = flush_pair(&mr);
 	post_flush(&p, 51, mr, (uintptr_t)target, 64, FLUSH_PERSISTENT, FLUSH_RANGE);
 	expect_one(p.req_cq, IBV_WC_REM_ACCESS_ERR, 51);
 	CHECK(ibv_dereg_mr(mr) == 0);
