@@ -10,7 +10,7 @@
 
 use super::{CompletionQueue, CqShared, OverrunPolicy, SingleThreadedCq, STATE_ERROR};
 use crate::error::PollError;
-use crate::ring::{Entry, Peek};
+use crate::ring::{is_lapped, is_ready, Entry, Peek};
 use crate::sync::Ordering;
 use crate::wc::WorkCompletion;
 
@@ -22,23 +22,29 @@ impl CqShared {
         if self.state.load(Ordering::Relaxed) == STATE_ERROR {
             return Err(PollError::Overrun);
         }
-        let ring = self.ring();
+        let ring = self.ring().view();
         let validate = self.policy == OverrunPolicy::Overwrite;
         let start = self.consumer.head.load(Ordering::Relaxed);
         let mut head = start;
         let mut n = 0;
+        // Per entry: one load and one comparison to find it complete, six word loads and six
+        // word stores to copy it out (`ibv_wc` has no timestamp or extra fields to read).
         while n < out.len() {
-            match ring.peek(head) {
-                Peek::Ready => match ring.read(head, validate) {
-                    Some(entry) => {
-                        out[n] = entry.wc;
-                        n += 1;
-                        head += 1;
-                    }
-                    None => head = self.skip_lapped(head, ring),
-                },
-                Peek::Empty => break,
-                Peek::Lapped => head = self.skip_lapped(head, ring),
+            let seq = ring.seq(head);
+            if is_ready(seq, head) {
+                let words = ring.read_words(head);
+                if validate && !ring.still_at(head) {
+                    // Overwritten while being read (`IGNORE_OVERRUN`): a seqlock miss.
+                    head = self.skip_lapped(head, ring.capacity());
+                    continue;
+                }
+                out[n].set_from_words(words);
+                n += 1;
+                head += 1;
+            } else if is_lapped(seq, head) {
+                head = self.skip_lapped(head, ring.capacity());
+            } else {
+                break;
             }
         }
         if head != start {
@@ -52,16 +58,16 @@ impl CqShared {
     // module, which may now be another codegen unit.
     #[inline]
     pub(super) fn peek_entry(&self, head: &mut u64) -> Option<Entry> {
-        let ring = self.ring();
+        let ring = self.ring().view();
         let validate = self.policy == OverrunPolicy::Overwrite;
         loop {
             match ring.peek(*head) {
                 Peek::Ready => match ring.read(*head, validate) {
                     Some(entry) => return Some(entry),
-                    None => *head = self.skip_lapped(*head, ring),
+                    None => *head = self.skip_lapped(*head, ring.capacity()),
                 },
                 Peek::Empty => return None,
-                Peek::Lapped => *head = self.skip_lapped(*head, ring),
+                Peek::Lapped => *head = self.skip_lapped(*head, ring.capacity()),
             }
         }
     }

@@ -172,7 +172,7 @@ impl CqShared {
         // `slow_at` the ring has room and the depth cannot pass the high-water mark (both
         // measured against the cached head, see `room_or_mark`).
         if pos >= p.slow_at.load(Ordering::Relaxed) {
-            if let Err(full) = this.room_or_mark(ring, pos) {
+            if let Err(full) = this.room_or_mark(ring.capacity(), pos) {
                 return Err(full.into_error(wc));
             }
         }
@@ -181,7 +181,7 @@ impl CqShared {
         } else {
             0
         };
-        ring.write(
+        ring.view().write(
             pos,
             wc.to_words(),
             timestamp,
@@ -205,9 +205,8 @@ impl CqShared {
     /// where needed, applies the overrun policy if the ring is full (`Err` refuses the push),
     /// raises the mark, and sets the next `slow_at`. The caller holds the producer lock.
     #[inline(never)]
-    fn room_or_mark(&self, ring: &Ring, pos: u64) -> Result<(), RingFull> {
+    fn room_or_mark(&self, capacity: u64, pos: u64) -> Result<(), RingFull> {
         let p = &self.producer;
-        let capacity = ring.capacity();
         let mut head = p.cached_head.load(Ordering::Relaxed);
         if pos - head >= capacity {
             // Acquire: the consumer released these slots after copying them out.
