@@ -15,7 +15,10 @@
 //!   next completion"; no lost wake-up, one event per arm);
 //! - destroy against event delivery (`ibv_get_cq_event(3)`: "destroying a CQ will wait for
 //!   all completion events to be acknowledged");
-//! - two consumers against a producer on a thread-safe CQ.
+//! - two consumers against a producer on a thread-safe CQ;
+//! - the biased locks (`src/cq/biased_lock.rs`): an owner that enters with plain stores
+//!   against a thread that revokes its bias (a second producer; resize, above, revokes the
+//!   pushing thread's bias too).
 //!
 //! Destroy against poll needs no model: `destroy` takes the CQ by value, so no poll can run
 //! beside it; what can race it is event delivery, modelled here.
@@ -497,6 +500,38 @@ fn two_consumers_against_a_producer_lose_and_duplicate_nothing() {
             "mine {mine:?} theirs {theirs:?} rest {rest:?}"
         );
         assert_eq!(cq.stats().polled, 3);
+    });
+}
+
+// ------------------------------------------------------------------ the biased locks
+
+/// The producer lock's bias (`src/cq/biased_lock.rs`): under loom one push through the spin
+/// lock completes a thread's streak and grants it the bias, so this thread pushes 1 and 2 on
+/// the biased path (plain stores, light barrier) while a second producer revokes the bias
+/// (heavy barrier, waiting for the owner to leave) and pushes 10 and 11. Never are both
+/// inside: every completion is in the CQ once, whole, each producer's in its order.
+#[test]
+fn a_biased_producer_and_a_revoking_producer_lose_and_duplicate_nothing() {
+    model(Some(3), || {
+        let cq = CqBuilder::new(8).build().unwrap();
+        let producer = cq.producer();
+        producer.push(numbered(0), false).unwrap();
+        let other = cq.producer();
+        let revoker = thread::spawn(move || {
+            for i in 10..12 {
+                other.push(numbered(i), false).unwrap();
+            }
+        });
+        for i in 1..3 {
+            producer.push(numbered(i), false).unwrap();
+        }
+        revoker.join().unwrap();
+        let all = drain(&cq);
+        let mine: Vec<u64> = all.iter().copied().filter(|&i| i < 10).collect();
+        let theirs: Vec<u64> = all.iter().copied().filter(|&i| i >= 10).collect();
+        assert_eq!(mine, [0, 1, 2], "all {all:?}");
+        assert_eq!(theirs, [10, 11], "all {all:?}");
+        assert_eq!(cq.stats().produced, 5);
     });
 }
 

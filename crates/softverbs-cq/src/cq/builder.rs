@@ -6,6 +6,7 @@
 //! prepared before any producer can run; and the ring pointer the shared state starts with
 //! comes from `Box::into_raw`, as `mod.rs` requires.
 
+use super::biased_lock::BiasedLock;
 use super::notify::ARM_NONE;
 use super::{
     CompletionQueue, ConsumerSide, CqShared, ModerationState, OverrunPolicy, OverrunSink,
@@ -165,7 +166,7 @@ impl CqBuilder {
             events: Arc::new(events),
             overrun_sink: self.overrun_sink,
             producer: CachePadded::new(ProducerSide {
-                lock: SpinLock::new(),
+                lock: BiasedLock::new(membarrier),
                 tail: AtomicU64::new(0),
                 cached_head: AtomicU64::new(0),
                 slow_at: AtomicU64::new(0),

@@ -17,8 +17,9 @@
 //!
 //! Roles:
 //! - **Producers** ([`CqProducer`], cloneable, used by the device's threads) push completions.
-//!   Pushes are serialised by a producer spin lock; [`CqProducer::burst`] holds it across
-//!   several pushes so a busy progress thread pays one locked instruction per burst.
+//!   Pushes are serialised by a producer spin lock biased towards the thread that keeps
+//!   pushing (`biased_lock.rs`): that thread enters with plain stores, the others with one
+//!   locked instruction; [`CqProducer::burst`] holds it across several pushes.
 //! - **Consumers** poll. [`CompletionQueue`] is thread-safe (`&self` polling behind a
 //!   consumer lock); [`SingleThreadedCq`] (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`) polls
 //!   through `&mut self` with no lock, and is `!Sync`, so it cannot be shared.
@@ -37,6 +38,7 @@
 //! one instead of freeing it), and the ring is freed only when the shared state is dropped,
 //! so a `&Ring` taken from it is valid as long as the shared state is.
 
+mod biased_lock;
 mod builder;
 mod destroy;
 mod extended_poll;
@@ -75,7 +77,9 @@ const STATE_ERROR: u8 = 1;
 const STATE_DESTROYED: u8 = 2;
 
 struct ProducerSide {
-    lock: SpinLock,
+    /// Excludes producers from each other (and from resize), biased towards the thread
+    /// that keeps pushing (`biased_lock.rs`).
+    lock: biased_lock::BiasedLock,
     /// Next position to write. Written by the lock holder; read by stats and by an
     /// `IGNORE_OVERRUN` consumer that was lapped (`Release`/`Acquire`).
     tail: AtomicU64,

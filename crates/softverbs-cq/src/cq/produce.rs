@@ -2,13 +2,15 @@
 //! [`ProducerBurst`] that holds the producer lock across several pushes, and the push fast
 //! path itself.
 //!
-//! Guarantees: pushes are serialised by the producer spin lock (one locked instruction per
-//! burst); a push writes one slot and publishes it with a `Release` store of the tail; it
+//! Guarantees: pushes are serialised by the producer lock (`biased_lock.rs`: a spin lock,
+//! one locked instruction per burst, biased towards the thread that keeps pushing, which
+//! enters with none); a push writes one slot and publishes it with a `Release` store of the tail; it
 //! then reads the notification flag behind the light half of the asymmetric barrier, so a
 //! concurrent arm (`notify.rs`) either sees the entry or is seen. What a full ring does is
 //! the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
 //! released.
 
+use super::biased_lock::Hold;
 use super::notify::ARM_NONE;
 use super::overrun::RingFull;
 use super::{CqShared, CqStats, OverrunPolicy, STATE_ERROR, STATE_OK};
@@ -52,13 +54,15 @@ impl CqProducer {
         self.burst().push_extra(wc, solicited, extra)
     }
 
-    /// Takes the producer lock for a burst of pushes (one locked instruction per burst).
-    /// Keep bursts short: other producers spin while it is held.
+    /// Takes the producer lock for a burst of pushes (at most one locked instruction per
+    /// burst, none for the thread the lock is biased towards, `biased_lock.rs`). Keep
+    /// bursts short: other producers spin while it is held.
     #[inline]
     pub fn burst(&self) -> ProducerBurst<'_> {
-        self.shared.producer.lock.lock();
+        let hold = self.shared.producer.lock.acquire();
         ProducerBurst {
             shared: &self.shared,
+            hold,
             ring: self.shared.ring(),
             raise_error: false,
         }
@@ -107,6 +111,8 @@ impl CqProducer {
 /// The producer lock, held for a burst of pushes. Unlocks on drop.
 pub struct ProducerBurst<'a> {
     shared: &'a Arc<CqShared>,
+    /// How the producer lock was entered, for its release.
+    hold: Hold,
     /// The current ring, read once per burst: only resize replaces it, and resize takes the
     /// producer lock this burst holds.
     ring: &'a Ring,
@@ -142,7 +148,7 @@ impl ProducerBurst<'_> {
 impl Drop for ProducerBurst<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.shared.producer.lock.unlock();
+        self.shared.producer.lock.release(self.hold);
         if self.raise_error {
             // Outside the lock: the sink is the device's code.
             self.shared.report_overrun();
