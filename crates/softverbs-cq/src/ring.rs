@@ -260,6 +260,17 @@ impl RingView<'_> {
         std::array::from_fn(|i| words[i].load(Ordering::Relaxed))
     }
 
+    /// Copies the completion for `pos`, whose sequence word [`RingView::seq`] found ready,
+    /// into `out`, word by word ([`WorkCompletion::set_from_word_fn`]). Without the seqlock
+    /// check: only where the producer never overwrites an unconsumed entry (not under
+    /// `IGNORE_OVERRUN`, which reads with [`RingView::read_words`] and checks before
+    /// storing).
+    #[inline(always)]
+    pub(crate) fn copy_out(&self, pos: u64, out: &mut WorkCompletion) {
+        let words = &self.slot(pos).words;
+        out.set_from_word_fn(|i| words[i].load(Ordering::Relaxed));
+    }
+
     /// The seqlock reader's re-check after [`RingView::read_words`] (`IGNORE_OVERRUN`):
     /// whether the slot still holds `pos`, so the words read are `pos`'s and whole. The
     /// `Acquire` fence orders the data loads before the re-check.

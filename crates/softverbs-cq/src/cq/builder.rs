@@ -17,7 +17,7 @@ use crate::error::CreateError;
 use crate::memory::SharedRingAllocator;
 use crate::ring::Ring;
 use crate::sync::{
-    init_barriers, Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, SpinLock,
+    init_barriers, Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex,
 };
 use crate::wc::WcFields;
 use crossbeam_utils::CachePadded;
@@ -172,7 +172,7 @@ impl CqBuilder {
                 slow_at: AtomicU64::new(0),
             }),
             consumer: CachePadded::new(ConsumerSide {
-                lock: SpinLock::new(),
+                lock: BiasedLock::new(membarrier),
                 head: AtomicU64::new(0),
             }),
             high_water: AtomicU64::new(0),

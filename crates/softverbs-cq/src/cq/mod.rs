@@ -21,8 +21,9 @@
 //!   pushing (`biased_lock.rs`): that thread enters with plain stores, the others with one
 //!   locked instruction; [`CqProducer::burst`] holds it across several pushes.
 //! - **Consumers** poll. [`CompletionQueue`] is thread-safe (`&self` polling behind a
-//!   consumer lock); [`SingleThreadedCq`] (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`) polls
-//!   through `&mut self` with no lock, and is `!Sync`, so it cannot be shared.
+//!   consumer lock, biased like the producer lock towards the thread that keeps polling);
+//!   [`SingleThreadedCq`] (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`) polls through `&mut self`
+//!   with no lock, and is `!Sync`, so it cannot be shared.
 //!
 //! The fast paths: a push writes one 64-byte slot, bumps the tail, and reads the
 //! notification flag behind a compiler-only barrier (see `sync.rs`); a poll of an empty CQ is
@@ -61,9 +62,7 @@ pub use stats::CqStats;
 use crate::channel::CqEventSource;
 use crate::error::{DestroyError, ModifyError};
 use crate::ring::Ring;
-use crate::sync::{
-    Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, SpinLock,
-};
+use crate::sync::{Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 use crate::wc::WcFields;
 use crossbeam_utils::CachePadded;
 use moderation::ModerationState;
@@ -92,7 +91,9 @@ struct ProducerSide {
 }
 
 struct ConsumerSide {
-    lock: SpinLock,
+    /// Excludes consumers from each other (and from resize), biased towards the thread that
+    /// keeps polling (`biased_lock.rs`).
+    lock: biased_lock::BiasedLock,
     /// Next position to poll. Written by the consumer (`Release` after copying entries
     /// out, so a producer that reads it with `Acquire` may reuse those slots).
     head: AtomicU64,

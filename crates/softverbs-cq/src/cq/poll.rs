@@ -32,13 +32,17 @@ impl CqShared {
         while n < out.len() {
             let seq = ring.seq(head);
             if is_ready(seq, head) {
-                let words = ring.read_words(head);
-                if validate && !ring.still_at(head) {
-                    // Overwritten while being read (`IGNORE_OVERRUN`): a seqlock miss.
-                    head = self.skip_lapped(head, ring.capacity());
-                    continue;
+                if validate {
+                    let words = ring.read_words(head);
+                    if !ring.still_at(head) {
+                        // Overwritten while being read (`IGNORE_OVERRUN`): a seqlock miss.
+                        head = self.skip_lapped(head, ring.capacity());
+                        continue;
+                    }
+                    out[n].set_from_words(words);
+                } else {
+                    ring.copy_out(head, &mut out[n]);
                 }
-                out[n].set_from_words(words);
                 n += 1;
                 head += 1;
             } else if is_lapped(seq, head) {
@@ -111,9 +115,9 @@ impl CompletionQueue {
 
     #[inline(never)]
     fn poll_locked(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
-        self.shared.consumer.lock.lock();
+        let hold = self.shared.consumer.lock.acquire();
         let result = self.shared.poll_exclusive(wcs);
-        self.shared.consumer.lock.unlock();
+        self.shared.consumer.lock.release(hold);
         result
     }
 }

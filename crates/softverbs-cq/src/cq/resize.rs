@@ -67,9 +67,9 @@ impl CompletionQueue {
     /// Resizes to at least `cqe` entries (`ibv_resize_cq(3)`), keeping every unpolled
     /// completion in order. Returns the new capacity.
     pub fn resize(&self, cqe: u32) -> Result<u32, ResizeError> {
-        self.shared.consumer.lock.lock();
+        let hold = self.shared.consumer.lock.acquire();
         let result = self.shared.resize_exclusive(cqe);
-        self.shared.consumer.lock.unlock();
+        self.shared.consumer.lock.release(hold);
         result
     }
 }
