@@ -23,26 +23,38 @@ impl CqShared {
             return Err(PollError::Overrun);
         }
         let ring = self.ring().view();
-        let validate = self.policy == OverrunPolicy::Overwrite;
         let start = self.consumer.head.load(Ordering::Relaxed);
         let mut head = start;
         let mut n = 0;
-        // Per entry: one load and one comparison to find it complete, six word loads and six
-        // word stores to copy it out (`ibv_wc` has no timestamp or extra fields to read).
+        if self.policy != OverrunPolicy::Overwrite {
+            // The producer never writes a slot whose entry is still unconsumed (the ring
+            // full, it refuses or errors: `overrun.rs`), so a slot not ready for `head` holds
+            // an older position and the batch ends there; nothing is lapped or lost. Per
+            // entry: one load and one comparison to find it complete, then six word loads
+            // and stores to copy it out (`ibv_wc` has no timestamp or extra fields to read).
+            while n < out.len() && is_ready(ring.seq(head), head) {
+                ring.copy_out(head, &mut out[n]);
+                n += 1;
+                head += 1;
+            }
+            if n > 0 {
+                // Release: the producer may reuse the slots once it sees the new head.
+                self.consumer.head.store(head, Ordering::Release);
+            }
+            return Ok(n);
+        }
+        // IGNORE_OVERRUN: the producer may overwrite what is being read (a seqlock) or
+        // has been lapped.
         while n < out.len() {
             let seq = ring.seq(head);
             if is_ready(seq, head) {
-                if validate {
-                    let words = ring.read_words(head);
-                    if !ring.still_at(head) {
-                        // Overwritten while being read (`IGNORE_OVERRUN`): a seqlock miss.
-                        head = self.skip_lapped(head, ring.capacity());
-                        continue;
-                    }
-                    out[n].set_from_words(words);
-                } else {
-                    ring.copy_out(head, &mut out[n]);
+                let words = ring.read_words(head);
+                if !ring.still_at(head) {
+                    // Overwritten while being read: a seqlock miss.
+                    head = self.skip_lapped(head, ring.capacity());
+                    continue;
                 }
+                out[n].set_from_words(words);
                 n += 1;
                 head += 1;
             } else if is_lapped(seq, head) {
