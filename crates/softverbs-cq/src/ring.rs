@@ -228,6 +228,19 @@ impl RingView<'_> {
         slot.seq.store(pos + 1, Ordering::Release);
     }
 
+    /// [`RingView::write`] for a ring without extra fields, of a CQ without timestamps and
+    /// without `IGNORE_OVERRUN`: the six words, then the sequence word (the slot's timestamp
+    /// word is left as it is; nothing reads it when timestamps were not requested).
+    #[inline(always)]
+    pub(crate) fn publish(&self, pos: u64, words: [u64; 6]) {
+        let slot = self.slot(pos);
+        for (word, value) in slot.words.iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+        // Release: the consumer's Acquire load of `seq == pos + 1` sees the words.
+        slot.seq.store(pos + 1, Ordering::Release);
+    }
+
     /// Whether the entry for `pos` is there. `Acquire` pairs with the `Release` publication
     /// in [`RingView::write`].
     #[inline(always)]

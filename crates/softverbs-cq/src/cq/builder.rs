@@ -140,6 +140,9 @@ impl CqBuilder {
         let with_extra = self
             .fields
             .intersects(WcFields::CVLAN | WcFields::FLOW_TAG | WcFields::TM_INFO);
+        let timestamps = self
+            .fields
+            .intersects(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK);
         let ring = Box::into_raw(Box::new(Ring::new(
             slots,
             with_extra,
@@ -156,10 +159,14 @@ impl CqBuilder {
             state: AtomicU8::new(STATE_OK),
             notify: AtomicU8::new(ARM_NONE),
             moderation_active: AtomicBool::new(false),
-            timestamps: self.fields.intersects(
-                WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
-            ),
+            timestamps,
             membarrier,
+            // Under loom and Miri the light barrier is a SeqCst fence whatever it is told
+            // (`sync.rs`), so the models run the plain push too.
+            plain_push: (membarrier || cfg!(any(loom, miri)))
+                && !timestamps
+                && self.policy != OverrunPolicy::Overwrite
+                && !with_extra,
             policy: self.policy,
             fields: self.fields,
             comp_vector: self.comp_vector,

@@ -110,6 +110,11 @@ struct CqShared {
     /// Whether the asymmetric barrier's light half may be a compiler fence (what
     /// `init_barriers` found when the CQ was created; see `sync.rs`).
     membarrier: bool,
+    /// Whether a push is the plain one (`produce.rs`): no timestamp, no seqlock mark
+    /// (not `IGNORE_OVERRUN`), no extra fields, and the light barrier a compiler fence
+    /// (under loom and Miri, where it is always a `SeqCst` fence, the models take this path
+    /// too). Fixed at creation, so one test replaces four on every push.
+    plain_push: bool,
     policy: OverrunPolicy,
     fields: WcFields,
     comp_vector: u32,

@@ -185,24 +185,35 @@ impl CqShared {
                 return Err(full.into_error(wc));
             }
         }
-        let timestamp = if this.timestamps {
-            DeviceClock::now()
-        } else {
+        let timestamp = if this.plain_push {
+            ring.view().publish(pos, wc.to_words());
+            // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the
+            // entries (the same store as below).
+            p.tail.store(pos + 1, Ordering::Release);
+            // The light barrier of the other branch, known to be a compiler fence here
+            // (`plain_push`; a SeqCst fence under loom and Miri, as always).
+            light_barrier(true);
             0
+        } else {
+            let timestamp = if this.timestamps {
+                DeviceClock::now()
+            } else {
+                0
+            };
+            ring.view().write(
+                pos,
+                wc.to_words(),
+                timestamp,
+                extra,
+                this.policy == OverrunPolicy::Overwrite,
+            );
+            p.tail.store(pos + 1, Ordering::Release);
+            // Order the publication above before the read of the arm flag, against the
+            // heavy barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or
+            // the armer sees the entry.
+            light_barrier(this.membarrier);
+            timestamp
         };
-        ring.view().write(
-            pos,
-            wc.to_words(),
-            timestamp,
-            extra,
-            this.policy == OverrunPolicy::Overwrite,
-        );
-        // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the entries.
-        p.tail.store(pos + 1, Ordering::Release);
-        // Order the publication above before the read of the arm flag, against the heavy
-        // barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or the armer
-        // sees the entry.
-        light_barrier(this.membarrier);
         if this.notify.load(Ordering::Relaxed) != ARM_NONE {
             Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
         }
