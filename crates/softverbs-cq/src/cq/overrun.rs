@@ -74,6 +74,8 @@ impl CqShared {
         match self.policy {
             OverrunPolicy::Error => {
                 self.state.store(STATE_ERROR, Ordering::Release);
+                // Every later push takes the slow path and finds the error state there.
+                self.producer.slow_at.store(0, Ordering::Relaxed);
                 self.overruns.fetch_add(1, Ordering::Relaxed);
                 Err(RingFull::Overrun)
             }

@@ -170,17 +170,19 @@ impl CqShared {
         solicited: bool,
         extra: Option<&WcExtra>,
     ) -> Result<(), PushError> {
-        match this.state.load(Ordering::Relaxed) {
-            STATE_OK => {}
-            STATE_ERROR => return Err(PushError::InError),
-            _ => return Err(PushError::Destroyed),
-        }
         let p = &this.producer;
         let pos = p.tail.load(Ordering::Relaxed);
-        // One comparison stands for the full check and the high-water check: below
-        // `slow_at` the ring has room and the depth cannot pass the high-water mark (both
-        // measured against the cached head, see `room_or_mark`).
+        // One comparison stands for the state check, the full check and the high-water
+        // check: below `slow_at` the CQ is in the OK state (whatever leaves it sets `slow_at`
+        // to 0 under this lock: `stop_producers`, `ring_full`), the ring has room and the
+        // depth cannot pass the high-water mark (both measured against the cached head, see
+        // `room_or_mark`).
         if pos >= p.slow_at.load(Ordering::Relaxed) {
+            match this.state.load(Ordering::Relaxed) {
+                STATE_OK => {}
+                STATE_ERROR => return Err(PushError::InError),
+                _ => return Err(PushError::Destroyed),
+            }
             if let Err(full) = this.room_or_mark(ring.capacity(), pos) {
                 return Err(full.into_error(wc));
             }
@@ -218,6 +220,16 @@ impl CqShared {
             Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
         }
         Ok(())
+    }
+
+    /// Makes every later push take the slow path, where it finds the state the caller just
+    /// left (destroyed): `slow_at = 0` under the producer lock, so a push that takes the lock
+    /// after this returns sees it. Called with no other CQ lock held (a push may take the
+    /// channel's queue lock inside the producer lock, `notify.rs`).
+    pub(super) fn stop_producers(&self) {
+        let hold = self.producer.lock.acquire();
+        self.producer.slow_at.store(0, Ordering::Relaxed);
+        self.producer.lock.release(hold);
     }
 
     /// The push of position `pos` reached `slow_at`: the ring may be full (seen against the
