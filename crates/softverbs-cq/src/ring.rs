@@ -120,9 +120,76 @@ impl Ring {
         self.mask + 1
     }
 
+    /// The slots, extras and mask, for a loop over entries ([`RingView`]).
+    #[inline(always)]
+    pub(crate) fn view(&self) -> RingView<'_> {
+        RingView {
+            slots: &self.slots,
+            extra: self.extra.as_ref(),
+            mask: self.mask,
+        }
+    }
+
+    /// The first slot and the index mask, for a consumer that caches them.
+    pub(crate) fn raw_parts(&self) -> (*const Slot, u64) {
+        (self.slots.as_ptr(), self.mask)
+    }
+
+    /// Whether position `pos` is empty: the consumer's fast check ([`is_empty`]).
+    #[inline(always)]
+    pub(crate) fn is_empty_at(&self, pos: u64) -> bool {
+        self.view().is_empty_at(pos)
+    }
+
+    /// Copies positions `from..to` into `into` (a fresh ring), publishing each. Only used
+    /// by resize, with both sides excluded.
+    pub(crate) fn copy_into(&self, from: u64, to: u64, into: &Ring) {
+        let (old, new) = (self.view(), into.view());
+        for pos in from..to {
+            if let Some(entry) = old.read(pos, false) {
+                new.write(
+                    pos,
+                    entry.wc.to_words(),
+                    entry.timestamp,
+                    Some(&entry.extra),
+                    false,
+                );
+            }
+        }
+    }
+}
+
+/// A ring's slots, extra slots and index mask, copied out of the [`Ring`] for as long as it
+/// is borrowed: every entry operation lives here. A loop that went through `&Ring` would
+/// reload the slots' address and the mask after each atomic access (the compiler cannot
+/// tell the slots' words from the ring's own fields); a view keeps them in registers.
+#[derive(Clone, Copy)]
+pub(crate) struct RingView<'a> {
+    slots: &'a [Slot],
+    /// The extras' array itself, not its slice: a ring without extras then costs the view
+    /// no load and no branch.
+    extra: Option<&'a RingArray<ExtraSlot>>,
+    mask: u64,
+}
+
+impl RingView<'_> {
+    pub(crate) fn capacity(&self) -> u64 {
+        self.mask + 1
+    }
+
     #[inline(always)]
     fn slot(&self, pos: u64) -> &Slot {
-        &self.slots[(pos & self.mask) as usize]
+        // SAFETY: `slots` holds `mask + 1` slots (`Ring::new`), and `pos & mask <= mask`.
+        unsafe { self.slots.get_unchecked((pos & self.mask) as usize) }
+    }
+
+    /// The extra fields' slot for `pos`, if the ring has them.
+    #[inline(always)]
+    fn extra_slot(&self, pos: u64) -> Option<&ExtraSlot> {
+        self.extra.map(|extras| {
+            // SAFETY: `extras` holds `mask + 1` slots (`Ring::new`), and `pos & mask <= mask`.
+            unsafe { extras.get_unchecked((pos & self.mask) as usize) }
+        })
     }
 
     /// Writes the entry for `pos` (a completion packed by [`WorkCompletion::to_words`]) and
@@ -148,9 +215,8 @@ impl Ring {
             word.store(value, Ordering::Relaxed);
         }
         slot.timestamp.store(timestamp, Ordering::Relaxed);
-        if let Some(extras) = &self.extra {
+        if let Some(x) = self.extra_slot(pos) {
             let e = extra.copied().unwrap_or_default();
-            let x = &extras[(pos & self.mask) as usize];
             x.cvlan_flow_tag.store(
                 u64::from(e.cvlan) | (u64::from(e.flow_tag) << 32),
                 Ordering::Relaxed,
@@ -162,19 +228,72 @@ impl Ring {
         slot.seq.store(pos + 1, Ordering::Release);
     }
 
-    /// The first slot and the index mask, for a consumer that caches them.
-    pub(crate) fn raw_parts(&self) -> (*const Slot, u64) {
-        (self.slots.as_ptr(), self.mask)
+    /// [`RingView::write`] for a ring without extra fields, of a CQ without timestamps and
+    /// without `IGNORE_OVERRUN`: the six words, then the sequence word (the slot's timestamp
+    /// word is left as it is; nothing reads it when timestamps were not requested).
+    #[inline(always)]
+    pub(crate) fn publish(&self, pos: u64, words: [u64; 6]) {
+        let slot = self.slot(pos);
+        for (word, value) in slot.words.iter().zip(words) {
+            word.store(value, Ordering::Relaxed);
+        }
+        // Release: the consumer's Acquire load of `seq == pos + 1` sees the words.
+        slot.seq.store(pos + 1, Ordering::Release);
     }
 
     /// Whether the entry for `pos` is there. `Acquire` pairs with the `Release` publication
-    /// in [`Ring::write`].
+    /// in [`RingView::write`].
     #[inline(always)]
     pub(crate) fn peek(&self, pos: u64) -> Peek {
-        classify(self.slot(pos).seq.load(Ordering::Acquire), pos)
+        classify(self.seq(pos), pos)
     }
 
-    /// Reads the entry for `pos`, which [`Ring::peek`] found ready. With `validate` (the
+    /// The sequence word of the slot for `pos`, for a consumer that compares it with
+    /// `pos + 1` itself ([`is_ready`], [`is_lapped`]). `Acquire` pairs with the `Release`
+    /// publication in [`RingView::write`].
+    #[inline(always)]
+    pub(crate) fn seq(&self, pos: u64) -> u64 {
+        self.slot(pos).seq.load(Ordering::Acquire)
+    }
+
+    /// Whether position `pos` is empty: the consumer's fast check ([`is_empty`]).
+    #[inline(always)]
+    pub(crate) fn is_empty_at(&self, pos: u64) -> bool {
+        is_empty(self.seq(pos), pos)
+    }
+
+    /// The completion's six words for `pos`, whose sequence word [`RingView::seq`] found
+    /// ready: what `ibv_poll_cq` returns, without the timestamp and the extra fields that
+    /// only extended polling reads (an atomic load is not dropped even when its value is
+    /// unused). Under `IGNORE_OVERRUN` the caller checks [`RingView::still_at`] before using
+    /// them.
+    #[inline(always)]
+    pub(crate) fn read_words(&self, pos: u64) -> [u64; 6] {
+        let words = &self.slot(pos).words;
+        std::array::from_fn(|i| words[i].load(Ordering::Relaxed))
+    }
+
+    /// Copies the completion for `pos`, whose sequence word [`RingView::seq`] found ready,
+    /// into `out`, word by word ([`WorkCompletion::set_from_word_fn`]). Without the seqlock
+    /// check: only where the producer never overwrites an unconsumed entry (not under
+    /// `IGNORE_OVERRUN`, which reads with [`RingView::read_words`] and checks before
+    /// storing).
+    #[inline(always)]
+    pub(crate) fn copy_out(&self, pos: u64, out: &mut WorkCompletion) {
+        let words = &self.slot(pos).words;
+        out.set_from_word_fn(|i| words[i].load(Ordering::Relaxed));
+    }
+
+    /// The seqlock reader's re-check after [`RingView::read_words`] (`IGNORE_OVERRUN`):
+    /// whether the slot still holds `pos`, so the words read are `pos`'s and whole. The
+    /// `Acquire` fence orders the data loads before the re-check.
+    #[inline(always)]
+    pub(crate) fn still_at(&self, pos: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.slot(pos).seq.load(Ordering::Relaxed) == pos + 1
+    }
+
+    /// Reads the entry for `pos`, which [`RingView::peek`] found ready. With `validate` (the
     /// `IGNORE_OVERRUN` case, where the producer may be overwriting it right now) the read is
     /// checked like a seqlock and `None` means the entry was lapped while being read.
     #[inline(always)]
@@ -185,8 +304,7 @@ impl Ring {
             *out = word.load(Ordering::Relaxed);
         }
         let timestamp = slot.timestamp.load(Ordering::Relaxed);
-        let extra = self.extra.as_ref().map_or(WcExtra::default(), |extras| {
-            let x = &extras[(pos & self.mask) as usize];
+        let extra = self.extra_slot(pos).map_or(WcExtra::default(), |x| {
             let cf = x.cvlan_flow_tag.load(Ordering::Relaxed);
             WcExtra {
                 cvlan: cf as u16,
@@ -208,38 +326,32 @@ impl Ring {
             extra,
         })
     }
-
-    /// Copies positions `from..to` into `into` (a fresh ring), publishing each. Only used
-    /// by resize, with both sides excluded.
-    pub(crate) fn copy_into(&self, from: u64, to: u64, into: &Ring) {
-        for pos in from..to {
-            if let Some(entry) = self.read(pos, false) {
-                into.write(
-                    pos,
-                    entry.wc.to_words(),
-                    entry.timestamp,
-                    Some(&entry.extra),
-                    false,
-                );
-            }
-        }
-    }
 }
 
-impl Ring {
-    /// Whether position `pos` is empty ([`Peek::Empty`]): the consumer's fast check, with the
-    /// common answers (ready, or not yet written) decided by one comparison each.
-    #[inline(always)]
-    pub(crate) fn is_empty_at(&self, pos: u64) -> bool {
-        is_empty(self.slot(pos).seq.load(Ordering::Acquire), pos)
-    }
-}
-
-/// [`classify`]`(seq, pos) == Peek::Empty`, branching on the likely case first.
+/// The consumer's fast empty check, one comparison: `true` only if [`classify`] says
+/// [`Peek::Empty`], and for every empty slot except one being overwritten for `pos`
+/// (`IGNORE_OVERRUN`, [`WRITING`] set), which it calls not empty. That answer sends the
+/// caller to its exact path (the poll loop, [`classify`]), which finds the entry not there
+/// yet. Without `IGNORE_OVERRUN` a slot's word never exceeds `pos + 1` for the consumer's
+/// `pos`, so there it is exact.
 #[inline(always)]
 pub(crate) fn is_empty(seq: u64, pos: u64) -> bool {
-    let expected = pos + 1;
-    seq != expected && seq & !WRITING <= expected
+    seq <= pos
+}
+
+/// Whether sequence word `seq` marks `pos`'s entry complete ([`Peek::Ready`]).
+#[inline(always)]
+pub(crate) fn is_ready(seq: u64, pos: u64) -> bool {
+    seq == pos + 1
+}
+
+/// For a `seq` that is not [`is_ready`] for `pos`: whether the slot was overwritten by a
+/// later position ([`Peek::Lapped`]; otherwise the entry is not there yet).
+#[inline(always)]
+pub(crate) fn is_lapped(seq: u64, pos: u64) -> bool {
+    // `seq & !WRITING > pos + 1`, without a 64-bit mask constant held in a register across
+    // the poll loop: shifting out the mark bit compares the same (`pos + 1 < 2^63`).
+    seq << 1 > (pos + 1) << 1
 }
 
 /// [`Ring::is_empty_at`] through cached [`Ring::raw_parts`].
@@ -280,7 +392,8 @@ mod tests {
 
     #[test]
     fn entries_are_valid_in_place_only_for_their_own_position() {
-        let ring = Ring::new(4, false, None).unwrap();
+        let owner = Ring::new(4, false, None).unwrap();
+        let ring = owner.view();
         assert_eq!(ring.peek(0), Peek::Empty);
         let wc = WorkCompletion::success(1, WcOpcode::Send, 3);
         ring.write(0, wc.to_words(), 0, None, false);
@@ -294,16 +407,23 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_empty_check_agrees_with_classify() {
+    fn the_fast_checks_agree_with_classify() {
         for pos in [0, 3, 4, 5, 100] {
             for seq in [0, 1, pos, pos + 1, pos + 2, pos + 9] {
                 for mark in [0, WRITING] {
                     let seq = seq | mark;
-                    assert_eq!(
-                        is_empty(seq, pos),
-                        classify(seq, pos) == Peek::Empty,
-                        "seq {seq:#x} pos {pos}"
-                    );
+                    let peek = classify(seq, pos);
+                    // Never empty when something is there to take or skip; exact for every
+                    // word but a slot being overwritten, which goes to the exact path.
+                    if is_empty(seq, pos) {
+                        assert_eq!(peek, Peek::Empty, "seq {seq:#x} pos {pos}");
+                    } else if mark == 0 {
+                        assert_ne!(peek, Peek::Empty, "seq {seq:#x} pos {pos}");
+                    }
+                    assert_eq!(is_ready(seq, pos), peek == Peek::Ready, "seq {seq:#x}");
+                    if !is_ready(seq, pos) {
+                        assert_eq!(is_lapped(seq, pos), peek == Peek::Lapped, "seq {seq:#x}");
+                    }
                 }
             }
         }

@@ -135,7 +135,8 @@ pub(crate) fn heavy_barrier() {
 }
 
 /// A test-and-test-and-set spin lock whose release is a plain store, so a producer that
-/// holds it over a burst of pushes issues one locked instruction per burst.
+/// holds it over a burst of pushes issues one locked instruction per burst (the producer
+/// lock, `cq/biased_lock.rs`, builds its bias on it).
 #[derive(Debug, Default)]
 pub(crate) struct SpinLock {
     locked: AtomicBool,
@@ -178,4 +179,42 @@ impl SpinLock {
     pub(crate) fn unlock(&self) {
         self.locked.store(false, Ordering::Release);
     }
+}
+
+/// The source of [`thread_token`]s: every thread that asks gets the next number, so a token
+/// is never reused, not even after its thread exits. A `std` atomic under loom too: it only
+/// hands out distinct numbers, which is not part of what the models explore.
+static NEXT_THREAD_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static THREAD_TOKEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+#[cfg(loom)]
+loom::thread_local! {
+    static THREAD_TOKEN: std::cell::Cell<u64> = std::cell::Cell::new(0);
+}
+
+/// A number naming the calling thread, nonzero and never given to another thread (the
+/// biased locks, `cq/biased_lock.rs`, names its owner by it). Assigned on a
+/// thread's first call; afterwards one thread-local load.
+#[inline(always)]
+pub(crate) fn thread_token() -> u64 {
+    THREAD_TOKEN.with(|token| {
+        let known = token.get();
+        if known != 0 {
+            return known;
+        }
+        // Relaxed: only uniqueness matters, which the RMW gives in any ordering.
+        let fresh = NEXT_THREAD_TOKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        token.set(fresh);
+        fresh
+    })
+}
+
+/// The calling thread's [`thread_token`] if it has been assigned one, else 0 (never a
+/// token): one thread-local load, for a fast path that only compares it with a stored token.
+#[inline(always)]
+pub(crate) fn assigned_thread_token() -> u64 {
+    THREAD_TOKEN.with(|token| token.get())
 }

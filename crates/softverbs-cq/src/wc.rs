@@ -601,6 +601,49 @@ impl WorkCompletion {
     }
 }
 
+impl WorkCompletion {
+    /// Makes `self` [`WorkCompletion::from_words`]`(words)` with six whole-word stores (field
+    /// by field, the compiler stores thirteen, some of them 8 and 16 bits wide): the poll
+    /// loop's copy out of the ring.
+    #[inline(always)]
+    pub(crate) fn set_from_words(&mut self, words: [u64; 6]) {
+        #[cfg(target_endian = "little")]
+        {
+            // SAFETY: `WorkCompletion` is `repr(C)`, 48 bytes and 8-aligned (asserted above),
+            // so `self` is valid for an aligned 48-byte write. Every field is an integer, so
+            // any bytes are a valid value, and on a little-endian machine the words' bytes
+            // are the fields `from_words` extracts, in memory order (the packing test pins
+            // it); the top 16 bits of the last word land in the two bytes of tail padding,
+            // which `from_words` ignores too.
+            unsafe { std::ptr::from_mut(self).cast::<[u64; 6]>().write(words) };
+        }
+        #[cfg(not(target_endian = "little"))]
+        {
+            *self = WorkCompletion::from_words(words);
+        }
+    }
+
+    /// [`WorkCompletion::set_from_words`] with word `i` taken from `word(i)`, each stored as
+    /// soon as it is read: one register carries the copy instead of six, which leaves the
+    /// poll loop room for its own.
+    #[inline(always)]
+    pub(crate) fn set_from_word_fn(&mut self, word: impl Fn(usize) -> u64) {
+        #[cfg(target_endian = "little")]
+        {
+            let base = std::ptr::from_mut(self).cast::<u64>();
+            for i in 0..6 {
+                // SAFETY: as in `set_from_words`: `self` is 48 bytes, 8-aligned, all
+                // integers, in the words' memory order; `i < 6` keeps the write inside it.
+                unsafe { base.add(i).write(word(i)) };
+            }
+        }
+        #[cfg(not(target_endian = "little"))]
+        {
+            *self = WorkCompletion::from_words(std::array::from_fn(word));
+        }
+    }
+}
+
 impl fmt::Debug for WorkCompletion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.result() {
@@ -855,6 +898,17 @@ mod tests {
             dlid_path_bits: 0x7f,
         });
         assert_eq!(WorkCompletion::from_words(wc.to_words()), wc);
+        // The poll loop's whole-word copy gives the same completion, whatever the bits that
+        // fall in the tail padding.
+        let mut words = wc.to_words();
+        words[5] |= 0xa5a5 << 48;
+        let mut copied = WorkCompletion::default();
+        copied.set_from_words(words);
+        assert_eq!(copied, wc);
+        assert_eq!(copied, WorkCompletion::from_words(words));
+        let mut streamed = WorkCompletion::default();
+        streamed.set_from_word_fn(|i| words[i]);
+        assert_eq!(streamed, wc);
         // Word packing matches the memory image on little-endian machines.
         #[cfg(target_endian = "little")]
         {

@@ -2,9 +2,9 @@
 //! One test per CQ rule of the libibverbs man pages, each citing the sentence it checks.
 
 use softverbs_cq::{
-    CompletionChannel, CqBuilder, CqEvent, CqOverrun, CreateError, DestroyError, FieldNotRequested,
-    Moderation, OverrunPolicy, PollError, PushError, ResizeError, WcExtra, WcFields, WcFlags,
-    WcOpcode, WcStatus, WorkCompletion, MAX_CQE,
+    CompletionChannel, CompletionQueue, CqBuilder, CqEvent, CqOverrun, CqProducer, CreateError,
+    DestroyError, FieldNotRequested, Moderation, OverrunPolicy, PollError, PushError, ResizeError,
+    WcExtra, WcFields, WcFlags, WcOpcode, WcStatus, WorkCompletion, MAX_CQE,
 };
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -552,6 +552,40 @@ fn destroy_refuses_while_a_queue_pair_uses_the_cq() {
     p.detach_qp();
     cq.destroy().unwrap();
     assert_eq!(p.push(send(1), false), Err(PushError::Destroyed));
+}
+
+/// Pushes and polls until the producer's next push would take the fast path (its position
+/// below the point where it re-checks the CQ's state and room): the case destroy must
+/// still stop.
+fn warm(cq: &CompletionQueue, p: &CqProducer) {
+    let mut wcs = [WorkCompletion::default(); 8];
+    for round in 0..3 {
+        for i in 0..4 {
+            p.push(send(round * 4 + i), false).unwrap();
+        }
+        assert_eq!(cq.poll(&mut wcs).unwrap(), 4);
+    }
+    p.push(send(99), false).unwrap();
+    assert_eq!(cq.poll(&mut wcs).unwrap(), 1);
+}
+
+#[test]
+fn destroying_or_dropping_the_cq_stops_a_producer_in_full_stream() {
+    // ibv_destroy_cq(3) frees the CQ: the device's next completion for it must not land.
+    let cq = CqBuilder::new(8).build().unwrap();
+    let p = cq.producer();
+    warm(&cq, &p);
+    cq.destroy().unwrap();
+    assert_eq!(p.push(send(1), false), Err(PushError::Destroyed));
+    assert_eq!(p.push(send(2), false), Err(PushError::Destroyed));
+    // Dropped without destroy: the same.
+    let cq = CqBuilder::new(8).build().unwrap();
+    let p = cq.producer();
+    warm(&cq, &p);
+    drop(cq);
+    assert_eq!(p.push(send(1), false), Err(PushError::Destroyed));
+    let mut burst = p.burst();
+    assert_eq!(burst.push(send(2), false), Err(PushError::Destroyed));
 }
 
 #[test]

@@ -15,7 +15,11 @@
 //!   next completion"; no lost wake-up, one event per arm);
 //! - destroy against event delivery (`ibv_get_cq_event(3)`: "destroying a CQ will wait for
 //!   all completion events to be acknowledged");
-//! - two consumers against a producer on a thread-safe CQ.
+//! - two consumers against a producer on a thread-safe CQ;
+//! - the biased locks (`src/cq/biased_lock.rs`): an owner that enters with plain stores
+//!   against a thread that revokes its bias — a second producer (resize, above, revokes the
+//!   pushing thread's bias too), a second consumer against a polling owner, against an
+//!   owner holding an extended-poll batch, and against an owner arming the CQ.
 //!
 //! Destroy against poll needs no model: `destroy` takes the CQ by value, so no poll can run
 //! beside it; what can race it is event delivery, modelled here.
@@ -497,6 +501,150 @@ fn two_consumers_against_a_producer_lose_and_duplicate_nothing() {
             "mine {mine:?} theirs {theirs:?} rest {rest:?}"
         );
         assert_eq!(cq.stats().polled, 3);
+    });
+}
+
+// ------------------------------------------------------------------ the biased locks
+
+/// The producer lock's bias (`src/cq/biased_lock.rs`): under loom one push through the spin
+/// lock completes a thread's streak and grants it the bias, so this thread pushes 1 and 2 on
+/// the biased path (plain stores, light barrier) while a second producer revokes the bias
+/// (heavy barrier, waiting for the owner to leave) and pushes 10 and 11. Never are both
+/// inside: every completion is in the CQ once, whole, each producer's in its order.
+#[test]
+fn a_biased_producer_and_a_revoking_producer_lose_and_duplicate_nothing() {
+    model(Some(3), || {
+        let cq = CqBuilder::new(8).build().unwrap();
+        let producer = cq.producer();
+        producer.push(numbered(0), false).unwrap();
+        let other = cq.producer();
+        let revoker = thread::spawn(move || {
+            for i in 10..12 {
+                other.push(numbered(i), false).unwrap();
+            }
+        });
+        for i in 1..3 {
+            producer.push(numbered(i), false).unwrap();
+        }
+        revoker.join().unwrap();
+        let all = drain(&cq);
+        let mine: Vec<u64> = all.iter().copied().filter(|&i| i < 10).collect();
+        let theirs: Vec<u64> = all.iter().copied().filter(|&i| i >= 10).collect();
+        assert_eq!(mine, [0, 1, 2], "all {all:?}");
+        assert_eq!(theirs, [10, 11], "all {all:?}");
+        assert_eq!(cq.stats().produced, 5);
+    });
+}
+
+/// Makes the calling thread the owner of `cq`'s biased consumer lock: under loom one poll
+/// through the spin lock completes the streak. Pushes and polls completion `first` to get
+/// there.
+fn become_consumer_owner(cq: &CompletionQueue, first: u64) {
+    cq.producer().push(numbered(first), false).unwrap();
+    assert_eq!(poll_once(cq, 1), [first]);
+}
+
+/// ibv_poll_cq(3) may be called from several threads at once; each completion is returned
+/// once. The consumer lock's owner polls on the biased path while a second consumer revokes
+/// the bias (heavy barrier, waiting for the owner to leave) and a producer pushes: between
+/// them they receive every completion exactly once, each in order, whole.
+#[test]
+fn a_biased_consumer_and_a_revoking_consumer_against_a_producer_take_each_completion_once() {
+    model(Some(3), || {
+        let cq = Arc::new(CqBuilder::new(4).build().unwrap());
+        become_consumer_owner(&cq, 0);
+        let producer = cq.producer();
+        let pusher = thread::spawn(move || {
+            for i in 1..3 {
+                producer.push(numbered(i), false).unwrap();
+            }
+        });
+        let revoker = {
+            let cq = cq.clone();
+            thread::spawn(move || {
+                let mut got = poll_once(&cq, 1);
+                got.extend(poll_once(&cq, 1));
+                got
+            })
+        };
+        let mut mine = poll_once(&cq, 1);
+        mine.extend(poll_once(&cq, 2));
+        pusher.join().unwrap();
+        let theirs = revoker.join().unwrap();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]), "{mine:?}");
+        assert!(theirs.windows(2).all(|w| w[0] < w[1]), "{theirs:?}");
+        let rest = drain(&cq);
+        let mut all: Vec<u64> = mine.iter().chain(&theirs).chain(&rest).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [1, 2], "mine {mine:?} theirs {theirs:?} rest {rest:?}");
+        assert_eq!(cq.stats().polled, 3);
+    });
+}
+
+/// ibv_start_poll(3) holds the CQ until ibv_end_poll: the owner of the consumer lock's bias
+/// holds an extended-poll batch (on the biased path, across its own code) while a second
+/// consumer polls, revoking the bias and waiting for the batch to end. The batch consumes
+/// what it was positioned on, the other consumer the rest; nothing twice.
+#[test]
+fn a_poll_batch_held_by_the_biased_consumer_excludes_a_revoking_consumer() {
+    model(Some(2), || {
+        let cq = Arc::new(CqBuilder::new(4).build().unwrap());
+        become_consumer_owner(&cq, 0);
+        let producer = cq.producer();
+        for i in 1..3 {
+            producer.push(numbered(i), false).unwrap();
+        }
+        let revoker = {
+            let cq = cq.clone();
+            thread::spawn(move || poll_once(&cq, 2))
+        };
+        let mine = match cq.start_poll().unwrap() {
+            Some(batch) => {
+                let first = assert_whole(batch.completion());
+                drop(batch);
+                vec![first]
+            }
+            None => Vec::new(),
+        };
+        let theirs = revoker.join().unwrap();
+        let rest = drain(&cq);
+        let mut all: Vec<u64> = mine.iter().chain(&theirs).chain(&rest).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [1, 2], "mine {mine:?} theirs {theirs:?} rest {rest:?}");
+    });
+}
+
+/// ibv_req_notify_cq(3) with the consumer bias in play: the owner arms (with the check)
+/// while a second consumer revokes its bias by polling and a producer pushes. No lost
+/// wake-up: the check saw a completion, or the one event came, or the other consumer had
+/// already taken the completion. Never two events for one arm; the completion is taken
+/// exactly once.
+#[test]
+fn arming_by_a_biased_consumer_against_a_revoking_consumer_and_a_push_never_loses_the_wakeup() {
+    model(Some(3), || {
+        let channel = CompletionChannel::new().unwrap();
+        let cq = Arc::new(CqBuilder::new(4).channel(&channel).build().unwrap());
+        become_consumer_owner(&cq, 0);
+        let producer = cq.producer();
+        let pusher = thread::spawn(move || producer.push(numbered(1), false).unwrap());
+        let revoker = {
+            let cq = cq.clone();
+            thread::spawn(move || poll_once(&cq, 1))
+        };
+        let saw_completion = cq.req_notify_and_check(false);
+        let mine = poll_once(&cq, 1);
+        pusher.join().unwrap();
+        let theirs = revoker.join().unwrap();
+        let events = take_events(&channel, cq.id(), 0);
+        assert!(events <= 1, "{events} events for one arm");
+        assert!(
+            saw_completion || events == 1 || theirs == [1],
+            "lost wake-up: mine {mine:?} theirs {theirs:?}"
+        );
+        let rest = drain(&cq);
+        let mut all: Vec<u64> = mine.iter().chain(&theirs).chain(&rest).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, [1], "mine {mine:?} theirs {theirs:?} rest {rest:?}");
     });
 }
 

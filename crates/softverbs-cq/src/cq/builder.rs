@@ -6,6 +6,7 @@
 //! prepared before any producer can run; and the ring pointer the shared state starts with
 //! comes from `Box::into_raw`, as `mod.rs` requires.
 
+use super::biased_lock::BiasedLock;
 use super::notify::ARM_NONE;
 use super::{
     CompletionQueue, ConsumerSide, CqShared, ModerationState, OverrunPolicy, OverrunSink,
@@ -16,7 +17,7 @@ use crate::error::CreateError;
 use crate::memory::SharedRingAllocator;
 use crate::ring::Ring;
 use crate::sync::{
-    init_barriers, Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, SpinLock,
+    init_barriers, Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex,
 };
 use crate::wc::WcFields;
 use crossbeam_utils::CachePadded;
@@ -139,6 +140,9 @@ impl CqBuilder {
         let with_extra = self
             .fields
             .intersects(WcFields::CVLAN | WcFields::FLOW_TAG | WcFields::TM_INFO);
+        let timestamps = self
+            .fields
+            .intersects(WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK);
         let ring = Box::into_raw(Box::new(Ring::new(
             slots,
             with_extra,
@@ -155,23 +159,27 @@ impl CqBuilder {
             state: AtomicU8::new(STATE_OK),
             notify: AtomicU8::new(ARM_NONE),
             moderation_active: AtomicBool::new(false),
-            timestamps: self.fields.intersects(
-                WcFields::COMPLETION_TIMESTAMP | WcFields::COMPLETION_TIMESTAMP_WALLCLOCK,
-            ),
+            timestamps,
             membarrier,
+            // Under loom and Miri the light barrier is a SeqCst fence whatever it is told
+            // (`sync.rs`), so the models run the plain push too.
+            plain_push: (membarrier || cfg!(any(loom, miri)))
+                && !timestamps
+                && self.policy != OverrunPolicy::Overwrite
+                && !with_extra,
             policy: self.policy,
             fields: self.fields,
             comp_vector: self.comp_vector,
             events: Arc::new(events),
             overrun_sink: self.overrun_sink,
             producer: CachePadded::new(ProducerSide {
-                lock: SpinLock::new(),
+                lock: BiasedLock::new(membarrier),
                 tail: AtomicU64::new(0),
                 cached_head: AtomicU64::new(0),
                 slow_at: AtomicU64::new(0),
             }),
             consumer: CachePadded::new(ConsumerSide {
-                lock: SpinLock::new(),
+                lock: BiasedLock::new(membarrier),
                 head: AtomicU64::new(0),
             }),
             high_water: AtomicU64::new(0),

@@ -74,6 +74,8 @@ impl CqShared {
                 ch.note_purged(purged);
             }
         }
+        // With the queue lock released (a push takes it inside the producer lock).
+        this.stop_producers();
         Ok(())
     }
 }
@@ -98,6 +100,8 @@ pub(super) fn mark_dropped(shared: &Arc<CqShared>) {
                 shared.events.note_purged(purged as u64);
             }
         }
+        // With the queue lock released (a push takes it inside the producer lock).
+        shared.stop_producers();
     }
 }
 

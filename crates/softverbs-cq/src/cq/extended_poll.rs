@@ -7,6 +7,7 @@
 //! it consumes exactly the completions it was positioned on, publishing the head once; a
 //! field that was not requested at creation reads as [`FieldNotRequested`], never stale data.
 
+use super::biased_lock::Hold;
 use super::{CompletionQueue, CqShared, SingleThreadedCq, STATE_ERROR};
 use crate::clock::DeviceClock;
 use crate::error::{FieldNotRequested, PollError};
@@ -26,10 +27,10 @@ impl CompletionQueue {
         if self.shared.looks_empty() {
             return Ok(None);
         }
-        self.shared.consumer.lock.lock();
-        let batch = PollBatch::start(&self.shared, true);
+        let hold = self.shared.consumer.lock.acquire();
+        let batch = PollBatch::start(&self.shared, Some(hold));
         if batch.is_none() {
-            self.shared.consumer.lock.unlock();
+            self.shared.consumer.lock.release(hold);
         }
         Ok(batch)
     }
@@ -41,7 +42,7 @@ impl SingleThreadedCq {
         if self.shared.state.load(Ordering::Relaxed) == STATE_ERROR {
             return Err(PollError::Overrun);
         }
-        Ok(PollBatch::start(&self.shared, false))
+        Ok(PollBatch::start(&self.shared, None))
     }
 }
 
@@ -53,7 +54,9 @@ impl SingleThreadedCq {
 /// value; the others return [`FieldNotRequested`], never stale data.
 pub struct PollBatch<'a> {
     shared: &'a Arc<CqShared>,
-    locked: bool,
+    /// The consumer lock this batch holds (`None`: a single-threaded CQ, or the
+    /// thread-domain promise of `unsynchronized.rs`).
+    hold: Option<Hold>,
     /// The head when the batch started.
     start: u64,
     /// Completions the batch was positioned on.
@@ -66,7 +69,7 @@ pub struct PollBatch<'a> {
 }
 
 impl<'a> PollBatch<'a> {
-    pub(super) fn start(shared: &'a Arc<CqShared>, locked: bool) -> Option<Self> {
+    pub(super) fn start(shared: &'a Arc<CqShared>, hold: Option<Hold>) -> Option<Self> {
         let start = shared.consumer.head.load(Ordering::Relaxed);
         let mut head = start;
         let Some(entry) = shared.peek_entry(&mut head) else {
@@ -77,7 +80,7 @@ impl<'a> PollBatch<'a> {
         };
         Some(PollBatch {
             shared,
-            locked,
+            hold,
             start,
             delivered: 1,
             pos: head,
@@ -251,8 +254,8 @@ impl Drop for PollBatch<'_> {
         // ibv_end_poll: every completion the batch was positioned on is consumed.
         self.shared
             .publish_head(self.start, self.pos + 1, self.delivered);
-        if self.locked {
-            self.shared.consumer.lock.unlock();
+        if let Some(hold) = self.hold {
+            self.shared.consumer.lock.release(hold);
         }
     }
 }

@@ -17,11 +17,13 @@
 //!
 //! Roles:
 //! - **Producers** ([`CqProducer`], cloneable, used by the device's threads) push completions.
-//!   Pushes are serialised by a producer spin lock; [`CqProducer::burst`] holds it across
-//!   several pushes so a busy progress thread pays one locked instruction per burst.
+//!   Pushes are serialised by a producer spin lock biased towards the thread that keeps
+//!   pushing (`biased_lock.rs`): that thread enters with plain stores, the others with one
+//!   locked instruction; [`CqProducer::burst`] holds it across several pushes.
 //! - **Consumers** poll. [`CompletionQueue`] is thread-safe (`&self` polling behind a
-//!   consumer lock); [`SingleThreadedCq`] (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`) polls
-//!   through `&mut self` with no lock, and is `!Sync`, so it cannot be shared.
+//!   consumer lock, biased like the producer lock towards the thread that keeps polling);
+//!   [`SingleThreadedCq`] (`IBV_CREATE_CQ_ATTR_SINGLE_THREADED`) polls through `&mut self`
+//!   with no lock, and is `!Sync`, so it cannot be shared.
 //!
 //! The fast paths: a push writes one 64-byte slot, bumps the tail, and reads the
 //! notification flag behind a compiler-only barrier (see `sync.rs`); a poll of an empty CQ is
@@ -37,6 +39,7 @@
 //! one instead of freeing it), and the ring is freed only when the shared state is dropped,
 //! so a `&Ring` taken from it is valid as long as the shared state is.
 
+mod biased_lock;
 mod builder;
 mod destroy;
 mod extended_poll;
@@ -59,9 +62,7 @@ pub use stats::CqStats;
 use crate::channel::CqEventSource;
 use crate::error::{DestroyError, ModifyError};
 use crate::ring::Ring;
-use crate::sync::{
-    Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering, SpinLock,
-};
+use crate::sync::{Arc, AtomicBool, AtomicPtr, AtomicU64, AtomicU8, AtomicUsize, Mutex, Ordering};
 use crate::wc::WcFields;
 use crossbeam_utils::CachePadded;
 use moderation::ModerationState;
@@ -75,7 +76,9 @@ const STATE_ERROR: u8 = 1;
 const STATE_DESTROYED: u8 = 2;
 
 struct ProducerSide {
-    lock: SpinLock,
+    /// Excludes producers from each other (and from resize), biased towards the thread
+    /// that keeps pushing (`biased_lock.rs`).
+    lock: biased_lock::BiasedLock,
     /// Next position to write. Written by the lock holder; read by stats and by an
     /// `IGNORE_OVERRUN` consumer that was lapped (`Release`/`Acquire`).
     tail: AtomicU64,
@@ -88,7 +91,9 @@ struct ProducerSide {
 }
 
 struct ConsumerSide {
-    lock: SpinLock,
+    /// Excludes consumers from each other (and from resize), biased towards the thread that
+    /// keeps polling (`biased_lock.rs`).
+    lock: biased_lock::BiasedLock,
     /// Next position to poll. Written by the consumer (`Release` after copying entries
     /// out, so a producer that reads it with `Acquire` may reuse those slots).
     head: AtomicU64,
@@ -105,6 +110,11 @@ struct CqShared {
     /// Whether the asymmetric barrier's light half may be a compiler fence (what
     /// `init_barriers` found when the CQ was created; see `sync.rs`).
     membarrier: bool,
+    /// Whether a push is the plain one (`produce.rs`): no timestamp, no seqlock mark
+    /// (not `IGNORE_OVERRUN`), no extra fields, and the light barrier a compiler fence
+    /// (under loom and Miri, where it is always a `SeqCst` fence, the models take this path
+    /// too). Fixed at creation, so one test replaces four on every push.
+    plain_push: bool,
     policy: OverrunPolicy,
     fields: WcFields,
     comp_vector: u32,

@@ -11,7 +11,6 @@
 
 use super::{CqShared, STATE_ERROR};
 use crate::error::PushError;
-use crate::ring::Ring;
 use crate::sync::{Arc, Ordering};
 use crate::wc::WorkCompletion;
 
@@ -75,6 +74,8 @@ impl CqShared {
         match self.policy {
             OverrunPolicy::Error => {
                 self.state.store(STATE_ERROR, Ordering::Release);
+                // Every later push takes the slow path and finds the error state there.
+                self.producer.slow_at.store(0, Ordering::Relaxed);
                 self.overruns.fetch_add(1, Ordering::Relaxed);
                 Err(RingFull::Overrun)
             }
@@ -98,8 +99,8 @@ impl CqShared {
     /// Under `IGNORE_OVERRUN` the producer overwrote the entry at `head`: the oldest entry
     /// that can still be there. (What was skipped is counted when the head is published.)
     #[cold]
-    pub(super) fn skip_lapped(&self, head: u64, ring: &Ring) -> u64 {
+    pub(super) fn skip_lapped(&self, head: u64, capacity: u64) -> u64 {
         let tail = self.producer.tail.load(Ordering::Acquire);
-        tail.saturating_sub(ring.capacity()).max(head + 1)
+        tail.saturating_sub(capacity).max(head + 1)
     }
 }

@@ -10,7 +10,7 @@
 
 use super::{CompletionQueue, CqShared, OverrunPolicy, SingleThreadedCq, STATE_ERROR};
 use crate::error::PollError;
-use crate::ring::{Entry, Peek};
+use crate::ring::{is_lapped, is_ready, Entry, Peek};
 use crate::sync::Ordering;
 use crate::wc::WorkCompletion;
 
@@ -22,23 +22,45 @@ impl CqShared {
         if self.state.load(Ordering::Relaxed) == STATE_ERROR {
             return Err(PollError::Overrun);
         }
-        let ring = self.ring();
-        let validate = self.policy == OverrunPolicy::Overwrite;
+        let ring = self.ring().view();
         let start = self.consumer.head.load(Ordering::Relaxed);
         let mut head = start;
         let mut n = 0;
+        if self.policy != OverrunPolicy::Overwrite {
+            // The producer never writes a slot whose entry is still unconsumed (the ring
+            // full, it refuses or errors: `overrun.rs`), so a slot not ready for `head` holds
+            // an older position and the batch ends there; nothing is lapped or lost. Per
+            // entry: one load and one comparison to find it complete, then six word loads
+            // and stores to copy it out (`ibv_wc` has no timestamp or extra fields to read).
+            while n < out.len() && is_ready(ring.seq(head), head) {
+                ring.copy_out(head, &mut out[n]);
+                n += 1;
+                head += 1;
+            }
+            if n > 0 {
+                // Release: the producer may reuse the slots once it sees the new head.
+                self.consumer.head.store(head, Ordering::Release);
+            }
+            return Ok(n);
+        }
+        // IGNORE_OVERRUN: the producer may overwrite what is being read (a seqlock) or
+        // has been lapped.
         while n < out.len() {
-            match ring.peek(head) {
-                Peek::Ready => match ring.read(head, validate) {
-                    Some(entry) => {
-                        out[n] = entry.wc;
-                        n += 1;
-                        head += 1;
-                    }
-                    None => head = self.skip_lapped(head, ring),
-                },
-                Peek::Empty => break,
-                Peek::Lapped => head = self.skip_lapped(head, ring),
+            let seq = ring.seq(head);
+            if is_ready(seq, head) {
+                let words = ring.read_words(head);
+                if !ring.still_at(head) {
+                    // Overwritten while being read: a seqlock miss.
+                    head = self.skip_lapped(head, ring.capacity());
+                    continue;
+                }
+                out[n].set_from_words(words);
+                n += 1;
+                head += 1;
+            } else if is_lapped(seq, head) {
+                head = self.skip_lapped(head, ring.capacity());
+            } else {
+                break;
             }
         }
         if head != start {
@@ -52,16 +74,16 @@ impl CqShared {
     // module, which may now be another codegen unit.
     #[inline]
     pub(super) fn peek_entry(&self, head: &mut u64) -> Option<Entry> {
-        let ring = self.ring();
+        let ring = self.ring().view();
         let validate = self.policy == OverrunPolicy::Overwrite;
         loop {
             match ring.peek(*head) {
                 Peek::Ready => match ring.read(*head, validate) {
                     Some(entry) => return Some(entry),
-                    None => *head = self.skip_lapped(*head, ring),
+                    None => *head = self.skip_lapped(*head, ring.capacity()),
                 },
                 Peek::Empty => return None,
-                Peek::Lapped => *head = self.skip_lapped(*head, ring),
+                Peek::Lapped => *head = self.skip_lapped(*head, ring.capacity()),
             }
         }
     }
@@ -105,9 +127,9 @@ impl CompletionQueue {
 
     #[inline(never)]
     fn poll_locked(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PollError> {
-        self.shared.consumer.lock.lock();
+        let hold = self.shared.consumer.lock.acquire();
         let result = self.shared.poll_exclusive(wcs);
-        self.shared.consumer.lock.unlock();
+        self.shared.consumer.lock.release(hold);
         result
     }
 }

@@ -2,13 +2,15 @@
 //! [`ProducerBurst`] that holds the producer lock across several pushes, and the push fast
 //! path itself.
 //!
-//! Guarantees: pushes are serialised by the producer spin lock (one locked instruction per
-//! burst); a push writes one slot and publishes it with a `Release` store of the tail; it
+//! Guarantees: pushes are serialised by the producer lock (`biased_lock.rs`: a spin lock,
+//! one locked instruction per burst, biased towards the thread that keeps pushing, which
+//! enters with none); a push writes one slot and publishes it with a `Release` store of the tail; it
 //! then reads the notification flag behind the light half of the asymmetric barrier, so a
 //! concurrent arm (`notify.rs`) either sees the entry or is seen. What a full ring does is
 //! the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
 //! released.
 
+use super::biased_lock::Hold;
 use super::notify::ARM_NONE;
 use super::overrun::RingFull;
 use super::{CqShared, CqStats, OverrunPolicy, STATE_ERROR, STATE_OK};
@@ -37,7 +39,10 @@ impl fmt::Debug for CqProducer {
 impl CqProducer {
     /// Adds one completion. `solicited` says whether the message that produced it carried
     /// the solicited-event bit (it decides whether a solicited-only arm fires).
-    #[inline]
+    // `inline(always)`: a thin wrapper of the inlined push path; left to the inliner, a
+    // crate with many call sites gets a call, a prologue and a copy of the completion per
+    // push.
+    #[inline(always)]
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> Result<(), PushError> {
         self.burst().push(wc, solicited)
     }
@@ -52,13 +57,15 @@ impl CqProducer {
         self.burst().push_extra(wc, solicited, extra)
     }
 
-    /// Takes the producer lock for a burst of pushes (one locked instruction per burst).
-    /// Keep bursts short: other producers spin while it is held.
+    /// Takes the producer lock for a burst of pushes (at most one locked instruction per
+    /// burst, none for the thread the lock is biased towards, `biased_lock.rs`). Keep
+    /// bursts short: other producers spin while it is held.
     #[inline]
     pub fn burst(&self) -> ProducerBurst<'_> {
-        self.shared.producer.lock.lock();
+        let hold = self.shared.producer.lock.acquire();
         ProducerBurst {
             shared: &self.shared,
+            hold,
             ring: self.shared.ring(),
             raise_error: false,
         }
@@ -107,6 +114,8 @@ impl CqProducer {
 /// The producer lock, held for a burst of pushes. Unlocks on drop.
 pub struct ProducerBurst<'a> {
     shared: &'a Arc<CqShared>,
+    /// How the producer lock was entered, for its release.
+    hold: Hold,
     /// The current ring, read once per burst: only resize replaces it, and resize takes the
     /// producer lock this burst holds.
     ring: &'a Ring,
@@ -115,7 +124,7 @@ pub struct ProducerBurst<'a> {
 
 impl ProducerBurst<'_> {
     /// Adds one completion (see [`CqProducer::push`]).
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, wc: WorkCompletion, solicited: bool) -> Result<(), PushError> {
         let result = CqShared::push_locked(self.shared, self.ring, &wc, solicited, None);
         if result == Err(PushError::Overrun) {
@@ -142,7 +151,7 @@ impl ProducerBurst<'_> {
 impl Drop for ProducerBurst<'_> {
     #[inline]
     fn drop(&mut self) {
-        self.shared.producer.lock.unlock();
+        self.shared.producer.lock.release(self.hold);
         if self.raise_error {
             // Outside the lock: the sink is the device's code.
             self.shared.report_overrun();
@@ -161,43 +170,66 @@ impl CqShared {
         solicited: bool,
         extra: Option<&WcExtra>,
     ) -> Result<(), PushError> {
-        match this.state.load(Ordering::Relaxed) {
-            STATE_OK => {}
-            STATE_ERROR => return Err(PushError::InError),
-            _ => return Err(PushError::Destroyed),
-        }
         let p = &this.producer;
         let pos = p.tail.load(Ordering::Relaxed);
-        // One comparison stands for the full check and the high-water check: below
-        // `slow_at` the ring has room and the depth cannot pass the high-water mark (both
-        // measured against the cached head, see `room_or_mark`).
+        // One comparison stands for the state check, the full check and the high-water
+        // check: below `slow_at` the CQ is in the OK state (whatever leaves it sets `slow_at`
+        // to 0 under this lock: `stop_producers`, `ring_full`), the ring has room and the
+        // depth cannot pass the high-water mark (both measured against the cached head, see
+        // `room_or_mark`).
         if pos >= p.slow_at.load(Ordering::Relaxed) {
-            if let Err(full) = this.room_or_mark(ring, pos) {
+            match this.state.load(Ordering::Relaxed) {
+                STATE_OK => {}
+                STATE_ERROR => return Err(PushError::InError),
+                _ => return Err(PushError::Destroyed),
+            }
+            if let Err(full) = this.room_or_mark(ring.capacity(), pos) {
                 return Err(full.into_error(wc));
             }
         }
-        let timestamp = if this.timestamps {
-            DeviceClock::now()
-        } else {
+        let timestamp = if this.plain_push {
+            ring.view().publish(pos, wc.to_words());
+            // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the
+            // entries (the same store as below).
+            p.tail.store(pos + 1, Ordering::Release);
+            // The light barrier of the other branch, known to be a compiler fence here
+            // (`plain_push`; a SeqCst fence under loom and Miri, as always).
+            light_barrier(true);
             0
+        } else {
+            let timestamp = if this.timestamps {
+                DeviceClock::now()
+            } else {
+                0
+            };
+            ring.view().write(
+                pos,
+                wc.to_words(),
+                timestamp,
+                extra,
+                this.policy == OverrunPolicy::Overwrite,
+            );
+            p.tail.store(pos + 1, Ordering::Release);
+            // Order the publication above before the read of the arm flag, against the
+            // heavy barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or
+            // the armer sees the entry.
+            light_barrier(this.membarrier);
+            timestamp
         };
-        ring.write(
-            pos,
-            wc.to_words(),
-            timestamp,
-            extra,
-            this.policy == OverrunPolicy::Overwrite,
-        );
-        // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the entries.
-        p.tail.store(pos + 1, Ordering::Release);
-        // Order the publication above before the read of the arm flag, against the heavy
-        // barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or the armer
-        // sees the entry.
-        light_barrier(this.membarrier);
         if this.notify.load(Ordering::Relaxed) != ARM_NONE {
             Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
         }
         Ok(())
+    }
+
+    /// Makes every later push take the slow path, where it finds the state the caller just
+    /// left (destroyed): `slow_at = 0` under the producer lock, so a push that takes the lock
+    /// after this returns sees it. Called with no other CQ lock held (a push may take the
+    /// channel's queue lock inside the producer lock, `notify.rs`).
+    pub(super) fn stop_producers(&self) {
+        let hold = self.producer.lock.acquire();
+        self.producer.slow_at.store(0, Ordering::Relaxed);
+        self.producer.lock.release(hold);
     }
 
     /// The push of position `pos` reached `slow_at`: the ring may be full (seen against the
@@ -205,9 +237,8 @@ impl CqShared {
     /// where needed, applies the overrun policy if the ring is full (`Err` refuses the push),
     /// raises the mark, and sets the next `slow_at`. The caller holds the producer lock.
     #[inline(never)]
-    fn room_or_mark(&self, ring: &Ring, pos: u64) -> Result<(), RingFull> {
+    fn room_or_mark(&self, capacity: u64, pos: u64) -> Result<(), RingFull> {
         let p = &self.producer;
-        let capacity = ring.capacity();
         let mut head = p.cached_head.load(Ordering::Relaxed);
         if pos - head >= capacity {
             // Acquire: the consumer released these slots after copying them out.

@@ -18,7 +18,7 @@ impl CqShared {
     /// Resizes; the caller is the only consumer.
     pub(super) fn resize_exclusive(&self, cqe: u32) -> Result<u32, ResizeError> {
         let slots = ring_size(u64::from(cqe))?;
-        self.producer.lock.lock();
+        let hold = self.producer.lock.acquire();
         let result = (|| {
             if self.state.load(Ordering::Relaxed) == STATE_ERROR {
                 return Err(ResizeError::InError);
@@ -53,7 +53,7 @@ impl CqShared {
             lock(&self.retired).push(unsafe { Box::from_raw(previous) });
             Ok(slots as u32)
         })();
-        self.producer.lock.unlock();
+        self.producer.lock.release(hold);
         result
     }
 
@@ -67,9 +67,9 @@ impl CompletionQueue {
     /// Resizes to at least `cqe` entries (`ibv_resize_cq(3)`), keeping every unpolled
     /// completion in order. Returns the new capacity.
     pub fn resize(&self, cqe: u32) -> Result<u32, ResizeError> {
-        self.shared.consumer.lock.lock();
+        let hold = self.shared.consumer.lock.acquire();
         let result = self.shared.resize_exclusive(cqe);
-        self.shared.consumer.lock.unlock();
+        self.shared.consumer.lock.release(hold);
         result
     }
 }

@@ -52,7 +52,7 @@ impl CompletionQueue {
         if self.shared.looks_empty() {
             return Ok(None);
         }
-        Ok(PollBatch::start(&self.shared, false))
+        Ok(PollBatch::start(&self.shared, None))
     }
 
     /// [`CompletionQueue::resize`] without the consumer lock (the producer lock is still
