@@ -40,13 +40,17 @@ impl CqShared {
         let tail = self.producer.tail.load(Ordering::Acquire);
         let head = self.consumer.head.load(Ordering::Acquire);
         let capacity = self.ring().capacity();
-        let behind = (tail - head).saturating_sub(capacity);
+        // The consumer takes an entry by its slot's sequence word, which the producer
+        // publishes before it stores the tail: a snapshot may see the head one push past the
+        // tail. The figures are counts of the moment, never an underflow.
+        let depth = tail.saturating_sub(head);
+        let behind = depth.saturating_sub(capacity);
         CqStats {
             capacity: capacity as u32,
-            depth: (tail - head).min(capacity),
+            depth: depth.min(capacity),
             high_water: self.high_water.load(Ordering::Relaxed),
-            produced: tail,
-            polled: head - self.skipped.load(Ordering::Relaxed),
+            produced: tail.max(head),
+            polled: head.saturating_sub(self.skipped.load(Ordering::Relaxed)),
             overruns: self.overruns.load(Ordering::Relaxed)
                 + self.skipped.load(Ordering::Relaxed)
                 + behind,
