@@ -1680,8 +1680,12 @@ impl Transport for UdpTransport {
             } else {
                 0
             };
+            // Packets from the device socket or a group's go back now, whatever the device
+            // socket said (an error that persists comes back with the next call).
+            if !received.is_empty() {
+                return Ok(received.len());
+            }
             match taken {
-                Ok(_) if !received.is_empty() => return Ok(received.len()),
                 // Every datagram taken was dropped: look again at once.
                 Ok(taken) if taken > 0 || from_groups > 0 => continue,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock && from_groups > 0 => {

@@ -94,6 +94,37 @@ fn a_multicast_send_reaches_every_attached_qp_of_the_process_and_no_other() {
     assert_nothing_for(&bystander.cq, Duration::from_millis(10));
 }
 
+/// The groups' sockets are read with the device socket whatever the receive path: without
+/// UDP offload (no GRO arena, `SOFTVERBS_UDP_OFFLOAD=off`) a datagram that arrives for a group
+/// while the device socket is empty is handed out too, not dropped with the empty batch.
+#[test]
+fn a_multicast_datagram_is_received_without_udp_offload_too() {
+    let g = [239, 255, 17, 5];
+    let without_offload = |last: u8| {
+        let config = DeviceConfig {
+            name: format!("softverbs-mc{last}"),
+            network: Network::Udp(UdpConfig {
+                address: Some(Ipv4Addr::new(127, 0, 0, last).into()),
+                offload: false,
+                ..UdpConfig::default()
+            }),
+            ..DeviceConfig::in_process()
+        };
+        let ctx = Context::open_with(config).expect("open a UDP device");
+        ctx.device().set_in_process_shortcut(false);
+        ud_side(ctx)
+    };
+    let (sender, receiver) = (without_offload(239), without_offload(240));
+    for round in 0..3u64 {
+        post_receive(&receiver);
+        if round == 0 {
+            receiver.qp.attach_mcast(&group(g)).unwrap();
+        }
+        send_to_group(&sender, &group(g), 10 + round, b"no offload");
+        assert_received(&receiver, g, b"no offload", sender.qp.qpn());
+    }
+}
+
 /// ibv_destroy_qp(3) of a QP still attached to a group is EBUSY (the kernel's
 /// `uverbs_free_qp`); detached, it is destroyed. A QP of another type cannot join (EINVAL).
 #[test]
