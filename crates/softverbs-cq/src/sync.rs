@@ -38,6 +38,22 @@ pub(crate) fn spin_hint() {
     std::hint::spin_loop();
 }
 
+/// Spins while `busy()` holds, giving the core away every 1024 rounds (the holder may be
+/// inside for a while, or preempted).
+#[inline]
+pub(crate) fn spin_while(mut busy: impl FnMut() -> bool) {
+    let mut spins = 0u32;
+    while busy() {
+        spin_hint();
+        spins += 1;
+        if spins > 1 << 10 {
+            #[cfg(not(loom))]
+            std::thread::yield_now();
+            spins = 0;
+        }
+    }
+}
+
 /// Locks a mutex, treating poisoning as recovered: every critical section in this crate
 /// leaves its data consistent at each step, so a panic elsewhere cannot corrupt it.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -161,16 +177,7 @@ impl SpinLock {
             {
                 return;
             }
-            let mut spins = 0u32;
-            while self.locked.load(Ordering::Relaxed) {
-                spin_hint();
-                spins += 1;
-                if spins > 1 << 10 {
-                    #[cfg(not(loom))]
-                    std::thread::yield_now();
-                    spins = 0;
-                }
-            }
+            spin_while(|| self.locked.load(Ordering::Relaxed));
         }
     }
 

@@ -37,7 +37,7 @@
 //! Like the spin lock it is built on, it is not reentrant: a thread that acquires it while
 //! inside waits for itself for ever.
 
-use crate::sync::{assigned_thread_token, heavy_barrier, light_barrier, spin_hint, thread_token};
+use crate::sync::{assigned_thread_token, heavy_barrier, light_barrier, spin_while, thread_token};
 use crate::sync::{AtomicBool, AtomicU64, Ordering, SpinLock};
 
 /// `owner` when no thread holds the bias: never a thread token (they count up from 1), nor
@@ -172,19 +172,10 @@ impl BiasedLock {
         // Order the store of `owner` before the read of `busy`, against the owner's light
         // barrier in `acquire` (module doc).
         heavy_barrier();
-        let mut spins = 0u32;
         // Acquire: pairs with the owner's Release of `false`; its critical section is over
-        // and visible.
-        while self.busy.load(Ordering::Acquire) {
-            spin_hint();
-            spins += 1;
-            if spins > 1 << 10 {
-                // The owner may be inside for a while (a burst, an extended-poll batch).
-                #[cfg(not(loom))]
-                std::thread::yield_now();
-                spins = 0;
-            }
-        }
+        // and visible. (The owner may be inside for a while: a burst, an extended-poll
+        // batch.)
+        spin_while(|| self.busy.load(Ordering::Acquire));
     }
 }
 
