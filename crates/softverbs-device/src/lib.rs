@@ -65,6 +65,7 @@ pub mod mappings;
 pub mod memory;
 mod multicast;
 pub mod pcap;
+pub mod shm;
 pub mod transport;
 pub mod udp;
 
@@ -80,5 +81,6 @@ pub use memory::{
     copy_from_shared, copy_to_shared, MemoryTable, Region, RegisterError, Rereg, Window,
 };
 pub use pcap::{Capture, CaptureFormat, CaptureRecord, Direction, PcapTransport};
+pub use shm::HostTransport;
 pub use transport::{Endpoint, Gid, OutgoingPacket, Received, Sent, Transport, TransportCounters};
 pub use udp::{UdpConfig, UdpTransport};

@@ -312,6 +312,12 @@ pub struct TransportCounters {
     /// offload (`UDP_GRO`, udp(7)), good or dropped: each is also counted as a packet
     /// above (received or dropped by reason).
     pub gro_segments: u64,
+    /// Packets sent into the shared-memory inbox of a device of another process of this
+    /// host (also counted in `sent_packets`; no system call carried them).
+    pub shm_sent_packets: u64,
+    /// Packets taken from this device's shared-memory inbox (also counted in
+    /// `received_packets`).
+    pub shm_received_packets: u64,
 }
 
 impl fmt::Display for TransportCounters {
@@ -320,7 +326,8 @@ impl fmt::Display for TransportCounters {
             f,
             "sent {} pkts / {} B ({} errors) in {} calls, received {} pkts / {} B in {} calls, \
              dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
-             {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments",
+             {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments; shared memory: {} \
+             sent, {} received",
             self.sent_packets,
             self.sent_bytes,
             self.send_errors,
@@ -335,7 +342,9 @@ impl fmt::Display for TransportCounters {
             self.socket_drops,
             self.icrc_unchecked,
             self.gso_sends,
-            self.gro_segments
+            self.gro_segments,
+            self.shm_sent_packets,
+            self.shm_received_packets
         )
     }
 }
@@ -397,6 +406,8 @@ impl AtomicCounters {
             socket_drops: load(&self.socket_drops),
             gso_sends: load(&self.gso_sends),
             gro_segments: load(&self.gro_segments),
+            shm_sent_packets: 0,
+            shm_received_packets: 0,
         }
     }
 

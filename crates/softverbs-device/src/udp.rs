@@ -696,6 +696,18 @@ impl UdpTransport {
         ))
     }
 
+    /// Whether packets of a coalesced datagram wait to be handed out (they do not show on
+    /// any fd).
+    pub(crate) fn holds_packets(&self) -> bool {
+        self.held.load(Ordering::Relaxed) > 0
+    }
+
+    /// The fd that polls readable when a datagram may be there: the socket, or the set of
+    /// it and the multicast groups' sockets once a group is joined.
+    pub(crate) fn wait_fd(&self) -> BorrowedFd<'_> {
+        self.groups.wait_fd().unwrap_or_else(|| self.socket.as_fd())
+    }
+
     /// The configuration the transport was opened with.
     pub fn config(&self) -> &UdpConfig {
         &self.config

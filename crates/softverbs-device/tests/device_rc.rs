@@ -170,6 +170,7 @@ fn rc_over_udp_on_loopback_completes_every_opcode() {
         progress_thread: true,
         faults: None,
         capture: None,
+        shared_memory: true,
     };
     let mut a = side(udp(201));
     let mut b = side(udp(202));

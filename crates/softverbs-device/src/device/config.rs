@@ -43,6 +43,11 @@ pub struct DeviceConfig {
     /// Capture of every packet the device sends and receives, over UDP or to and from a
     /// device of this process (in-process devices too).
     pub capture: Option<Arc<Capture>>,
+    /// Whether a UDP device hands its packets for devices of other processes of this host
+    /// (same user, same network namespace) through shared memory instead of the socket
+    /// ([`HostTransport`](crate::shm::HostTransport)); true unless
+    /// `SOFTVERBS_NETWORK=udp`. No effect in-process.
+    pub shared_memory: bool,
 }
 
 /// Fault injection for a device: the rules (shared, changeable while running) and the
@@ -60,8 +65,10 @@ pub struct FaultSetup {
 /// ([`CaptureFormat::for_path`](crate::pcap::CaptureFormat::for_path)).
 pub const PCAP_ENV: &str = "SOFTVERBS_PCAP";
 
-/// Environment variable choosing a device's network ([`DeviceConfig::from_env`]):
-/// `inprocess` (devices of this process only) or `udp` (the default).
+/// Environment variable choosing a device's network ([`DeviceConfig::from_env`]): `auto`
+/// (the default: RoCEv2 over UDP, and shared memory to the devices of other processes of
+/// this host), `udp` (RoCEv2 over UDP to every peer, e.g. to test the wire) or `inprocess`
+/// (devices of this process only).
 pub const NETWORK_ENV: &str = "SOFTVERBS_NETWORK";
 
 /// Which network [`NETWORK_ENV`] asks for.
@@ -77,16 +84,19 @@ pub const NETWORK_ENV: &str = "SOFTVERBS_NETWORK";
 pub enum NetworkKind {
     /// Devices of this process only.
     InProcess,
-    /// RoCEv2 over UDP.
+    /// RoCEv2 over UDP (with shared memory to devices of this host unless
+    /// `SOFTVERBS_NETWORK=udp`).
     Udp,
 }
 
-/// The network [`NETWORK_ENV`] asks for: `udp` when unset; the value itself when it is
-/// neither `udp` nor `inprocess` (`in-process`), any case.
+/// The network [`NETWORK_ENV`] asks for: `Udp` when unset, `auto` or `udp`; the value
+/// itself when it is none of those nor `inprocess` (`in-process`), any case.
 pub fn network_from_env() -> Result<NetworkKind, String> {
     match std::env::var(NETWORK_ENV) {
         Err(std::env::VarError::NotPresent) => Ok(NetworkKind::Udp),
-        Ok(v) if v.eq_ignore_ascii_case("udp") => Ok(NetworkKind::Udp),
+        Ok(v) if v.eq_ignore_ascii_case("udp") || v.eq_ignore_ascii_case("auto") => {
+            Ok(NetworkKind::Udp)
+        }
         Ok(v) if v.eq_ignore_ascii_case("inprocess") || v.eq_ignore_ascii_case("in-process") => {
             Ok(NetworkKind::InProcess)
         }
@@ -168,6 +178,7 @@ impl DeviceConfig {
             progress_thread: true,
             faults: None,
             capture: None,
+            shared_memory: true,
         }
     }
 
@@ -212,9 +223,14 @@ impl DeviceConfig {
 
     /// A UDP device configured from the environment (`SOFTVERBS_ADDR`, else the first free
     /// 127.0.0.x:4791; `SOFTVERBS_IPV4_ICRC`, `SOFTVERBS_UDP_OFFLOAD`: see
-    /// [`UdpConfig::from_env`]).
+    /// [`UdpConfig::from_env`]), with shared memory to devices of this host unless
+    /// [`NETWORK_ENV`] is `udp`.
     pub fn udp_from_env() -> io::Result<Self> {
-        DeviceConfig::udp(UdpConfig::from_env()?).with_env()
+        let wire_only = std::env::var(NETWORK_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("udp"));
+        Ok(DeviceConfig {
+            shared_memory: !wire_only,
+            ..DeviceConfig::udp(UdpConfig::from_env()?).with_env()?
+        })
     }
 
     /// The device the environment asks for, as every front door opens it: the network of
@@ -227,7 +243,7 @@ impl DeviceConfig {
             Ok(NetworkKind::Udp) => DeviceConfig::udp_from_env(),
             Err(value) => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{NETWORK_ENV}={value:?}: expected \"inprocess\" or \"udp\""),
+                format!("{NETWORK_ENV}={value:?}: expected \"auto\", \"udp\" or \"inprocess\""),
             )),
         }
     }

@@ -15,11 +15,11 @@
 use super::registry::{group_members, registry};
 use super::runtime::hand_over;
 use super::{lock, DeviceInner};
+use crate::shm::HostTransport;
 use crate::transport::{
     invalid_input, path_headers, AtomicCounters, DropReason, Endpoint, Received, Sent, Transport,
     TransportCounters,
 };
-use crate::udp::UdpTransport;
 use softverbs_wire::icrc;
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -36,7 +36,7 @@ pub(super) const HOP_LIMIT: u8 = 64;
 /// counts them as undeliverable (an in-process device).
 pub(crate) struct Link {
     local: Endpoint,
-    udp: Option<UdpTransport>,
+    udp: Option<HostTransport>,
     /// Whether a UDP device's packets for devices of this process are handed over
     /// (`Device::set_in_process_shortcut`); an in-process device always hands over.
     /// `Relaxed`: a switch read per packet, nothing is published through it (as the
@@ -48,7 +48,7 @@ pub(crate) struct Link {
 
 impl Link {
     /// The link of a device at `local`, over `udp` for a UDP device.
-    pub(super) fn new(local: Endpoint, udp: Option<UdpTransport>) -> Link {
+    pub(super) fn new(local: Endpoint, udp: Option<HostTransport>) -> Link {
         Link {
             local,
             udp,

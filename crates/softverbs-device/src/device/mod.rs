@@ -72,6 +72,7 @@ use crate::events::{AsyncEvent, AsyncEventQueue};
 use crate::fault::FaultTransport;
 use crate::memory::{Advice, MemoryTable, Region, RegisterError, Rereg, Window};
 use crate::pcap::{Capture, PcapTransport};
+use crate::shm::HostTransport;
 use crate::transport::{Endpoint, Gid, Transport};
 use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
@@ -242,7 +243,8 @@ impl Device {
         let (udp, address) = match &config.network {
             Network::InProcess => (None, next_in_process_address()),
             Network::Udp(udp) => {
-                let udp = UdpTransport::bind(udp.clone())?;
+                let udp =
+                    HostTransport::new(UdpTransport::bind(udp.clone())?, config.shared_memory);
                 let addr = udp.local().addr();
                 (Some(udp), addr)
             }

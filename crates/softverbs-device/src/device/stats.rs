@@ -138,7 +138,8 @@ impl fmt::Display for DeviceStats {
                 "; transport: sent_packets={} sent_bytes={} send_errors={} send_calls={} \
                  received_packets={} received_bytes={} recv_calls={} dropped_bad_icrc={} \
                  dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
-                 socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={}",
+                 socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={} \
+                 shm_sent_packets={} shm_received_packets={}",
                 t.sent_packets,
                 t.sent_bytes,
                 t.send_errors,
@@ -153,7 +154,9 @@ impl fmt::Display for DeviceStats {
                 t.socket_drops,
                 t.icrc_unchecked,
                 t.gso_sends,
-                t.gro_segments
+                t.gro_segments,
+                t.shm_sent_packets,
+                t.shm_received_packets
             )?;
         }
         if let Some(faults) = &self.faults {

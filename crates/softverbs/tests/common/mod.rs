@@ -35,6 +35,7 @@ pub fn udp(last: u8) -> Context {
         progress_thread: true,
         faults: None,
         capture: None,
+        shared_memory: true,
     };
     let ctx = Context::open_with(config).expect("open a UDP device");
     ctx.device().set_in_process_shortcut(false);

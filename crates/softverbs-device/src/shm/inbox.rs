@@ -1,0 +1,358 @@
+//! A device's inbox: a file in `/dev/shm` that devices of other processes of the same user
+//! map to hand it packets, one [`Ring`] per sending device.
+//!
+//! Layout (all offsets in bytes): a header page, then [`RINGS`] rings of a header page and
+//! [`RING_CAP`] bytes of data each. The file is sparse: only the pages a ring touched take
+//! memory.
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic `"softvrb1"` (`u64`) |
+//! | 8 | owner's process ID (`u32`) |
+//! | 12 | closed (`u32`): the owner let go of the inbox |
+//! | 64 | waiters (`u32`): threads of the owner about to sleep until a packet comes |
+//! | 128 | rung (`u32`): a doorbell was sent and not drained |
+//! | 192 | active (`u64`): bit `i` set while ring `i` is claimed or closing |
+//!
+//! Who writes what: the owner creates the file (mode 0600, so only its user can open it)
+//! and writes the magic and its process ID before anyone can see the file (it is created
+//! under a temporary name and renamed into place), `closed` and `waiters`, `head` of every
+//! ring, and frees closing rings; a sender claims a free ring (compare-and-swap of its
+//! state), writes its address, sets the ring's `active` bit, produces into it, and marks it
+//! closing when it lets go; a sender also sets `rung`, the owner clears it.
+
+use super::ring::{Ring, RingHeader, CLAIMED, CLOSING, FREE};
+use rustix::fd::OwnedFd;
+use rustix::fs::{Mode, OFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+use std::ffi::c_void;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Rings in an inbox: devices of other processes that can send to one device through
+/// shared memory at a time (more send over UDP).
+pub(crate) const RINGS: usize = 32;
+
+/// Bytes of data per ring.
+pub(crate) const RING_CAP: usize = 1 << 20;
+
+const PAGE: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
+
+/// Bytes of an inbox file.
+pub(crate) const INBOX_LEN: usize = PAGE + RINGS * (PAGE + RING_CAP);
+
+/// The inbox header (the first page).
+#[repr(C)]
+pub(crate) struct InboxHeader {
+    magic: AtomicU64,
+    pub(crate) owner: AtomicU32,
+    pub(crate) closed: AtomicU32,
+    _pad0: [u8; 48],
+    pub(crate) waiters: AtomicU32,
+    _pad1: [u8; 60],
+    pub(crate) rung: AtomicU32,
+    _pad2: [u8; 60],
+    pub(crate) active: AtomicU64,
+}
+
+/// A shared mapping of an inbox file, unmapped when dropped.
+pub(crate) struct Mapping {
+    base: *mut u8,
+    /// The file's inode, to tell a re-created inbox from the one mapped.
+    pub(crate) inode: u64,
+}
+
+// SAFETY: the mapping is plain shared memory accessed through atomics and ring copies
+// ordered by them (`ring.rs`); it can be used from any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base` is the start of a mapping of `INBOX_LEN` bytes made by `map`, and
+        // no `Ring` or header reference outlives the `Mapping` (they borrow it or are owned
+        // beside it by the same struct, dropped first).
+        if let Err(error) = unsafe { rustix::mm::munmap(self.base as *mut c_void, INBOX_LEN) } {
+            tracing::debug!(%error, "munmap of an inbox failed");
+        }
+    }
+}
+
+impl Mapping {
+    fn map(fd: &OwnedFd) -> io::Result<Mapping> {
+        let stat = rustix::fs::fstat(fd)?;
+        // SAFETY: a fresh shared mapping of the whole file (checked to be INBOX_LEN bytes by
+        // the callers); nothing else in this process refers to its addresses.
+        let base = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                INBOX_LEN,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )?
+        };
+        Ok(Mapping {
+            base: base as *mut u8,
+            inode: stat.st_ino,
+        })
+    }
+
+    pub(crate) fn header(&self) -> &InboxHeader {
+        // SAFETY: the first page of the mapping is an `InboxHeader` (atomics only, valid for
+        // any bytes), aligned to the page.
+        unsafe { &*(self.base as *const InboxHeader) }
+    }
+
+    /// Ring `index` (< [`RINGS`]).
+    pub(crate) fn ring(&self, index: usize) -> Ring {
+        assert!(index < RINGS);
+        let at = PAGE + index * (PAGE + RING_CAP);
+        // SAFETY: the ring's header page and data area lie inside the mapping (`INBOX_LEN`),
+        // page-aligned; the `Ring` is used only while `self` lives (owners keep both).
+        unsafe {
+            Ring::new(
+                self.base.add(at) as *const RingHeader,
+                self.base.add(at + PAGE),
+                RING_CAP,
+            )
+        }
+    }
+}
+
+/// The identity of this user and network namespace, which every inbox name carries: a
+/// device reaches through shared memory only devices it could reach over UDP on this host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Scope {
+    pub(crate) euid: u32,
+    pub(crate) netns: u64,
+}
+
+impl Scope {
+    /// This process's scope; `None` where the network namespace cannot be told
+    /// (no `/proc`), so no inbox is used.
+    pub(crate) fn current() -> Option<Scope> {
+        let netns = rustix::fs::stat("/proc/self/ns/net").ok()?.st_ino;
+        Some(Scope {
+            euid: rustix::process::geteuid().as_raw(),
+            netns,
+        })
+    }
+
+    /// The inbox file of the device at `addr`:`port`.
+    pub(crate) fn path(&self, endpoint: &crate::transport::Endpoint) -> PathBuf {
+        PathBuf::from(format!(
+            "{SHM_DIR}/softverbs-{}-{}-{}-{}",
+            self.euid,
+            self.netns,
+            endpoint.addr(),
+            endpoint.port()
+        ))
+    }
+
+    /// The abstract Unix socket name of the device's doorbell.
+    pub(crate) fn doorbell_name(&self, endpoint: &crate::transport::Endpoint) -> String {
+        format!(
+            "softverbs-{}-{}-{}-{}",
+            self.euid,
+            self.netns,
+            endpoint.addr(),
+            endpoint.port()
+        )
+    }
+}
+
+/// Where inboxes live.
+pub(crate) const SHM_DIR: &str = "/dev/shm";
+
+/// The owner's inbox: the mapping, and the path to remove when it closes.
+pub(crate) struct OwnInbox {
+    pub(crate) mapping: Mapping,
+    path: PathBuf,
+}
+
+impl OwnInbox {
+    /// Creates the inbox at `path`, replacing one a dead process left there (the device's
+    /// UDP socket is bound already, so no live device owns this address and port).
+    pub(crate) fn create(path: &Path) -> io::Result<OwnInbox> {
+        let temporary = PathBuf::from(format!("{}.new{}", path.display(), std::process::id()));
+        let fd = rustix::fs::open(
+            &temporary,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::RUSR | Mode::WUSR,
+        )?;
+        let made = (|| {
+            rustix::fs::ftruncate(&fd, INBOX_LEN as u64)?;
+            let mapping = Mapping::map(&fd)?;
+            let header = mapping.header();
+            header.owner.store(std::process::id(), Ordering::Relaxed);
+            header.magic.store(MAGIC, Ordering::Release);
+            rustix::fs::rename(&temporary, path)?;
+            Ok::<_, io::Error>(mapping)
+        })();
+        match made {
+            Ok(mapping) => Ok(OwnInbox {
+                mapping,
+                path: path.to_owned(),
+            }),
+            Err(error) => {
+                let _ = rustix::fs::unlink(&temporary);
+                Err(error)
+            }
+        }
+    }
+
+    /// Frees the rings whose producers let go and that are empty.
+    pub(crate) fn free_closed(&self, active: u64) {
+        let mut bits = active;
+        while bits != 0 {
+            let index = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let ring = self.mapping.ring(index);
+            let header = ring.header();
+            if header.state.load(Ordering::Acquire) == CLOSING && ring.is_empty() {
+                self.mapping
+                    .header()
+                    .active
+                    .fetch_and(!(1 << index), Ordering::AcqRel);
+                header.pid.store(0, Ordering::Relaxed);
+                header.state.store(FREE, Ordering::Release);
+            }
+        }
+    }
+}
+
+impl Drop for OwnInbox {
+    fn drop(&mut self) {
+        self.mapping.header().closed.store(1, Ordering::Release);
+        // Only if the file there is still this one.
+        if rustix::fs::stat(&self.path).is_ok_and(|stat| stat.st_ino == self.mapping.inode) {
+            let _ = rustix::fs::unlink(&self.path);
+        }
+    }
+}
+
+/// A sender's hold on another device's inbox: the mapping and the ring it claimed.
+pub(crate) struct PeerInbox {
+    pub(crate) mapping: Mapping,
+    pub(crate) index: usize,
+    pub(crate) owner: u32,
+    path: PathBuf,
+}
+
+/// Why a peer's inbox cannot be used.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// No inbox at that address (no device of this host and user there, or one without
+    /// shared memory).
+    Absent,
+    /// An inbox that is not usable now: full of senders, closed, of a dead process, of this
+    /// process, or not of this user.
+    Unusable(&'static str),
+}
+
+fn pid_alive(pid: u32) -> bool {
+    match rustix::process::Pid::from_raw(pid as i32) {
+        Some(pid) => !matches!(
+            rustix::process::test_kill_process(pid),
+            Err(rustix::io::Errno::SRCH)
+        ),
+        None => false,
+    }
+}
+
+impl PeerInbox {
+    /// Opens the inbox at `path` and claims a ring in it, writing `from` (the sender's
+    /// GID) into it.
+    pub(crate) fn open(path: &Path, from: [u8; 16]) -> Result<PeerInbox, Refused> {
+        let fd = match rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Err(Refused::Absent),
+            Err(_) => return Err(Refused::Unusable("cannot open")),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(|_| Refused::Unusable("cannot stat"))?;
+        if stat.st_uid != rustix::process::geteuid().as_raw()
+            || stat.st_mode & 0o077 != 0
+            || stat.st_size != INBOX_LEN as i64
+        {
+            return Err(Refused::Unusable("not this user's inbox"));
+        }
+        let mapping = Mapping::map(&fd).map_err(|_| Refused::Unusable("cannot map"))?;
+        let header = mapping.header();
+        if header.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(Refused::Unusable("not an inbox"));
+        }
+        let owner = header.owner.load(Ordering::Relaxed);
+        if owner == std::process::id() {
+            return Err(Refused::Unusable("a device of this process"));
+        }
+        if header.closed.load(Ordering::Acquire) != 0 || !pid_alive(owner) {
+            return Err(Refused::Unusable("closed"));
+        }
+        let me = std::process::id();
+        for index in 0..RINGS {
+            let ring = mapping.ring(index);
+            let ring_header = ring.header();
+            if ring_header
+                .state
+                .compare_exchange(FREE, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                ring_header.pid.store(me, Ordering::Relaxed);
+                for (word, bytes) in ring_header.from.iter().zip(from.chunks_exact(4)) {
+                    word.store(
+                        u32::from_ne_bytes(bytes.try_into().unwrap_or_default()),
+                        Ordering::Relaxed,
+                    );
+                }
+                header.active.fetch_or(1 << index, Ordering::Release);
+                return Ok(PeerInbox {
+                    mapping,
+                    index,
+                    owner,
+                    path: path.to_owned(),
+                });
+            }
+        }
+        // Every ring is held: hand back those of senders that died, for the next try.
+        for index in 0..RINGS {
+            let ring = mapping.ring(index);
+            let ring_header = ring.header();
+            let pid = ring_header.pid.load(Ordering::Relaxed);
+            if ring_header.state.load(Ordering::Acquire) == CLAIMED && pid != 0 && !pid_alive(pid) {
+                let _ = ring_header.state.compare_exchange(
+                    CLAIMED,
+                    CLOSING,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        Err(Refused::Unusable("every ring is held"))
+    }
+
+    /// The ring this sender produces into.
+    pub(crate) fn ring(&self) -> Ring {
+        self.mapping.ring(self.index)
+    }
+
+    /// Whether the inbox still reaches a live device: not closed, its owner alive, and the
+    /// file at its path still the one mapped (a device that re-opened the address made a
+    /// new one).
+    pub(crate) fn still_there(&self) -> bool {
+        self.mapping.header().closed.load(Ordering::Acquire) == 0
+            && pid_alive(self.owner)
+            && rustix::fs::stat(&self.path).is_ok_and(|stat| stat.st_ino == self.mapping.inode)
+    }
+}
+
+impl Drop for PeerInbox {
+    fn drop(&mut self) {
+        // The owner frees the ring once it has taken what is left in it.
+        self.ring().header().state.store(CLOSING, Ordering::Release);
+    }
+}

@@ -1,0 +1,681 @@
+//! The host transport: RoCEv2 over UDP, and shared memory to the devices of other
+//! processes of this host.
+//!
+//! [`HostTransport`] is a [`UdpTransport`] and an inbox (`inbox.rs`): a file in `/dev/shm`,
+//! named by the user, the network namespace and the device's address and port, that a
+//! device of another process of the same user maps to hand this device its packets, one
+//! single-producer ring each (`ring.rs`). A packet for an address that has such an inbox
+//! goes into the sender's ring there instead of the socket: no system call while the
+//! receiver is polling, no trip through the kernel's UDP stack. Everything else — another
+//! host, kernel rxe, a device of another user or namespace, multicast, a device with no
+//! ring free — goes over UDP as before. The packets are the same IB transport packets as on
+//! the wire, so every rule of the engine (keys, bounds, access, PSNs, path checks,
+//! retransmission, RNR, ordering) holds unchanged; a sender that dies leaves a ring nobody
+//! writes, a receiver that dies one nobody reads, and the requester's retry budget ends it
+//! with `IBV_WC_RETRY_EXC_ERR` as on a wire.
+//!
+//! The ICRC: a device without capture or fault injection sends its packets to a ring
+//! without one (nothing corrupts memory between two processes; the receiver hands them out
+//! with [`Received::icrc_checked`] false); through a capture or fault stack, packets are
+//! prepared as for the wire, ICRC filled, and the receiver checks it, so injected corruption
+//! is caught as on UDP and a capture records the RoCEv2 packets the exchange stands for.
+//!
+//! Sleeping receivers: a thread about to wait counts itself in the inbox's `waiters`; a
+//! sender that finds waiters after publishing sends a one-byte datagram to the receiver's
+//! doorbell, an abstract Unix socket that polls readable with the UDP socket
+//! ([`Transport::readiness_fd`] is an epoll set of both). A polling receiver is never rung.
+//!
+//! `SOFTVERBS_NETWORK=udp` ([`crate::NETWORK_ENV`]) turns the inbox off: every packet goes
+//! over UDP, as for tests of the wire.
+
+mod inbox;
+mod ring;
+
+use crate::transport::{
+    path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Gid, OutgoingPacket,
+    Received, Sent, Transport, TransportCounters,
+};
+use crate::udp::UdpTransport;
+use inbox::{OwnInbox, PeerInbox, Refused, Scope, RINGS};
+use ring::{Ring, CLOSING};
+use rustix::event::epoll;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
+use softverbs_wire::icrc;
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Record flag: the packet's ICRC is filled for the headers the receiver derives.
+const ICRC_FILLED: u16 = 1;
+
+/// How long an address found without a usable inbox is sent to over UDP before looking
+/// again.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// While senders use the inbox, a polling receiver looks at the UDP socket (a system call)
+/// only on one receive in this many, unless UDP brought packets recently or the socket
+/// polled readable.
+const UDP_EVERY: u64 = 16;
+
+/// Receives after a UDP packet during which the socket is looked at every time.
+const UDP_RECENT: u64 = 1024;
+
+/// The hop limit the receiver assumes for a packet from a ring (masked out of the ICRC).
+const HOP_LIMIT: u8 = 64;
+
+/// RoCEv2 over UDP, with shared memory to devices of other processes of this host (module
+/// documentation).
+pub struct HostTransport {
+    udp: UdpTransport,
+    shm: Option<Shm>,
+}
+
+/// Where packets for one address go.
+enum Route {
+    /// Over UDP, until then (then the inbox is looked for again).
+    Wire(Instant),
+    /// Into a ring of the device's inbox.
+    Shared(Box<Peer>),
+}
+
+/// A device of another process this one sends to through its inbox.
+struct Peer {
+    inbox: PeerInbox,
+    doorbell: SocketAddrUnix,
+}
+
+/// The shared-memory half of a [`HostTransport`].
+struct Shm {
+    scope: Scope,
+    inbox: OwnInbox,
+    /// An abstract datagram socket: receives doorbells, and sends them to peers.
+    doorbell: OwnedFd,
+    /// The UDP socket and the doorbell, for [`Transport::readiness_fd`].
+    epoll: OwnedFd,
+    routes: Mutex<HashMap<Endpoint, Route>>,
+    /// The consumer's state (one receiving thread at a time).
+    consumer: Mutex<Consumer>,
+    /// Set by a wait that saw the UDP socket readable: the next receive looks at it.
+    udp_ready: AtomicBool,
+    /// Receives so far, and the receive until which UDP is looked at every time.
+    receives: AtomicU64,
+    udp_until: AtomicU64,
+    counters: AtomicCounters,
+}
+
+#[derive(Default)]
+struct Consumer {
+    /// The ring to start at next time (so no sender starves the others).
+    next: usize,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shm {
+    fn open(local: Endpoint, udp_fd: BorrowedFd<'_>) -> io::Result<Shm> {
+        let scope = Scope::current()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no /proc/self/ns/net"))?;
+        let doorbell = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        // Binding the name first: a second device at this address and port (impossible
+        // while the UDP socket is bound, but cheap to refuse) cannot take the inbox over.
+        let name = SocketAddrUnix::new_abstract_name(scope.doorbell_name(&local).as_bytes())?;
+        rustix::net::bind(&doorbell, &name)?;
+        let inbox = OwnInbox::create(&scope.path(&local))?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        for (fd, data) in [(udp_fd, 0u64), (doorbell.as_fd(), 1)] {
+            epoll::add(
+                &epoll,
+                fd,
+                epoll::EventData::new_u64(data),
+                epoll::EventFlags::IN,
+            )?;
+        }
+        Ok(Shm {
+            scope,
+            inbox,
+            doorbell,
+            epoll,
+            routes: Mutex::new(HashMap::new()),
+            consumer: Mutex::new(Consumer::default()),
+            udp_ready: AtomicBool::new(false),
+            receives: AtomicU64::new(0),
+            udp_until: AtomicU64::new(0),
+            counters: AtomicCounters::default(),
+        })
+    }
+
+    /// The route to `to`, looking for its inbox if it is time to. `now` is read at most
+    /// once per batch.
+    fn route<'a>(
+        &self,
+        routes: &'a mut HashMap<Endpoint, Route>,
+        to: &Endpoint,
+        from: Gid,
+        now: &mut Option<Instant>,
+    ) -> Option<&'a Peer> {
+        if to.addr().is_multicast() {
+            return None;
+        }
+        let time = |now: &mut Option<Instant>| *now.get_or_insert_with(Instant::now);
+        let look = match routes.get(to) {
+            Some(Route::Shared(_)) => false,
+            Some(Route::Wire(until)) => time(now) >= *until,
+            None => true,
+        };
+        if look {
+            let route = match PeerInbox::open(&self.scope.path(to), from.octets()) {
+                Ok(inbox) => {
+                    match SocketAddrUnix::new_abstract_name(self.scope.doorbell_name(to).as_bytes())
+                    {
+                        Ok(doorbell) => {
+                            tracing::debug!(to = %to, "sending through shared memory");
+                            Route::Shared(Box::new(Peer { inbox, doorbell }))
+                        }
+                        Err(_) => Route::Wire(time(now) + RECHECK),
+                    }
+                }
+                Err(refused) => {
+                    if let Refused::Unusable(why) = refused {
+                        tracing::debug!(to = %to, why, "a device of this host, over UDP");
+                    }
+                    Route::Wire(time(now) + RECHECK)
+                }
+            };
+            routes.insert(*to, route);
+        }
+        match routes.get(to) {
+            Some(Route::Shared(peer)) => Some(peer),
+            _ => None,
+        }
+    }
+
+    /// Rings `peer`'s doorbell if a thread of it waits (after its ring was published).
+    fn ring_doorbell(&self, peer: &Peer) {
+        // Pairs with the waiter's SeqCst increment of `waiters` and its look at the rings
+        // after it: either it sees the records, or this sees it waiting.
+        fence(Ordering::SeqCst);
+        let header = peer.inbox.mapping.header();
+        if header.waiters.load(Ordering::SeqCst) > 0 && header.rung.swap(1, Ordering::AcqRel) == 0 {
+            let _ = rustix::net::sendto(&self.doorbell, &[1], SendFlags::DONTWAIT, &peer.doorbell);
+        }
+    }
+
+    /// What to do after a ring refused a packet: drop the route if the peer is gone.
+    fn full(&self, routes: &mut HashMap<Endpoint, Route>, to: &Endpoint) {
+        crate::transport::bump(&self.counters.dropped_undeliverable);
+        if let Some(Route::Shared(peer)) = routes.get(to) {
+            if !peer.inbox.still_there() {
+                tracing::debug!(to = %to, "the device there is gone: back to UDP");
+                routes.insert(*to, Route::Wire(Instant::now() + RECHECK));
+            }
+        }
+    }
+
+    /// True if a ring of the inbox holds a packet.
+    fn has_packets(&self) -> bool {
+        let mut active = self.inbox.mapping.header().active.load(Ordering::Acquire);
+        while active != 0 {
+            let index = active.trailing_zeros() as usize;
+            active &= active - 1;
+            if !self.inbox.mapping.ring(index).is_empty() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Drains the doorbell if a sender rang it.
+    fn clear_doorbell(&self) {
+        let header = self.inbox.mapping.header();
+        if header.rung.load(Ordering::Relaxed) != 0 {
+            header.rung.store(0, Ordering::SeqCst);
+            let mut byte = [0u8; 8];
+            while rustix::net::recv(&self.doorbell, &mut byte, RecvFlags::DONTWAIT).is_ok() {}
+        }
+    }
+
+    /// Takes packets out of the rings into `bufs` (from the front), appending one
+    /// [`Received`] each; returns how many.
+    fn take(&self, local: Endpoint, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) -> usize {
+        let active = self.inbox.mapping.header().active.load(Ordering::Acquire);
+        if active == 0 || bufs.is_empty() {
+            return 0;
+        }
+        let Ok(mut consumer) = self.consumer.try_lock() else {
+            return 0;
+        };
+        let start = consumer.next;
+        let mut filled = 0;
+        for step in 0..RINGS {
+            let index = (start + step) % RINGS;
+            if active & (1 << index) == 0 {
+                continue;
+            }
+            let ring = self.inbox.mapping.ring(index);
+            let from = ring_sender(&ring);
+            let taken = ring.consume(|record, bytes| {
+                let Some(buf) = bufs.get_mut(filled) else {
+                    return false;
+                };
+                if let Some(packet) = self.accept(local, from, record, bytes, buf) {
+                    received.push(packet);
+                    filled += 1;
+                }
+                true
+            });
+            if taken.is_err() {
+                tracing::warn!(
+                    ring = index,
+                    "a shared-memory ring is inconsistent: dropped"
+                );
+                crate::transport::bump(&self.counters.dropped_malformed);
+                // Skip what is in it; the sender's next records start clean.
+                let header = ring.header();
+                header
+                    .head
+                    .store(header.tail.load(Ordering::Acquire), Ordering::Release);
+            }
+            if ring.header().state.load(Ordering::Acquire) == CLOSING {
+                self.inbox.free_closed(1 << index);
+            }
+            if filled == bufs.len() {
+                consumer.next = (index + 1) % RINGS;
+                break;
+            }
+        }
+        filled
+    }
+
+    /// Checks a packet from a ring and copies it into `buf`; `None` (counted) if dropped.
+    fn accept(
+        &self,
+        local: Endpoint,
+        from: IpAddr,
+        record: ring::Record,
+        bytes: &[u8],
+        buf: &mut [u8],
+    ) -> Option<Received> {
+        if !plausible_packet_len(bytes.len()) {
+            self.counters.count_drop(DropReason::Malformed);
+            return None;
+        }
+        let Some(slot) = buf.get_mut(..bytes.len()) else {
+            self.counters.count_drop(DropReason::Truncated);
+            return None;
+        };
+        let from = Endpoint::new(from, record.src_port);
+        let (ip, udp) = path_headers(&from, &local, record.src_port, 0, HOP_LIMIT, bytes.len())
+            .map_err(|_| self.counters.count_drop(DropReason::Malformed))
+            .ok()?;
+        let checked = record.flags & ICRC_FILLED != 0;
+        if checked && icrc::verify(&ip, &udp, bytes).is_err() {
+            self.counters.count_drop(DropReason::BadIcrc);
+            return None;
+        }
+        slot.copy_from_slice(bytes);
+        self.counters.count_received(bytes.len());
+        Some(Received {
+            from,
+            to: local,
+            len: bytes.len(),
+            ip,
+            udp,
+            icrc_checked: checked,
+        })
+    }
+}
+
+/// The address of the device producing into `ring`.
+fn ring_sender(ring: &Ring) -> IpAddr {
+    let mut octets = [0u8; 16];
+    for (chunk, word) in octets.chunks_exact_mut(4).zip(ring.header().from.iter()) {
+        chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+    }
+    Gid(octets).ip()
+}
+
+impl HostTransport {
+    /// `udp`, and an inbox for devices of other processes of this host if `shared_memory`
+    /// (where the inbox cannot be made, e.g. without `/dev/shm`, the transport is UDP only,
+    /// and says so in the log).
+    pub fn new(udp: UdpTransport, shared_memory: bool) -> HostTransport {
+        let shm = if shared_memory {
+            match Shm::open(udp.local(), udp.wait_fd()) {
+                Ok(shm) => Some(shm),
+                Err(error) => {
+                    tracing::info!(%error, "no shared-memory inbox: RoCEv2 over UDP only");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        HostTransport { udp, shm }
+    }
+
+    /// Whether devices of other processes of this host can reach this one through shared
+    /// memory.
+    pub fn shared_memory(&self) -> bool {
+        self.shm.is_some()
+    }
+
+    /// The UDP transport under it.
+    pub fn udp(&self) -> &UdpTransport {
+        &self.udp
+    }
+
+    /// Receives from the rings and the socket; `Ok(0)` if neither had a packet.
+    fn receive_now(
+        &self,
+        shm: &Shm,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        woken: bool,
+    ) -> io::Result<usize> {
+        let call = shm.receives.fetch_add(1, Ordering::Relaxed);
+        let header = shm.inbox.mapping.header();
+        let senders = header.active.load(Ordering::Relaxed) != 0;
+        let look_at_udp = !senders
+            || woken
+            || call.is_multiple_of(UDP_EVERY)
+            || call < shm.udp_until.load(Ordering::Relaxed)
+            || shm.udp_ready.swap(false, Ordering::Relaxed)
+            || self.udp.holds_packets();
+        if look_at_udp {
+            let count = self.udp.recv_batch(bufs, received, Some(Duration::ZERO))?;
+            if count > 0 {
+                shm.udp_until.store(call + UDP_RECENT, Ordering::Relaxed);
+                return Ok(count);
+            }
+        }
+        shm.clear_doorbell();
+        received.clear();
+        Ok(shm.take(self.udp.local(), bufs, received))
+    }
+
+    /// Waits until a ring has a packet, the socket is readable or the doorbell rang, at
+    /// most `timeout` (`None`: no limit).
+    fn wait(&self, shm: &Shm, timeout: Option<Duration>) -> io::Result<()> {
+        if self.udp.holds_packets() || shm.has_packets() {
+            return Ok(());
+        }
+        let header = shm.inbox.mapping.header();
+        header.waiters.fetch_add(1, Ordering::SeqCst);
+        let result = if shm.has_packets() {
+            Ok(())
+        } else {
+            let timespec = timeout.map(|t| rustix::event::Timespec {
+                tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: i64::from(t.subsec_nanos()),
+            });
+            let udp_fd = self.udp.wait_fd();
+            let mut fds = [
+                rustix::event::PollFd::new(&udp_fd, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&shm.doorbell, rustix::event::PollFlags::IN),
+            ];
+            match rustix::event::poll(&mut fds, timespec.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {
+                    if !fds[0].revents().is_empty() {
+                        shm.udp_ready.store(true, Ordering::Relaxed);
+                    }
+                    Ok(())
+                }
+                Err(errno) => Err(errno.into()),
+            }
+        };
+        header.waiters.fetch_sub(1, Ordering::SeqCst);
+        shm.clear_doorbell();
+        result
+    }
+
+    /// Sends one packet to a ring if `to` has an inbox; false if it goes over UDP.
+    fn send_shared(
+        &self,
+        shm: &Shm,
+        to: &Endpoint,
+        src_port: u16,
+        flags: u16,
+        bytes: &[u8],
+    ) -> bool {
+        let mut routes = lock(&shm.routes);
+        let mut now = None;
+        let Some(peer) = shm.route(&mut routes, to, self.udp.local().gid(), &mut now) else {
+            return false;
+        };
+        let ring = peer.inbox.ring();
+        let mut producer = ring.producer();
+        if producer.push(src_port, flags, bytes) {
+            producer.publish();
+            shm.counters.count_sent(bytes.len());
+            shm.ring_doorbell(peer);
+        } else {
+            shm.full(&mut routes, to);
+        }
+        true
+    }
+}
+
+impl Transport for HostTransport {
+    fn local(&self) -> Endpoint {
+        self.udp.local()
+    }
+
+    /// The headers of the wire, whichever way the packet goes (a capture records the
+    /// packet the exchange stands for).
+    fn prepare(&self, to: &Endpoint, src_port: u16, ib_packet: &mut [u8]) -> io::Result<Sent> {
+        self.udp.prepare(to, src_port, ib_packet)
+    }
+
+    fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
+        if let Some(shm) = &self.shm {
+            if self.send_shared(shm, to, sent.udp.src_port, ICRC_FILLED, ib_packet) {
+                return Ok(());
+            }
+        }
+        self.udp.transmit(to, sent, ib_packet)
+    }
+
+    /// Packets for devices with an inbox go into their rings (one publication per run of
+    /// packets for one device, no ICRC), the others to [`UdpTransport::send_batch`].
+    fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+        let Some(shm) = &self.shm else {
+            return self.udp.send_batch(packets);
+        };
+        let local = self.udp.local();
+        let mut routes = lock(&shm.routes);
+        let mut now = None;
+        let mut wire = Vec::new();
+        let mut sent = 0;
+        let mut start = 0;
+        while start < packets.len() {
+            let to = packets[start].to;
+            let mut end = start + 1;
+            while end < packets.len() && packets[end].to == to {
+                end += 1;
+            }
+            match shm.route(&mut routes, &to, local.gid(), &mut now) {
+                Some(peer) => {
+                    let ring = peer.inbox.ring();
+                    let mut producer = ring.producer();
+                    let mut pushed = 0;
+                    let mut refused = false;
+                    for packet in &mut packets[start..end] {
+                        let headers = path_headers(
+                            &local,
+                            &to,
+                            packet.src_port,
+                            0,
+                            HOP_LIMIT,
+                            packet.bytes.len(),
+                        );
+                        match headers {
+                            Ok((ip, udp)) if producer.push(packet.src_port, 0, packet.bytes) => {
+                                shm.counters.count_sent(packet.bytes.len());
+                                packet.sent = Some(Sent {
+                                    from: local,
+                                    ip,
+                                    udp,
+                                    icrc: 0,
+                                });
+                                pushed += 1;
+                            }
+                            Ok(_) => {
+                                packet.sent = None;
+                                refused = true;
+                            }
+                            Err(error) => {
+                                tracing::debug!(%error, to = %to, "send failed");
+                                packet.sent = None;
+                            }
+                        }
+                    }
+                    producer.publish();
+                    if pushed > 0 {
+                        shm.ring_doorbell(peer);
+                    }
+                    if refused {
+                        shm.full(&mut routes, &to);
+                    }
+                    sent += pushed;
+                }
+                None => wire.push(start..end),
+            }
+            start = end;
+        }
+        drop(routes);
+        if wire.is_empty() {
+            return sent;
+        }
+        if wire.len() == 1 && wire[0] == (0..packets.len()) {
+            return self.udp.send_batch(packets);
+        }
+        // The packets for UDP, in order, as one batch.
+        let mut batch: Vec<OutgoingPacket<'_>> = Vec::new();
+        let mut rest: &mut [OutgoingPacket<'_>] = packets;
+        let mut at = 0;
+        let mut wire_indices = Vec::new();
+        for range in &wire {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - at);
+            let (run, tail) = tail.split_at_mut(range.len());
+            for (offset, packet) in run.iter_mut().enumerate() {
+                wire_indices.push(range.start + offset);
+                batch.push(OutgoingPacket::new(
+                    packet.to,
+                    packet.src_port,
+                    packet.bytes,
+                ));
+            }
+            rest = tail;
+            at = range.end;
+        }
+        sent += self.udp.send_batch(&mut batch);
+        let results: Vec<Option<Sent>> = batch.into_iter().map(|packet| packet.sent).collect();
+        for (index, result) in wire_indices.into_iter().zip(results) {
+            packets[index].sent = result;
+        }
+        sent
+    }
+
+    fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
+        if self.shm.is_none() {
+            return self.udp.recv(buf, timeout);
+        }
+        let mut received = Vec::with_capacity(1);
+        self.recv_batch(&mut [buf], &mut received, timeout)?;
+        Ok(received.pop())
+    }
+
+    /// The rings first while senders use them (no system call), the socket every
+    /// [`UDP_EVERY`] receives or whenever it was readable or recently busy; waits on both.
+    fn recv_batch(
+        &self,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let Some(shm) = &self.shm else {
+            return self.udp.recv_batch(bufs, received, timeout);
+        };
+        received.clear();
+        let deadline = match timeout {
+            Some(t) if t.is_zero() => None,
+            Some(t) => Some(Instant::now() + t),
+            None => None,
+        };
+        let mut woken = false;
+        loop {
+            let count = self.receive_now(shm, bufs, received, woken)?;
+            if count > 0 || timeout.is_some_and(|t| t.is_zero()) {
+                return Ok(count);
+            }
+            let left = match deadline {
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Ok(0);
+                    }
+                    Some(deadline - now)
+                }
+                None => None,
+            };
+            self.wait(shm, left)?;
+            woken = true;
+        }
+    }
+
+    fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
+        match &self.shm {
+            Some(shm) => self.wait(shm, Some(timeout)),
+            None => self.udp.wait_readable(timeout),
+        }
+    }
+
+    /// The UDP socket, or an epoll set of it and the doorbell.
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.shm {
+            Some(shm) => Some(shm.epoll.as_fd()),
+            None => self.udp.readiness_fd(),
+        }
+    }
+
+    /// The socket's counters, with the packets that went through shared memory added to
+    /// the packet counts (and counted apart in `shm_sent_packets` / `shm_received_packets`).
+    fn counters(&self) -> TransportCounters {
+        let mut counters = self.udp.counters();
+        if let Some(shm) = &self.shm {
+            let shared = shm.counters.snapshot();
+            counters.sent_packets += shared.sent_packets;
+            counters.sent_bytes += shared.sent_bytes;
+            counters.received_packets += shared.received_packets;
+            counters.received_bytes += shared.received_bytes;
+            counters.dropped_bad_icrc += shared.dropped_bad_icrc;
+            counters.dropped_malformed += shared.dropped_malformed;
+            counters.dropped_truncated += shared.dropped_truncated;
+            counters.dropped_undeliverable += shared.dropped_undeliverable;
+            counters.shm_sent_packets = shared.sent_packets;
+            counters.shm_received_packets = shared.received_packets;
+        }
+        counters
+    }
+
+    fn join_multicast(&self, group: IpAddr) -> io::Result<()> {
+        self.udp.join_multicast(group)
+    }
+
+    fn leave_multicast(&self, group: IpAddr) -> io::Result<()> {
+        self.udp.leave_multicast(group)
+    }
+}
