@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub(crate) const RINGS: usize = 32;
 
 /// Bytes of data per ring.
-pub(crate) const RING_CAP: usize = 1 << 20;
+pub(crate) const RING_CAP: usize = 4 << 20;
 
 const PAGE: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");

@@ -64,6 +64,12 @@ const UDP_EVERY: u64 = 16;
 /// Receives after a UDP packet during which the socket is looked at every time.
 const UDP_RECENT: u64 = 1024;
 
+/// How long a sender waits at most for room in a full ring (the receiver is taking
+/// packets out) before it drops the packet: a lossless link with flow control, as RoCE
+/// fabrics run with PFC, but never a wait without end (two devices each waiting for the
+/// other to take packets would).
+const FULL_WAIT: Duration = Duration::from_micros(500);
+
 /// The hop limit the receiver assumes for a packet from a ring (masked out of the ICRC).
 const HOP_LIMIT: u8 = 64;
 
@@ -210,6 +216,37 @@ impl Shm {
         let header = peer.inbox.mapping.header();
         if header.waiters.load(Ordering::SeqCst) > 0 && header.rung.swap(1, Ordering::AcqRel) == 0 {
             let _ = rustix::net::sendto(&self.doorbell, &[1], SendFlags::DONTWAIT, &peer.doorbell);
+        }
+    }
+
+    /// Pushes a packet into `peer`'s ring; if the ring is full, publishes what was pushed,
+    /// wakes the receiver and waits for room, up to [`FULL_WAIT`]. False if there was none.
+    fn push(
+        &self,
+        peer: &Peer,
+        producer: &mut ring::Producer<'_>,
+        src_port: u16,
+        flags: u16,
+        bytes: &[u8],
+    ) -> bool {
+        if producer.push(src_port, flags, bytes) {
+            return true;
+        }
+        if !peer.inbox.ring().fits(bytes.len()) {
+            return false;
+        }
+        if producer.publish() > 0 {
+            self.ring_doorbell(peer);
+        }
+        let deadline = Instant::now() + FULL_WAIT;
+        loop {
+            std::thread::yield_now();
+            if producer.push(src_port, flags, bytes) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
         }
     }
 
@@ -457,7 +494,7 @@ impl HostTransport {
         };
         let ring = peer.inbox.ring();
         let mut producer = ring.producer();
-        if producer.push(src_port, flags, bytes) {
+        if shm.push(peer, &mut producer, src_port, flags, bytes) {
             producer.publish();
             shm.counters.count_sent(bytes.len());
             shm.ring_doorbell(peer);
@@ -522,7 +559,15 @@ impl Transport for HostTransport {
                             packet.bytes.len(),
                         );
                         match headers {
-                            Ok((ip, udp)) if producer.push(packet.src_port, 0, packet.bytes) => {
+                            Ok((ip, udp))
+                                if shm.push(
+                                    peer,
+                                    &mut producer,
+                                    packet.src_port,
+                                    0,
+                                    packet.bytes,
+                                ) =>
+                            {
                                 shm.counters.count_sent(packet.bytes.len());
                                 packet.sent = Some(Sent {
                                     from: local,

@@ -109,6 +109,11 @@ impl Ring {
         (self.cap / 4).min(u32::MAX as usize - 8)
     }
 
+    /// True if a packet of `len` bytes can ever fit in a record.
+    pub(crate) fn fits(&self, len: usize) -> bool {
+        len <= self.max_packet()
+    }
+
     /// True if nothing is waiting in the ring.
     pub(crate) fn is_empty(&self) -> bool {
         let header = self.header();
@@ -242,12 +247,14 @@ impl Producer<'_> {
         true
     }
 
-    /// Makes every record pushed so far visible to the consumer; returns how many.
-    pub(crate) fn publish(self) -> usize {
-        if self.written > 0 {
+    /// Makes every record pushed so far visible to the consumer; returns how many. More
+    /// can be pushed (and published) after.
+    pub(crate) fn publish(&mut self) -> usize {
+        let written = std::mem::take(&mut self.written);
+        if written > 0 {
             self.ring.header().tail.store(self.tail, Ordering::Release);
         }
-        self.written
+        written
     }
 }
 
