@@ -77,6 +77,13 @@ limit 5 cargo package --locked --no-verify --allow-dirty \
 step "tests"
 limit 30 cargo test --locked --workspace --all-features
 
+step "the drop-in's program suites again over UDP (the tests step ran them on the shared-memory path)"
+# Two processes of one host talk through shared memory by default; SOFTVERBS_NETWORK=udp
+# puts the same unmodified programs on RoCEv2 over UDP, so both paths run every program.
+SOFTVERBS_NETWORK=udp limit 15 cargo test --locked --all-features -p softverbs-capi \
+  --test verbs_programs --test programs --test c_programs
+SOFTVERBS_NETWORK=udp limit 10 cargo test --locked --all-features -p softverbs-rdmacm --test programs
+
 step "examples (each runs and checks its own result)"
 # Every example of every crate, found by name so that a new one runs without a line here;
 # each exits non-zero when a check fails. Built as the tests were (--all-features).
@@ -92,6 +99,10 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 step "Miri (softverbs-cq ring, small counts)"
 MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance}" CARGO_TARGET_DIR=target/miri \
   limit 15 cargo +nightly miri test --locked -p softverbs-cq --test miri_ring
+
+step "Miri (softverbs-device's shared-memory ring between processes)"
+MIRIFLAGS="${MIRIFLAGS:--Zmiri-strict-provenance}" CARGO_TARGET_DIR=target/miri \
+  limit 15 cargo +nightly miri test --locked -p softverbs-device --lib shm::ring
 
 step "benchmarks compile and run once (smoke; figures come from scripts/bench.sh)"
 limit 20 cargo bench --locked --workspace -- --test
