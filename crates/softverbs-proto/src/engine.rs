@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use crate::codec::{self, ParseError};
 use crate::error::{Capacity, Object, Queue, VerbsError};
 use crate::gsi::{Gsi, GsiMad, GSI_QPN};
@@ -42,7 +44,13 @@ use crate::wr::{RecvWr, SendWr};
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
-    qps: BTreeMap<u32, Qp>,
+    /// Every QP by its number. Every packet and every verb finds its QP here in O(1): a
+    /// hash table whose hash of a QPN is one multiply and one rotate (FxHash), where a
+    /// `BTreeMap` search grew with the number of QPs (issue #15). No random state, so the
+    /// same calls build the same table; its order is not the QPNs', and nothing follows
+    /// it: the walks over every QP (the `check_*` methods) go in QPN order
+    /// (`qps_in_order`) and `handle_timeout` sorts the QPs it fires.
+    qps: FxHashMap<u32, Qp>,
     srqs: BTreeMap<u32, Srq>,
     next_qpn: u32,
     next_srq: u32,
@@ -83,7 +91,7 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Self {
         Engine {
             config,
-            qps: BTreeMap::new(),
+            qps: FxHashMap::default(),
             srqs: BTreeMap::new(),
             next_qpn: config.first_qpn.max(2),
             next_srq: 1,
@@ -651,7 +659,15 @@ impl Engine {
     /// count the window keeps; `Err` names the first difference. For tests and
     /// simulations, which check it after every step: the engine never needs it.
     pub fn check_peer_windows(&self) -> Result<(), String> {
-        self.windows.check(self.qps.values())
+        self.windows.check(self.qps_in_order().into_iter())
+    }
+
+    /// Every QP, in QPN order: the order the checks look at them in, so that the first
+    /// difference they name does not depend on the order of the table.
+    fn qps_in_order(&self) -> Vec<&Qp> {
+        let mut qps: Vec<&Qp> = self.qps.values().collect();
+        qps.sort_unstable_by_key(|qp| qp.qpn);
+        qps
     }
 
     /// Checks the schedule the outputs follow (`sched.rs`) against the QPs; `Err` names
@@ -672,7 +688,8 @@ impl Engine {
         // the window woke as many as it opened by, and they have their turn first.
         let drained = !self.qps.values().any(|qp| qp.marks.ready);
         let mut buf = Vec::new();
-        for (&qpn, qp) in &self.qps {
+        for qp in self.qps_in_order() {
+            let qpn = qp.qpn;
             if qp.marks.ready != ready.contains(&qpn) || qp.marks.local != local.contains(&qpn) {
                 return Err(format!(
                     "QP {qpn:#x}: marked {:?}, listed ready {}, local {}",
