@@ -1,7 +1,7 @@
 //! [`Engine`]: the sans-IO engine of one device port — its QPs and SRQs, the packet
 //! demultiplexer, and the `poll_*` outputs.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use rustc_hash::FxHashMap;
 
@@ -51,7 +51,9 @@ pub struct Engine {
     /// it: the walks over every QP (the `check_*` methods) go in QPN order
     /// (`qps_in_order`) and `handle_timeout` sorts the QPs it fires.
     qps: FxHashMap<u32, Qp>,
-    srqs: BTreeMap<u32, Srq>,
+    /// Every SRQ by its number (numbered from 1, never reused), looked up by each message
+    /// an SRQ's QP receives (`Qp::take_recv`): a hash table as `qps`, never walked.
+    srqs: FxHashMap<u32, Srq>,
     next_qpn: u32,
     next_srq: u32,
     completions: VecDeque<Completion>,
@@ -92,7 +94,7 @@ impl Engine {
         Engine {
             config,
             qps: FxHashMap::default(),
-            srqs: BTreeMap::new(),
+            srqs: FxHashMap::default(),
             next_qpn: config.first_qpn.max(2),
             next_srq: 1,
             completions: VecDeque::new(),
@@ -707,7 +709,7 @@ impl Engine {
                 buf.resize(self.max_packet_len(), 0);
                 let mut copy = qp.clone();
                 let (mut srqs, mut completions, mut events, mut counters) = (
-                    BTreeMap::new(),
+                    FxHashMap::default(),
                     VecDeque::new(),
                     VecDeque::new(),
                     Counters::default(),
