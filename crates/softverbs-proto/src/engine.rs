@@ -1,7 +1,9 @@
 //! [`Engine`]: the sans-IO engine of one device port — its QPs and SRQs, the packet
 //! demultiplexer, and the `poll_*` outputs.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
+
+use rustc_hash::FxHashMap;
 
 use crate::codec::{self, ParseError};
 use crate::error::{Capacity, Object, Queue, VerbsError};
@@ -42,8 +44,16 @@ use crate::wr::{RecvWr, SendWr};
 #[derive(Debug)]
 pub struct Engine {
     config: EngineConfig,
-    qps: BTreeMap<u32, Qp>,
-    srqs: BTreeMap<u32, Srq>,
+    /// Every QP by its number. Every packet and every verb finds its QP here in O(1): a
+    /// hash table whose hash of a QPN is one multiply and one rotate (FxHash), where a
+    /// `BTreeMap` search grew with the number of QPs (issue #15). No random state, so the
+    /// same calls build the same table; its order is not the QPNs', and nothing follows
+    /// it: the walks over every QP (the `check_*` methods) go in QPN order
+    /// (`qps_in_order`) and `handle_timeout` sorts the QPs it fires.
+    qps: FxHashMap<u32, Qp>,
+    /// Every SRQ by its number (numbered from 1, never reused), looked up by each message
+    /// an SRQ's QP receives (`Qp::take_recv`): a hash table as `qps`, never walked.
+    srqs: FxHashMap<u32, Srq>,
     next_qpn: u32,
     next_srq: u32,
     completions: VecDeque<Completion>,
@@ -83,8 +93,8 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Self {
         Engine {
             config,
-            qps: BTreeMap::new(),
-            srqs: BTreeMap::new(),
+            qps: FxHashMap::default(),
+            srqs: FxHashMap::default(),
             next_qpn: config.first_qpn.max(2),
             next_srq: 1,
             completions: VecDeque::new(),
@@ -651,7 +661,15 @@ impl Engine {
     /// count the window keeps; `Err` names the first difference. For tests and
     /// simulations, which check it after every step: the engine never needs it.
     pub fn check_peer_windows(&self) -> Result<(), String> {
-        self.windows.check(self.qps.values())
+        self.windows.check(self.qps_in_order().into_iter())
+    }
+
+    /// Every QP, in QPN order: the order the checks look at them in, so that the first
+    /// difference they name does not depend on the order of the table.
+    fn qps_in_order(&self) -> Vec<&Qp> {
+        let mut qps: Vec<&Qp> = self.qps.values().collect();
+        qps.sort_unstable_by_key(|qp| qp.qpn);
+        qps
     }
 
     /// Checks the schedule the outputs follow (`sched.rs`) against the QPs; `Err` names
@@ -672,7 +690,8 @@ impl Engine {
         // the window woke as many as it opened by, and they have their turn first.
         let drained = !self.qps.values().any(|qp| qp.marks.ready);
         let mut buf = Vec::new();
-        for (&qpn, qp) in &self.qps {
+        for qp in self.qps_in_order() {
+            let qpn = qp.qpn;
             if qp.marks.ready != ready.contains(&qpn) || qp.marks.local != local.contains(&qpn) {
                 return Err(format!(
                     "QP {qpn:#x}: marked {:?}, listed ready {}, local {}",
@@ -690,7 +709,7 @@ impl Engine {
                 buf.resize(self.max_packet_len(), 0);
                 let mut copy = qp.clone();
                 let (mut srqs, mut completions, mut events, mut counters) = (
-                    BTreeMap::new(),
+                    FxHashMap::default(),
                     VecDeque::new(),
                     VecDeque::new(),
                     Counters::default(),
@@ -777,7 +796,8 @@ mod tests {
     use crate::codec;
     use crate::memory::{AtomicOp, MemError, MemKey, RegionInfo};
     use crate::types::{AccessFlags, AddressVector, Mtu, QpType};
-    use crate::wr::{SendOp, Sge};
+    use crate::wr::{SendFlags, SendOp, Sge};
+    use softverbs_cq::{RawFields, WorkCompletion};
     use std::net::{IpAddr, Ipv6Addr};
 
     /// Flat memory: one region, key 1, in protection domain 0, every access allowed.
@@ -1504,6 +1524,114 @@ mod tests {
             "{visited} QPs visited for {messages} packets"
         );
         assert_eq!(ep.counters().packets_sent, u64::from(messages));
+    }
+
+    /// Issue #15: a QP is found by its number whatever its rank among the engine's QPs, and
+    /// so is its SRQ. With 10,000 RC QPs in RTS, each receiving through an SRQ of its own,
+    /// the first and the last created behave alike: the SEND each posts leaves as the same
+    /// bytes, the peer's ACK completes it, the peer's SEND lands through the QP's SRQ and
+    /// is acknowledged with the same bytes, and the counters move alike. Once destroyed,
+    /// the last QP's number is dropped as unknown. (What a lookup costs is not counted
+    /// here: the `qps` map of `Engine` says.)
+    #[test]
+    fn the_first_and_the_ten_thousandth_qp_behave_alike() {
+        const QPS: usize = 10_000;
+        let mut ep = Engine::new(EngineConfig::default());
+        let mut mem = Flat(vec![0; 4096]);
+        let base = QpAttr {
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ..QpAttr::default()
+        };
+        let qps: Vec<(u32, SrqId)> = (0..QPS)
+            .map(|_| {
+                let srq = ep
+                    .create_srq(SrqInit {
+                        max_wr: 1,
+                        max_sge: 1,
+                        srq_limit: 0,
+                    })
+                    .unwrap();
+                let init = QpInit {
+                    srq: Some(srq),
+                    ..QpInit::new(QpType::Rc)
+                };
+                (rts_from(&mut ep, init, Mtu::Mtu1024, 0, base), srq)
+            })
+            .collect();
+        let without_qpn = |wc: WorkCompletion| RawFields {
+            qp_num: 0,
+            ..wc.raw()
+        };
+        let mut exchange = |ep: &mut Engine, (qpn, srq): (u32, SrqId)| {
+            let before = ep.counters().clone();
+            let wr = SendWr::new(1, SendOp::Send, vec![]).with_flags(SendFlags::SIGNALED);
+            ep.post_send(qpn, wr).unwrap();
+            let sent = drain(ep, &mem);
+            ep.handle_packet(1, &aeth_packet(qpn, 0, codec::SYNDROME_ACK), None, &mut mem);
+            let send_wc = ep.poll_completion().expect("the ACK completes the SEND").wc;
+            assert_eq!(send_wc.qp_num(), qpn);
+
+            let recv = RecvWr {
+                wr_id: 2,
+                sg_list: vec![Sge {
+                    addr: 0,
+                    length: 64,
+                    lkey: 1,
+                }],
+            };
+            ep.post_srq_recv(srq, recv).unwrap();
+            let send = codec::Headers {
+                bth: codec::Bth {
+                    opcode: codec::op::SEND_ONLY,
+                    pkey: 0xFFFF,
+                    dest_qp: qpn,
+                    psn: 0,
+                    ack_req: true,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut buf = [0u8; 64];
+            let n = codec::emit(&send, b"hi", &mut buf).unwrap();
+            ep.handle_packet(2, &buf[..n], None, &mut mem);
+            let recv_wc = ep.poll_completion().expect("the SEND is received").wc;
+            assert_eq!(recv_wc.qp_num(), qpn);
+            let acks = drain(ep, &mem);
+            assert!(ep.poll_completion().is_none());
+            assert_eq!(ep.poll_timeout(), None, "nothing left in flight");
+
+            let after = ep.counters();
+            let moved: Vec<(String, u64)> = after
+                .fields()
+                .into_iter()
+                .zip(before.fields())
+                .map(|((name, now), (_, then))| (name, now - then))
+                .collect();
+            (
+                sent,
+                without_qpn(send_wc),
+                without_qpn(recv_wc),
+                acks,
+                moved,
+            )
+        };
+        let first = exchange(&mut ep, qps[0]);
+        assert_eq!(first.0.len(), 1, "one SEND ONLY");
+        assert_eq!(first.3.len(), 1, "one ACK");
+        assert_eq!(exchange(&mut ep, qps[QPS - 1]), first);
+
+        let (last, _) = qps[QPS - 1];
+        ep.destroy_qp(last).unwrap();
+        ep.handle_packet(
+            3,
+            &aeth_packet(last, 1, codec::SYNDROME_ACK),
+            None,
+            &mut mem,
+        );
+        assert_eq!(ep.counters().drops(DropReason::UnknownQp), 1);
+        ep.check_peer_windows().unwrap();
+        ep.check_schedule(&mem).unwrap();
     }
 
     fn ip_octets(s: &str) -> [u8; 16] {

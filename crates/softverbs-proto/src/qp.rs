@@ -4,8 +4,9 @@
 //! The requester, completer and responder are further `impl Qp` blocks in their own
 //! modules. Everything here is reached through [`Engine`](crate::Engine).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
+use rustc_hash::FxHashMap;
 use softverbs_cq::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::error::{PostVerb, Queue, VerbsError};
@@ -21,7 +22,7 @@ use crate::wr::{FlushSelectivity, Gather, RecvWr, SendOp, SendWr};
 /// The parts of the engine a QP writes to while it runs.
 pub(crate) struct Ctx<'a> {
     pub config: &'a EngineConfig,
-    pub srqs: &'a mut BTreeMap<u32, Srq>,
+    pub srqs: &'a mut FxHashMap<u32, Srq>,
     pub completions: &'a mut VecDeque<Completion>,
     pub events: &'a mut VecDeque<AsyncEvent>,
     pub counters: &'a mut Counters,

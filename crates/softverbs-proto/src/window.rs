@@ -52,6 +52,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use rustc_hash::FxHashMap;
+
 use crate::output::Counters;
 use crate::psn;
 use crate::qp::Qp;
@@ -112,7 +114,10 @@ fn limits(config: &EngineConfig) -> (u32, u32, u32) {
 #[derive(Debug, Default)]
 pub(crate) struct Windows {
     peers: BTreeMap<[u8; 16], Peer>,
-    charges: BTreeMap<u32, Charge>,
+    /// Every governed QP's charge, by QPN: looked up on every packet and verb that runs a
+    /// QP (`sync`, `room`, `hold`, `unhold`), so a hash table, O(1) (as the engine's QPs);
+    /// never walked in order.
+    charges: FxHashMap<u32, Charge>,
 }
 
 /// The peer a QP's requests count against and how many PSNs it has in flight; `None` for
