@@ -155,8 +155,8 @@ dropin_lat() {
 # The server's device is up once it holds SERVER_IP:4791 (up to 10 s); its rdma_listen
 # follows at once, given half a second.
 cm_ready() {
-    local i
-    for i in $(seq 100); do
+    local _
+    for _ in $(seq 100); do
         if ss -H -lnu "sport = :4791" 2> /dev/null | grep -q "$SERVER_IP:4791"; then
             sleep 0.5
             return 0
