@@ -48,9 +48,11 @@ bench_build "softverbs and udp-baseline" softverbs-cli
 
 # ---------------------------------------------------------------------------- plumbing
 bench_setup
+# Each pair's network is the script's to choose (NET_ENV, on_shared_memory).
+unset SOFTVERBS_NETWORK
 
-# Keep every transport on loopback: UCX and libfabric otherwise look at every interface.
-export UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
+# Keep every transport on loopback: UCX (ucx in bench-common.sh) and libfabric otherwise
+# look at every interface.
 export FI_TCP_IFACE=lo FI_UDP_IFACE=lo FI_SOCKETS_IFACE=lo
 
 SIZES=(65536 262144 1048576)
@@ -81,20 +83,7 @@ memcpy_bw() { # SIZE
     "$UB" memcpy -s "$1" --secs 0.3 > "$WORK/memcpy.json" || return 1
     record "memcpy_bw_$1" "$(jget "$WORK/memcpy.json" 'd["bw_gbit_per_sec"]')" || return 1
 }
-# --- UCX and libfabric
-ucx() { # NAME TLS TEST SIZE ITERS
-    next_port
-    pair "$1" "$PORT" -- env "UCX_TLS=$2" ucx_perftest -p "$PORT" \
-        -- env "UCX_TLS=$2" ucx_perftest 127.0.0.1 -p "$PORT" -t "$3" -s "$4" -n "$5" -w "$(($5 / 10))" -f -v
-}
-# The last CSV line of ucx_perftest -v -f: iterations, typical (median) latency, average
-# latency, overall latency (usec, one-way for *_lat tests), bandwidth average, overall
-# (MiB/s), message rate average, overall.
-ucx_field() { grep -E '^ *[0-9]' "$WORK/$1.out" | tail -1 | cut -d, -f"$2"; }
-ucx_lat() { # KEY TLS
-    ucx "ucx_lat" "$2" tag_lat 8 20000 || return 1
-    record "$1" "$("$PY" -c 'import sys; print(2*float(sys.argv[1]))' "$(ucx_field ucx_lat 2)")" || return 1
-}
+# --- UCX and libfabric (ucx, ucx_field and ucx_lat in bench-common.sh)
 ucx_bw() { # KEY TLS SIZE [TEST]
     ucx "ucx_bw" "$2" "${4:-ucp_put_bw}" "$3" "$(ucx_bw_iters "$3")" || return 1
     record "$1" "$("$PY" -c 'import sys; print(float(sys.argv[1])*1048576*8/1e9)' "$(ucx_field ucx_bw 6)")" || return 1

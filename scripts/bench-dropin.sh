@@ -59,8 +59,9 @@ CMLIB="$TARGET_DIR/release/libsoftverbs_rdmacm.so"
 # ---------------------------------------------------------------------------- plumbing
 bench_setup
 # The device's environment is the benchmark's to set: an inherited address, capture or
-# fault injection would break or distort the runs.
-unset SOFTVERBS_ADDR SOFTVERBS_PCAP SOFTVERBS_FAULTS SOFTVERBS_STATS
+# fault injection would break or distort the runs, an inherited network would put every
+# pair on it (each pair's is NET_ENV's, as on_shared_memory sets it).
+unset SOFTVERBS_ADDR SOFTVERBS_PCAP SOFTVERBS_FAULTS SOFTVERBS_STATS SOFTVERBS_NETWORK
 
 DROPIN_LIB="$WORK/lib"
 mkdir "$DROPIN_LIB"
@@ -99,16 +100,16 @@ with_addrs() {
 }
 
 # dropin_pair NAME PROGRAM ARG...: PROGRAM's server and client on the drop-in (the
-# client's device counters in $WORK/NAME.stats); fails unless the client ran on the
-# soft device.
+# client's device counters in $WORK/NAME.stats), over UDP unless on_shared_memory; fails
+# unless the client ran on the soft device.
 dropin_pair() {
     local name="$1" prog="$2"
     shift 2
     next_port
     pick_addrs || return 1
     local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    pair "$name" "$PORT" -- "${DEV_ENV_S[@]}" "$lib" "$prog" "$@" -p "$PORT" \
-        -- "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" "$SERVER_IP" || return 1
+    pair "$name" "$PORT" -- "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$lib" "$prog" "$@" -p "$PORT" \
+        -- "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" "$SERVER_IP" || return 1
     if ! grep -Eq 'Device +: softverbs0' "$WORK/$name.out"; then
         log "    $name did not run on the drop-in's device softverbs0:"
         sed 's/^/      client: /' "$WORK/$name.out" "$WORK/$name.err" >&2
