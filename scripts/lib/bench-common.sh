@@ -3,7 +3,9 @@
 # them (from the repository's root) after `set -euo pipefail`, never run on its own.
 #
 # A script sets BENCH (its name, for messages) and calls, in this order:
-#   bench_parse_args "$@"      --json, --reps N, --help (prints the script's header comment)
+#   bench_parse_args "$@"      --json, --reps N, --help (prints the script's header comment);
+#                              --plot FILE.svg too if the script set BENCH_PLOTS=1 (it sets
+#                              PLOT, an absolute path, and is refused by the other scripts)
 #   bench_check_tools          python3, taskset, ss
 #   need_pkg COMMAND PACKAGE   for each program it runs that is not built here
 #   bench_build WHAT PKG...    cargo build --release of the crates; sets SV, UB, TARGET_DIR
@@ -21,6 +23,7 @@
 # shellcheck disable=SC2034 # JSON and REPS are read by the sourcing script
 JSON=0
 REPS=3
+PLOT=""
 FAILED=0
 SERVER_PID=""
 CLIENT_PID=""
@@ -40,6 +43,22 @@ bench_parse_args() {
             --reps)
                 REPS="${2:?--reps needs a number}"
                 shift
+                ;;
+            --plot)
+                if [ "${BENCH_PLOTS:-0}" != 1 ]; then
+                    echo "$BENCH: unknown option $1 (see --help)" >&2
+                    exit 2
+                fi
+                PLOT="${2:?--plot needs a file name (FILE.svg)}"
+                shift
+                # Relative to where the script was started: it has moved to the
+                # repository's root since, and `cd` left the old directory in OLDPWD.
+                case "$PLOT" in /*) ;; *) PLOT="${OLDPWD:-$PWD}/$PLOT" ;; esac
+                # Refused now rather than after minutes of measuring.
+                if [ ! -d "$(dirname "$PLOT")" ] || [ ! -w "$(dirname "$PLOT")" ]; then
+                    echo "$BENCH: --plot $PLOT: the folder $(dirname "$PLOT") does not exist or is not writable" >&2
+                    exit 2
+                fi
                 ;;
             -h | --help)
                 # The script's header comment, between the #! line and `set -euo pipefail`
