@@ -352,7 +352,8 @@ ucx_lat() { # KEY TLS: tag_lat of 8 bytes, the median round trip
 # --json, --reps and the failure count. The common part gives it:
 #   samples (key -> list of floats), med (key -> median), best_dgram;
 #   row(workload, subject_key, baseline_key, unit, lower_is_better, target, baseline_name)
-#     with target None, ("abs<", x), ("ratio<=", x) or ("ratio>=", x), appended to rows;
+#     with target None, ("abs<", x), ("abs<=", x), ("ratio<=", x) or ("ratio>=", x),
+#     appended to rows;
 #   SUBJECT (the key of the measured figure in the JSON rows and, with "-" for "_", the
 #   table's column; default "softverbs"), set before the first row();
 #   size_name(bytes), fmt(value), print_table(title), print_summary().
@@ -385,6 +386,9 @@ def row(workload, sv_key, base_key, unit, lower_is_better, target=None, baseline
         if kind == "abs<":
             target_text = f"< {limit:.3g} {unit}"
             verdict = "?" if sv is None else ("met" if sv < limit else "missed")
+        elif kind == "abs<=":
+            target_text = f"<= {limit:.3g} {unit}"
+            verdict = "?" if sv is None else ("met" if sv <= limit else "missed")
         elif kind == "ratio<=":
             target_text = f"<= {limit:.3g}x"
             verdict = "?" if ratio is None else ("met" if ratio <= limit else "missed")
