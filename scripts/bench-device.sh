@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device benchmarks of issue 4, each beside its baseline measured in the same run:
-#   1. in-process RC 8-byte send ping-pong round trip (median, p99)        target < 2 us
+#   1. in-process RC 8-byte send ping-pong round trip (median, p99)        target < 1 us
 #   2. cross-process RC 8-byte send ping-pong over UDP loopback against a bare, busy-polled
 #      UDP ping-pong of the same 8 bytes between two processes            target <= 1.3x
 #   3. RDMA write bandwidth at 64 KiB, 256 KiB, 1 MiB: in-process against memcpy of the
@@ -15,25 +15,38 @@
 #      across the same veth; the veth's GSO/GRO features (ethtool -k, before and after the
 #      script turns GRO on) and the GSO sends and GRO segments the devices counted
 #      (SOFTVERBS_STATS), so the table shows whether offload was used
+#   6. the shared-memory path between two processes of one host (the device's default
+#      network, SOFTVERBS_NETWORK unset): the programs of rows 2-3, against UCX
+#      UCX_TLS=posix,cma and beside our UDP path of rows 2-3: 8-byte send round trip
+#      (median target <= 2x UCX tag_lat; p99), RDMA write bandwidth at 64 KiB, 256 KiB,
+#      1 MiB (64 KiB and 1 MiB target >= 0.5x UCX ucp_put_bw)
+# Every row "over UDP" sets SOFTVERBS_NETWORK=udp, so it measures RoCEv2 over UDP whatever
+# the device's default is; until the device has a shared-memory path, row 6 measures that
+# same UDP path. The softverbs paths' send round trip at 64 KiB, 256 KiB and 1 MiB is
+# measured too, for the picture (--json's "series", --plot).
 #
-# Usage: scripts/bench-device.sh [--json] [--reps N]
+# Usage: scripts/bench-device.sh [--json] [--reps N] [--plot FILE.svg]
 #   --json    print the results as one JSON document on stdout (progress goes to stderr)
 #   --reps N  repetitions of every measurement, medians reported (default 3)
+#   --plot F  also draw the results into the SVG file F (softverbs plot): round trip and
+#             bandwidth against the message size, softverbs' paths (in-process, shared
+#             memory, UDP) beside UCX (posix,cma; tcp), fi_pingpong, memcpy and bare UDP
 #
 # Run by hand, as root (it installs ucx-utils, libfabric-bin and ethtool with apt-get if
-# they are missing). Rows 1-4 talk over 127.0.0.0/8 only; row 5 over the veth pair between
+# they are missing). Rows 1-4 and 6 talk over 127.0.0.0/8 only; row 5 over the veth pair between
 # its two namespaces (10.211.0.0/24, fd00:211::/64), which only this run sees and which are
 # removed at exit (without root, row 5 says it was not measured). The two sides of every
 # two-process pair are pinned to different CPUs (CPU 0: server, CPU 1: client) when there are two;
 # the in-process runs are left unpinned (the device may run a progress thread). All
 # latencies in the table are round trips (perftest-like tools print half of that).
-# Takes about 2-2.5 minutes on a 2-core machine, row 5 about 40 s of it (up to ~5 under
+# Takes about 2.5-3 minutes on a 2-core machine, row 5 about 40 s of it (up to ~5 under
 # heavy load). The machines are shared and noisy: compare the ratios of one run, not
 # absolute numbers across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BENCH=bench-device
+BENCH_PLOTS=1
 # shellcheck source=scripts/lib/bench-common.sh
 . scripts/lib/bench-common.sh
 bench_parse_args "$@"
@@ -48,9 +61,11 @@ bench_build "softverbs and udp-baseline" softverbs-cli
 
 # ---------------------------------------------------------------------------- plumbing
 bench_setup
+# Each pair's network is the script's to choose (NET_ENV, on_shared_memory).
+unset SOFTVERBS_NETWORK
 
-# Keep every transport on loopback: UCX and libfabric otherwise look at every interface.
-export UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n
+# Keep every transport on loopback: UCX (ucx in bench-common.sh) and libfabric otherwise
+# look at every interface.
 export FI_TCP_IFACE=lo FI_UDP_IFACE=lo FI_SOCKETS_IFACE=lo
 
 SIZES=(65536 262144 1048576)
@@ -65,15 +80,23 @@ sv_inproc_lat() {
     record sv_inproc_lat_rtt_med "$(jget "$WORK/sv_ip_lat.json" '2*d["results"][0]["t_median_usec"]')" || return 1
     record sv_inproc_lat_rtt_p99 "$(jget "$WORK/sv_ip_lat.json" '2*d["results"][0]["t_p99_usec"]')" || return 1
 }
+sv_inproc_pp() { # SIZE: send ping-pong round trip of SIZE bytes (median), for the picture
+    "$SV" perf send lat --in-process -s "$1" -n "$(pp_iters "$1")" --json > "$WORK/sv_ip_pp.json" || return 1
+    record "sv_inproc_pp_rtt_$1" "$(jget "$WORK/sv_ip_pp.json" '2*d["results"][0]["t_median_usec"]')" || return 1
+}
 sv_inproc_bw() { # SIZE
     "$SV" perf write bw --in-process -s "$1" -n "$(sv_bw_iters "$1")" --json > "$WORK/sv_ip_bw.json" || return 1
     record "sv_inproc_bw_$1" "$(jget "$WORK/sv_ip_bw.json" 'd["results"][0]["bw_gbit_per_sec"]')" || return 1
 }
-sv_xp_ppbw() { # SIZE: send ping-pong of SIZE bytes, bandwidth = size / one-way (as fi_pingpong)
+# SIZE: send ping-pong of SIZE bytes between two processes, bandwidth = size / one-way (as
+# fi_pingpong), and its round trip (median, for the picture); over UDP unless
+# on_shared_memory.
+sv_xp_ppbw() {
     next_port
-    pair sv_xp_pp "$PORT" -- "$SV" perf send lat --server --listen 127.0.0.1 -p "$PORT" \
-        -- "$SV" perf send lat -s "$1" -n "$(pp_iters "$1")" --client 127.0.0.1 -p "$PORT" --json || return 1
-    record "sv_xp_ppbw_$1" "$(jget "$WORK/sv_xp_pp.out" "$1*8/d['results'][0]['t_avg_usec']/1e3")" || return 1
+    pair sv_xp_pp "$PORT" -- "${NET_ENV[@]}" "$SV" perf send lat --server --listen 127.0.0.1 -p "$PORT" \
+        -- "${NET_ENV[@]}" "$SV" perf send lat -s "$1" -n "$(pp_iters "$1")" --client 127.0.0.1 -p "$PORT" --json || return 1
+    record "${XP_KEY}sv_xp_ppbw_$1" "$(jget "$WORK/sv_xp_pp.out" "$1*8/d['results'][0]['t_avg_usec']/1e3")" || return 1
+    record "${XP_KEY}sv_xp_pp_rtt_$1" "$(jget "$WORK/sv_xp_pp.out" "2*d['results'][0]['t_median_usec']")" || return 1
 }
 
 # --- bare baselines
@@ -81,20 +104,7 @@ memcpy_bw() { # SIZE
     "$UB" memcpy -s "$1" --secs 0.3 > "$WORK/memcpy.json" || return 1
     record "memcpy_bw_$1" "$(jget "$WORK/memcpy.json" 'd["bw_gbit_per_sec"]')" || return 1
 }
-# --- UCX and libfabric
-ucx() { # NAME TLS TEST SIZE ITERS
-    next_port
-    pair "$1" "$PORT" -- env "UCX_TLS=$2" ucx_perftest -p "$PORT" \
-        -- env "UCX_TLS=$2" ucx_perftest 127.0.0.1 -p "$PORT" -t "$3" -s "$4" -n "$5" -w "$(($5 / 10))" -f -v
-}
-# The last CSV line of ucx_perftest -v -f: iterations, typical (median) latency, average
-# latency, overall latency (usec, one-way for *_lat tests), bandwidth average, overall
-# (MiB/s), message rate average, overall.
-ucx_field() { grep -E '^ *[0-9]' "$WORK/$1.out" | tail -1 | cut -d, -f"$2"; }
-ucx_lat() { # KEY TLS
-    ucx "ucx_lat" "$2" tag_lat 8 20000 || return 1
-    record "$1" "$("$PY" -c 'import sys; print(2*float(sys.argv[1]))' "$(ucx_field ucx_lat 2)")" || return 1
-}
+# --- UCX and libfabric (ucx, ucx_field and ucx_lat in bench-common.sh)
 ucx_bw() { # KEY TLS SIZE [TEST]
     ucx "ucx_bw" "$2" "${4:-ucp_put_bw}" "$3" "$(ucx_bw_iters "$3")" || return 1
     record "$1" "$("$PY" -c 'import sys; print(float(sys.argv[1])*1048576*8/1e9)' "$(ucx_field ucx_bw 6)")" || return 1
@@ -110,9 +120,10 @@ fi_lat() { # KEY PROVIDER EP
     fi_pp fi_lat "$2" "$3" 8 10000 || return 1
     record "$1" "$(awk 'NF==8 && $1 ~ /^[0-9]/ {v=$7} END {print 2*v}' "$WORK/fi_lat.out")" || return 1
 }
-fi_ppbw() { # KEY PROVIDER EP SIZE
-    fi_pp fi_bw "$2" "$3" "$4" "$(pp_iters "$4")" || return 1
+fi_ppbw() { # KEY RTT_KEY PROVIDER EP SIZE: the bandwidth, and the round trip (for the picture)
+    fi_pp fi_bw "$3" "$4" "$5" "$(pp_iters "$5")" || return 1
     record "$1" "$(awk 'NF==8 && $1 ~ /^[0-9]/ {v=$6} END {print v*8/1000}' "$WORK/fi_bw.out")" || return 1
+    record "$2" "$(awk 'NF==8 && $1 ~ /^[0-9]/ {v=$7} END {print 2*v}' "$WORK/fi_bw.out")" || return 1
 }
 
 # ---------------------------------------------------------------------------- two hosts
@@ -273,7 +284,17 @@ for rep in $(seq "$REPS"); do
         try "ucx tcp tag_bw $s" ucx_bw "ucx_tcp_tagbw_$s" tcp "$s" tag_bw
         try "ucx shm put_bw $s" ucx_bw "ucx_shm_bw_$s" posix,cma "$s"
         try "softverbs cross-process send ping-pong $s" sv_xp_ppbw "$s"
-        try "fi_pingpong tcp $s" fi_ppbw "fi_tcp_ppbw_$s" tcp msg "$s"
+        try "fi_pingpong tcp $s" fi_ppbw "fi_tcp_ppbw_$s" "fi_tcp_pp_rtt_$s" tcp msg "$s"
+    done
+    log "  6. shared memory between two processes (SOFTVERBS_NETWORK unset): send latency, write bandwidth"
+    try "softverbs shared-memory send lat" on_shared_memory sv_xp_lat
+    for s in "${SIZES[@]}"; do
+        try "softverbs shared-memory write bw $s" on_shared_memory sv_xp_bw "$s" "$(sv_bw_iters "$s")"
+    done
+    log "     and, for the picture, the send round trip at ${SIZES[*]} bytes: in-process, shared memory"
+    for s in "${SIZES[@]}"; do
+        try "softverbs in-process send ping-pong $s" sv_inproc_pp "$s"
+        try "softverbs shared-memory send ping-pong $s" on_shared_memory sv_xp_ppbw "$s"
     done
     log "  5. two hosts (namespaces + veth): send latency, write bandwidth / bare UDP"
     if [ -z "$VETH_SKIPPED" ]; then
@@ -295,9 +316,11 @@ VETH_KERNEL="$(uname -r)"
 export VETH_SKIPPED VETH_FEATURES_FILE="$WORK/veth.features" VETH_KERNEL
 
 # ---------------------------------------------------------------------------- table
-bench_report << 'EOF'
+# The table, or with --json the document (its "series" are what `softverbs plot` draws).
+device_report() {
+    bench_report << 'EOF'
 SIZES = [65536, 262144, 1048576]
-row("1. in-process send 8 B RTT median", "sv_inproc_lat_rtt_med", None, "us", True, ("abs<", 2.0))
+row("1. in-process send 8 B RTT median", "sv_inproc_lat_rtt_med", None, "us", True, ("abs<", 1.0))
 row("1. in-process send 8 B RTT p99", "sv_inproc_lat_rtt_p99", None, "us", True)
 row("2. cross-process send 8 B RTT median", "sv_xp_lat_rtt_med", "udp_pp_rtt_med", "us", True, ("ratio<=", 1.3), "bare UDP ping-pong, busy-poll")
 row("2. cross-process send 8 B RTT p99", "sv_xp_lat_rtt_p99", "udp_pp_rtt_p99", "us", True, None, "bare UDP ping-pong, busy-poll")
@@ -339,12 +362,52 @@ for s in SIZES:
     offload_row(f"5. veth write {size_name(s)}: GRO segments / packets received (server)", f"veth_srv_gro_segments_{s}", f"veth_srv_received_packets_{s}")
 row("5. two hosts (veth, IPv6) send 8 B RTT median", "veth6_sv_xp_lat_rtt_med", "veth6_udp_pp_rtt_med", "us", True, ("ratio<=", 1.3), "bare UDP ping-pong across the veth, busy-poll")
 row("5. two hosts (veth, IPv6) send 8 B RTT p99", "veth6_sv_xp_lat_rtt_p99", "veth6_udp_pp_rtt_p99", "us", True, None, "bare UDP ping-pong across the veth, busy-poll")
+UCX_SHM_LAT = "UCX posix,cma tag_lat"
+UCX_SHM_BW = "UCX posix,cma ucp_put_bw"
+row("6. shared memory send 8 B RTT median vs UCX posix,cma", "shm_sv_xp_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, ("ratio<=", 2.0), UCX_SHM_LAT)
+row("6. shared memory send 8 B RTT median vs UDP path", "shm_sv_xp_lat_rtt_med", "sv_xp_lat_rtt_med", "us", True, None, "softverbs over UDP (row 2)")
+row("6. shared memory send 8 B RTT p99 vs UDP path", "shm_sv_xp_lat_rtt_p99", "sv_xp_lat_rtt_p99", "us", True, None, "softverbs over UDP (row 2)")
+for s in SIZES:
+    target = ("ratio>=", 0.5) if s in (65536, 1048576) else None
+    row(f"6. shared memory write bw {size_name(s)} vs UCX posix,cma", f"shm_sv_xp_bw_{s}", f"ucx_shm_bw_{s}", "Gbit/s", False, target, UCX_SHM_BW)
+for s in SIZES:
+    row(f"6. shared memory write bw {size_name(s)} vs UDP path", f"shm_sv_xp_bw_{s}", f"sv_xp_bw_{s}", "Gbit/s", False, None, "softverbs over UDP (row 3)")
+
+# The picture's curves (softverbs plot): round trips in usec and bandwidths in Gbit/s
+# against the message size, a point per measured median; a failed measurement leaves its
+# point out, a curve with none stays (empty) so that the picture says it is missing.
+def curve(name, softverbs, points):
+    return {"name": name, "softverbs": softverbs,
+            "points": [{"bytes": b, "value": med[k]} for b, k in points if k in med]}
+series = {
+    "latency_rtt_usec": [
+        curve("softverbs in-process", True, [(8, "sv_inproc_lat_rtt_med")] + [(s, f"sv_inproc_pp_rtt_{s}") for s in SIZES]),
+        curve("softverbs shared memory", True, [(8, "shm_sv_xp_lat_rtt_med")] + [(s, f"shm_sv_xp_pp_rtt_{s}") for s in SIZES]),
+        curve("softverbs UDP", True, [(8, "sv_xp_lat_rtt_med")] + [(s, f"sv_xp_pp_rtt_{s}") for s in SIZES]),
+        curve("UCX posix,cma", False, [(8, "ucx_shm_lat_rtt")]),
+        curve("UCX tcp", False, [(8, "ucx_tcp_lat_rtt")]),
+        curve("fi_pingpong tcp", False, [(8, "fi_tcp_lat_rtt")] + [(s, f"fi_tcp_pp_rtt_{s}") for s in SIZES]),
+        curve("fi_pingpong udp", False, [(8, "fi_udp_lat_rtt")]),
+        curve("bare UDP", False, [(8, "udp_pp_rtt_med")]),
+    ],
+    "bandwidth_gbit_per_sec": [
+        curve("softverbs in-process", True, [(s, f"sv_inproc_bw_{s}") for s in SIZES]),
+        curve("softverbs shared memory", True, [(s, f"shm_sv_xp_bw_{s}") for s in SIZES]),
+        curve("softverbs UDP", True, [(s, f"sv_xp_bw_{s}") for s in SIZES]),
+        curve("UCX posix,cma", False, [(s, f"ucx_shm_bw_{s}") for s in SIZES]),
+        curve("UCX tcp", False, [(s, f"ucx_tcp_bw_{s}") for s in SIZES]),
+        curve("memcpy", False, [(s, f"memcpy_bw_{s}") for s in SIZES]),
+        # The best stream of the run, whatever its datagram size: the floor at every size.
+        curve("bare UDP", False, [(s, "udp_stream_best") for s in SIZES]),
+    ],
+}
 
 if as_json:
     counters = ("sent_packets", "gso_sends", "received_packets", "gro_segments")
     print(json.dumps({"repetitions": reps, "statistic": "median", "best_udp_datagram": best_dgram,
                       "failed_measurements": failed, "rows": rows,
                       "retransmitted_packets_cross_process_bw": {str(s): samples.get(f"sv_xp_bw_retrans_{s}", []) for s in SIZES},
+                      "retransmitted_packets_shared_memory_bw": {str(s): samples.get(f"shm_sv_xp_bw_retrans_{s}", []) for s in SIZES},
                       "two_hosts": {
                           "not_measured": veth_skipped, "kernel": os.environ.get("VETH_KERNEL"), "veth_mtu": 1500,
                           "best_udp_datagram": veth_dgram,
@@ -356,7 +419,8 @@ if as_json:
                           "device_counters_ipv6": {tag: {f"{side}_{c}": samples.get(f"veth6_{side}_{c}_{tag}", [])
                                                          for side in ("cli", "srv") for c in counters}
                                                    for tag in ["lat"]},
-                      }},
+                      },
+                      "series": series},
                      indent=2))
     sys.exit(0)
 
@@ -367,6 +431,8 @@ print("4 = ucx_perftest tag_lat / ucp_put_bw / tag_bw, fi_pingpong -e msg|dgram;
       "(softverbs perf send lat -s SIZE against fi_pingpong -S SIZE).")
 print("5 = the programs of rows 2-3, server and client in two network namespaces joined by a veth pair (MTU 1500, so "
       f"RoCEv2 MTU 1024 and fragmented UDP datagrams; UDP stream per run: {veth_dgram} B); GSO/GRO counts from SOFTVERBS_STATS, medians per run.")
+print("6 = the programs of rows 2-3 with SOFTVERBS_NETWORK unset (the device's default: shared memory between processes of one host, "
+      "where the device has that path), against ucx_perftest UCX_TLS=posix,cma and rows 2-3 (SOFTVERBS_NETWORK=udp).")
 if veth_skipped:
     print(f"5: NOT MEASURED: {veth_skipped}")
 else:
@@ -378,3 +444,21 @@ else:
           + ("; ".join(f"end {e}: {show(fs)}" for e, fs in veth_features.items()) if not same else (show(ends[0]) if ends else "unknown")))
 print_summary()
 EOF
+}
+
+# The picture first (from the same samples), so that a failure to draw is reported after
+# the table, where it is seen.
+PLOT_FAILED=0
+if [ -n "$PLOT" ]; then
+    if (JSON=1 device_report) > "$WORK/results.json" &&
+        "$SV" plot --input "$WORK/results.json" --output "$PLOT" 2> "$WORK/plot.err"; then
+        log "==> picture: $PLOT"
+    else
+        PLOT_FAILED=1
+    fi
+fi
+device_report
+if [ "$PLOT_FAILED" = 1 ]; then
+    cat "$WORK/plot.err" >&2 2> /dev/null || true
+    die "could not draw $PLOT"
+fi

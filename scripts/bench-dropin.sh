@@ -17,12 +17,20 @@
 #   5. ib_write_bw -s 4096 with 512 and 2048 QPs at once, against the same program with
 #      8 QPs and as many messages in all: load without collapse     target >= 0.8x
 #      (the retransmitted packets of each run are printed beside the table)
+#   6. ib_send_lat -s 8 on the shared-memory path between the two processes (the device's
+#      default network, SOFTVERBS_NETWORK unset) and over UDP (row 1), each against UCX's
+#      tag_lat with UCX_TLS=posix,cma (UCX's own shared memory) measured in the same run:
+#      round trip (median; p99 beside row 1's)       target <= 2 us on a quiet machine
+# Every other row sets SOFTVERBS_NETWORK=udp, so it measures RoCEv2 over UDP whatever the
+# device's default is; until the device has a shared-memory path, row 6 measures that same
+# UDP path.
 #
 # Usage: scripts/bench-dropin.sh [--json] [--reps N]
 #   --json    print the results as one JSON document on stdout (progress goes to stderr)
 #   --reps N  repetitions of every measurement, medians reported (default 3)
 #
-# Run by hand (as root if perftest is missing: it is installed with apt-get). Every pair
+# Run by hand (as root if perftest or ucx_perftest is missing: they are installed with
+# apt-get). Every pair
 # is two processes over 127.0.0.0/8, the server pinned to CPU 0 and the client to CPU 1
 # when there are two. The perftest processes load the drop-in through LD_LIBRARY_PATH (a
 # directory where target/release/libsoftverbs_capi.so is named libibverbs.so.1), each
@@ -49,6 +57,7 @@ bench_parse_args "$@"
 bench_check_tools
 need_pkg ib_send_lat perftest
 need_pkg ib_write_bw perftest
+need_pkg ucx_perftest ucx-utils
 bench_build "softverbs, udp-baseline and the drop-ins libibverbs.so.1 and librdmacm.so.1" \
     softverbs-capi softverbs-rdmacm softverbs-cli
 CDYLIB="$TARGET_DIR/release/libsoftverbs_capi.so"
@@ -59,8 +68,9 @@ CMLIB="$TARGET_DIR/release/libsoftverbs_rdmacm.so"
 # ---------------------------------------------------------------------------- plumbing
 bench_setup
 # The device's environment is the benchmark's to set: an inherited address, capture or
-# fault injection would break or distort the runs.
-unset SOFTVERBS_ADDR SOFTVERBS_PCAP SOFTVERBS_FAULTS SOFTVERBS_STATS
+# fault injection would break or distort the runs, an inherited network would put every
+# pair on it (each pair's is NET_ENV's, as on_shared_memory sets it).
+unset SOFTVERBS_ADDR SOFTVERBS_PCAP SOFTVERBS_FAULTS SOFTVERBS_STATS SOFTVERBS_NETWORK
 
 DROPIN_LIB="$WORK/lib"
 mkdir "$DROPIN_LIB"
@@ -99,16 +109,16 @@ with_addrs() {
 }
 
 # dropin_pair NAME PROGRAM ARG...: PROGRAM's server and client on the drop-in (the
-# client's device counters in $WORK/NAME.stats); fails unless the client ran on the
-# soft device.
+# client's device counters in $WORK/NAME.stats), over UDP unless on_shared_memory; fails
+# unless the client ran on the soft device.
 dropin_pair() {
     local name="$1" prog="$2"
     shift 2
     next_port
     pick_addrs || return 1
     local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    pair "$name" "$PORT" -- "${DEV_ENV_S[@]}" "$lib" "$prog" "$@" -p "$PORT" \
-        -- "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" "$SERVER_IP" || return 1
+    pair "$name" "$PORT" -- "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$lib" "$prog" "$@" -p "$PORT" \
+        -- "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$lib" SOFTVERBS_STATS="$WORK/$name.stats" "$prog" "$@" -p "$PORT" "$SERVER_IP" || return 1
     if ! grep -Eq 'Device +: softverbs0' "$WORK/$name.out"; then
         log "    $name did not run on the drop-in's device softverbs0:"
         sed 's/^/      client: /' "$WORK/$name.out" "$WORK/$name.err" >&2
@@ -145,18 +155,20 @@ SIZES=(65536 4096)
 bw_iters() { case "$1" in 65536) echo 5000 ;; *) echo 20000 ;; esac }
 MIB_TO_GBIT=0.008388608 # 2^20 * 8 / 10^9
 
+# Over UDP; on_shared_memory dropin_lat: the same on the device's default path, with
+# shm_dropin_* keys.
 dropin_lat() {
     dropin_pair dropin_lat ib_send_lat -s 8 -n "$LAT_ITERS" -F || return 1
-    record dropin_lat_rtt_med "$(perftest_col "$WORK/dropin_lat.out" 't_typical[usec]' 2)" || return 1
-    record dropin_lat_rtt_p99 "$(perftest_col "$WORK/dropin_lat.out" '99% percentile[usec]' 2)" || return 1
+    record "${XP_KEY}dropin_lat_rtt_med" "$(perftest_col "$WORK/dropin_lat.out" 't_typical[usec]' 2)" || return 1
+    record "${XP_KEY}dropin_lat_rtt_p99" "$(perftest_col "$WORK/dropin_lat.out" '99% percentile[usec]' 2)" || return 1
 }
 # The same connected through the RDMA CM (-R): the client resolves the server device's
 # address and connects with the CM's MADs on QP1 instead of perftest's TCP exchange.
 # The server's device is up once it holds SERVER_IP:4791 (up to 10 s); its rdma_listen
 # follows at once, given half a second.
 cm_ready() {
-    local i
-    for i in $(seq 100); do
+    local _
+    for _ in $(seq 100); do
         if ss -H -lnu "sport = :4791" 2> /dev/null | grep -q "$SERVER_IP:4791"; then
             sleep 0.5
             return 0
@@ -221,6 +233,9 @@ for rep in $(seq "$REPS"); do
     try "drop-in ib_send_lat -R" dropin_lat_cm
     log "  5. 4 KiB write bandwidth on 8, 512 and 2048 QPs at once"
     for q in 8 512 2048; do try "drop-in ib_write_bw -q $q" dropin_load "$q"; done
+    log "  6. 8-byte send latency on the shared-memory path (SOFTVERBS_NETWORK unset) / UCX posix,cma"
+    try "drop-in ib_send_lat, shared memory" on_shared_memory dropin_lat
+    try "ucx posix,cma tag_lat" ucx_lat ucx_shm_lat_rtt posix,cma
 done
 bench_done
 
@@ -243,6 +258,10 @@ row("3. send 8 B RTT median, -e vs polling", "dropin_lat_ev_rtt_med", "dropin_la
 row("4. send 8 B RTT median, -R vs TCP set-up", "dropin_lat_cm_rtt_med", "dropin_lat_rtt_med", "us", True, ("ratio<=", 1.1), "ib_send_lat set up over TCP (drop-in, row 1)")
 for q in (512, 2048):
     row(f"5. write bw 4 KiB, {q} QPs vs 8 QPs", f"dropin_load_{q}", "dropin_load_8", "Gbit/s", False, ("ratio>=", 0.8), "ib_write_bw -q 8, as many 4 KiB messages")
+UCX_SHM = "UCX posix,cma tag_lat"
+row("6. send 8 B RTT median, shared memory vs UCX posix,cma", "shm_dropin_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, ("abs<=", 2.0), UCX_SHM)
+row("6. send 8 B RTT median, UDP vs UCX posix,cma", "dropin_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, None, UCX_SHM)
+row("6. send 8 B RTT p99, shared memory vs UDP", "shm_dropin_lat_rtt_p99", "dropin_lat_rtt_p99", "us", True, None, "ib_send_lat over UDP (drop-in, row 1)")
 
 def ratio(a, b):
     return med[a] / med[b] if a in med and med.get(b) else None
@@ -264,6 +283,8 @@ print("drop-in = unmodified perftest (ib_send_lat -s 8 -n 20000; ib_write_bw -t 
       "on libibverbs.so.1 = libsoftverbs_capi.so; safe API = softverbs perf --server/--client, same sizes and counts;")
 print("bare UDP = udp-baseline pingpong (two processes, non-blocking, busy-polled) / udp-baseline stream "
       f"(best of 16384/32768/65507-byte datagrams per run: {best_dgram}; goodput at the receiver).")
+print("Rows 1-5 run with SOFTVERBS_NETWORK=udp; row 6's shared memory with SOFTVERBS_NETWORK unset (the device's default), "
+      "against ucx_perftest -t tag_lat -s 8 with UCX_TLS=posix,cma (median round trip).")
 labels = {"send_8_rtt_median": "send 8 B RTT median"} | {f"write_bw_{s}": f"write bw {size_name(s)}" for s in SIZES}
 print("For scale, safe API / bare UDP: " + (", ".join(
     f"{labels[k]} {v:.2f}x" for k, v in safe_vs_floor.items() if v is not None) or "n/a") + ".")

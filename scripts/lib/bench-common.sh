@@ -3,7 +3,9 @@
 # them (from the repository's root) after `set -euo pipefail`, never run on its own.
 #
 # A script sets BENCH (its name, for messages) and calls, in this order:
-#   bench_parse_args "$@"      --json, --reps N, --help (prints the script's header comment)
+#   bench_parse_args "$@"      --json, --reps N, --help (prints the script's header comment);
+#                              --plot FILE.svg too if the script set BENCH_PLOTS=1 (it sets
+#                              PLOT, an absolute path, and is refused by the other scripts)
 #   bench_check_tools          python3, taskset, ss
 #   need_pkg COMMAND PACKAGE   for each program it runs that is not built here
 #   bench_build WHAT PKG...    cargo build --release of the crates; sets SV, UB, TARGET_DIR
@@ -12,13 +14,16 @@
 # prints them with `bench_report` (Python on stdin, after the common part below).
 #
 # The measurements both scripts make (the softverbs CLI across two processes, the bare UDP
-# ping-pong and stream of udp-baseline) are here too, so they are the same in both; the
-# XP_* variables below move them from loopback to two hosts (network namespaces).
+# ping-pong and stream of udp-baseline, UCX's tag_lat) are here too, so they are the same
+# in both; the XP_* variables below move them from loopback to two hosts (network
+# namespaces), and NET_ENV (on_shared_memory) from RoCEv2 over UDP to the device's
+# default path between two processes of one host.
 
 # Defaults the script's options override; read by the script and bench_report.
 # shellcheck disable=SC2034 # JSON and REPS are read by the sourcing script
 JSON=0
 REPS=3
+PLOT=""
 FAILED=0
 SERVER_PID=""
 CLIENT_PID=""
@@ -38,6 +43,22 @@ bench_parse_args() {
             --reps)
                 REPS="${2:?--reps needs a number}"
                 shift
+                ;;
+            --plot)
+                if [ "${BENCH_PLOTS:-0}" != 1 ]; then
+                    echo "$BENCH: unknown option $1 (see --help)" >&2
+                    exit 2
+                fi
+                PLOT="${2:?--plot needs a file name (FILE.svg)}"
+                shift
+                # Relative to where the script was started: it has moved to the
+                # repository's root since, and `cd` left the old directory in OLDPWD.
+                case "$PLOT" in /*) ;; *) PLOT="${OLDPWD:-$PWD}/$PLOT" ;; esac
+                # Refused now rather than after minutes of measuring.
+                if [ ! -d "$(dirname "$PLOT")" ] || [ ! -w "$(dirname "$PLOT")" ]; then
+                    echo "$BENCH: --plot $PLOT: the folder $(dirname "$PLOT") does not exist or is not writable" >&2
+                    exit 2
+                fi
                 ;;
             -h | --help)
                 # The script's header comment, between the #! line and `set -euo pipefail`
@@ -234,23 +255,40 @@ bench_rep() { log "==> repetition $1/$REPS (load $(cut -d' ' -f1 /proc/loadavg))
 bench_done() { log "==> done, load: $(cut -d' ' -f1-3 /proc/loadavg)"; }
 
 # ---------------------------------------------------------------------------- measurements
-# softverbs perf across two processes (the safe Rust API over UDP loopback). Its latency
-# is perftest's one-way figure (round trip / 2): the keys hold the round trip. The
-# devices take the first free 127.0.0.x unless the script puts a command prefix (such as
-# env SOFTVERBS_ADDR=...) for the server's and the client's in DEV_ENV_S and DEV_ENV_C.
+# The network of the devices of a two-process pair, as a command prefix. By default
+# `env SOFTVERBS_NETWORK=udp`: RoCEv2 over UDP, every packet through the kernel, which
+# the rows "over UDP" measure -- set explicitly, so that they keep measuring the wire
+# whatever the device's default is. `on_shared_memory FUNCTION ARGS...` runs a
+# measurement with `env -u SOFTVERBS_NETWORK` instead: the device's default, which
+# between two processes of one host is its shared-memory path (where the device has one;
+# before that, the default is UDP and these rows measure what the UDP rows do), with
+# "shm_" before its samples' keys. The scripts unset SOFTVERBS_NETWORK at start, so an
+# inherited value changes neither.
+NET_ENV=(env SOFTVERBS_NETWORK=udp)
+on_shared_memory() {
+    local -a NET_ENV=(env -u SOFTVERBS_NETWORK)
+    local XP_KEY="shm_$XP_KEY"
+    "$@"
+}
+
+# softverbs perf across two processes (the safe Rust API; over UDP loopback unless
+# on_shared_memory). Its latency is perftest's one-way figure (round trip / 2): the keys
+# hold the round trip. The devices take the first free 127.0.0.x unless the script puts
+# a command prefix (such as env SOFTVERBS_ADDR=...) for the server's and the client's in
+# DEV_ENV_S and DEV_ENV_C.
 DEV_ENV_S=()
 DEV_ENV_C=()
 sv_xp_lat() {
     next_port
-    pair sv_xp_lat "$PORT" -- "${XP_HOST_S[@]}" "${DEV_ENV_S[@]}" "$SV" perf send lat --server --listen "$XP_SERVER" -p "$PORT" \
-        -- "${XP_HOST_C[@]}" "${DEV_ENV_C[@]}" "$SV" perf send lat -s 8 -n 20000 --client "$XP_SERVER" -p "$PORT" --json || return 1
+    pair sv_xp_lat "$PORT" -- "${XP_HOST_S[@]}" "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$SV" perf send lat --server --listen "$XP_SERVER" -p "$PORT" \
+        -- "${XP_HOST_C[@]}" "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$SV" perf send lat -s 8 -n 20000 --client "$XP_SERVER" -p "$PORT" --json || return 1
     record "${XP_KEY}sv_xp_lat_rtt_med" "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_median_usec"]')" || return 1
     record "${XP_KEY}sv_xp_lat_rtt_p99" "$(jget "$WORK/sv_xp_lat.out" '2*d["results"][0]["t_p99_usec"]')" || return 1
 }
 sv_xp_bw() { # SIZE ITERS; tx-depth 128, the default of softverbs perf and of perftest
     next_port
-    pair sv_xp_bw "$PORT" -- "${XP_HOST_S[@]}" "${DEV_ENV_S[@]}" "$SV" perf write bw --server --listen "$XP_SERVER" -p "$PORT" \
-        -- "${XP_HOST_C[@]}" "${DEV_ENV_C[@]}" "$SV" perf write bw -s "$1" -n "$2" -t 128 --client "$XP_SERVER" -p "$PORT" --json || return 1
+    pair sv_xp_bw "$PORT" -- "${XP_HOST_S[@]}" "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$SV" perf write bw --server --listen "$XP_SERVER" -p "$PORT" \
+        -- "${XP_HOST_C[@]}" "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$SV" perf write bw -s "$1" -n "$2" -t 128 --client "$XP_SERVER" -p "$PORT" --json || return 1
     record "${XP_KEY}sv_xp_bw_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["results"][0]["bw_gbit_per_sec"]')" || return 1
     note "${XP_KEY}sv_xp_bw_retrans_$1" "$(jget "$WORK/sv_xp_bw.out" 'd["client_counters"]["retransmitted_packets"]')"
 }
@@ -292,12 +330,30 @@ udp_stream_best() {
     record "${XP_KEY}udp_stream_best" "$best" || return 1
 }
 
+# UCX's ucx_perftest between two processes on loopback (UCX_TLS=tcp, or posix,cma: shared
+# memory and cross-memory attach, UCX's own path between processes of one host).
+ucx() { # NAME TLS TEST SIZE ITERS
+    next_port
+    local -a ucx_env=(env "UCX_TLS=$2" UCX_NET_DEVICES=lo UCX_WARN_UNUSED_ENV_VARS=n)
+    pair "$1" "$PORT" -- "${ucx_env[@]}" ucx_perftest -p "$PORT" \
+        -- "${ucx_env[@]}" ucx_perftest 127.0.0.1 -p "$PORT" -t "$3" -s "$4" -n "$5" -w "$(($5 / 10))" -f -v
+}
+# The last CSV line of ucx_perftest -v -f: iterations, typical (median) latency, average
+# latency, overall latency (usec, one-way for *_lat tests), bandwidth average, overall
+# (MiB/s), message rate average, overall.
+ucx_field() { grep -E '^ *[0-9]' "$WORK/$1.out" | tail -1 | cut -d, -f"$2"; }
+ucx_lat() { # KEY TLS: tag_lat of 8 bytes, the median round trip
+    ucx "ucx_lat" "$2" tag_lat 8 20000 || return 1
+    record "$1" "$("$PY" -c 'import sys; print(2*float(sys.argv[1]))' "$(ucx_field ucx_lat 2)")" || return 1
+}
+
 # ---------------------------------------------------------------------------- report
 # bench_report: runs the Python on stdin after this common part, with the samples' file,
 # --json, --reps and the failure count. The common part gives it:
 #   samples (key -> list of floats), med (key -> median), best_dgram;
 #   row(workload, subject_key, baseline_key, unit, lower_is_better, target, baseline_name)
-#     with target None, ("abs<", x), ("ratio<=", x) or ("ratio>=", x), appended to rows;
+#     with target None, ("abs<", x), ("abs<=", x), ("ratio<=", x) or ("ratio>=", x),
+#     appended to rows;
 #   SUBJECT (the key of the measured figure in the JSON rows and, with "-" for "_", the
 #   table's column; default "softverbs"), set before the first row();
 #   size_name(bytes), fmt(value), print_table(title), print_summary().
@@ -330,6 +386,9 @@ def row(workload, sv_key, base_key, unit, lower_is_better, target=None, baseline
         if kind == "abs<":
             target_text = f"< {limit:.3g} {unit}"
             verdict = "?" if sv is None else ("met" if sv < limit else "missed")
+        elif kind == "abs<=":
+            target_text = f"<= {limit:.3g} {unit}"
+            verdict = "?" if sv is None else ("met" if sv <= limit else "missed")
         elif kind == "ratio<=":
             target_text = f"<= {limit:.3g}x"
             verdict = "?" if ratio is None else ("met" if ratio <= limit else "missed")

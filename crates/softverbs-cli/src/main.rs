@@ -6,10 +6,12 @@
 //! softverbs pingpong --server | --client HOST like ibv_rc_pingpong, two processes
 //! softverbs perf send|write|read|atomic lat|bw   perftest-like latency and bandwidth
 //! softverbs pcap FILE                         decode a RoCEv2 capture
+//! softverbs plot -i RESULTS.json -o FILE.svg  scripts/bench-device.sh's results as a picture
 //! softverbs run [--addr IP] -- CMD ARGS...    run a verbs program on the drop-in libibverbs
 //! softverbs install [--prefix DIR]            install the command and the drop-in (~/.local)
 //! ```
 
+mod bench_results;
 mod capture;
 mod conn;
 mod devinfo;
@@ -79,6 +81,11 @@ enum Command {
     /// summary (--plot: a per-QP timeline as SVG).
     Pcap(capture::PcapArgs),
 
+    /// Draw the results of `scripts/bench-device.sh --json` as an SVG picture: round trip
+    /// and bandwidth against the message size, softverbs' paths (in-process, shared
+    /// memory, UDP) beside UCX, libfabric, memcpy and bare UDP.
+    Plot(bench_results::PlotArgs),
+
     /// Run a program on the drop-in libibverbs.so.1: `run [OPTIONS] -- CMD ARGS...`.
     ///
     /// Any verbs program, unmodified (ibv_devinfo, ibv_rc_pingpong, ib_write_bw...), finds
@@ -108,6 +115,7 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Pcap(args) => capture::run(args),
+        Command::Plot(args) => bench_results::run(args),
         Command::Install(args) => install::run(args),
         // Returns only if the program could not be started, with a shell's exit status.
         Command::Run(args) => return run::run(args),

@@ -29,7 +29,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 /// Colours of the curves, in order (the picture cycles through them).
-const PALETTE: [RGBColor; 10] = [
+pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -42,10 +42,10 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// Draws with `draw` into an SVG of `size` pixels and writes it to `path`.
-fn write_svg(
+pub(crate) fn write_svg(
     path: &Path,
     size: (u32, u32),
     draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, plotters::coord::Shift>) -> Result<(), Error>,
@@ -92,7 +92,7 @@ fn percentile_label(one_in: f64) -> String {
 }
 
 /// "64", "2K", "1M", or bytes as they are when not a whole number of KiB / MiB.
-fn bytes_label(bytes: f64) -> String {
+pub(crate) fn bytes_label(bytes: f64) -> String {
     let bytes = bytes.round() as u64;
     if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
         format!("{}M", bytes >> 20)
