@@ -644,7 +644,7 @@ impl Transport for HostTransport {
     }
 
     /// The rings first while senders use them (no system call), the socket every
-    /// [`UDP_EVERY`] receives or whenever it was readable or recently busy; waits on both.
+    /// 16 receives or whenever it was readable or recently busy; waits on both.
     fn recv_batch(
         &self,
         bufs: &mut [&mut [u8]],
