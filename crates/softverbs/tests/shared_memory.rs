@@ -6,6 +6,9 @@
 //! as one indivisible read-modify-write on the responder's memory, whichever requesters
 //! target the word. Two processes each adding 1 to one counter 100,000 times end with
 //! 200,000 in it, and every original value returned is distinct (0..200,000, each once).
+//!
+//! `ibv_get_cq_event(3)`: a process sleeping on its completion channel is woken for each
+//! completion event, and sleeps (uses little CPU) between them, on this path too.
 
 mod common;
 
@@ -28,13 +31,16 @@ const WINDOW: u64 = 16;
 /// How long the whole test may take.
 const LIMIT: Duration = Duration::from_secs(240);
 
-/// A device at 127.0.0.`last` on the default network: UDP, and shared memory to devices of
-/// other processes of this host.
-fn host_device(last: u8) -> Context {
-    Context::open_with(DeviceConfig::udp(UdpConfig {
-        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
-        ..UdpConfig::default()
-    }))
+/// A device at 127.0.0.`last`: UDP, and shared memory to devices of other processes of this
+/// host if `shared_memory` (the default network).
+fn host_device(last: u8, shared_memory: bool) -> Context {
+    Context::open_with(DeviceConfig {
+        shared_memory,
+        ..DeviceConfig::udp(UdpConfig {
+            address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
+            ..UdpConfig::default()
+        })
+    })
     .expect("open a device")
 }
 
@@ -42,6 +48,188 @@ fn host_device(last: u8) -> Context {
 fn shm_packets(ctx: &Context) -> (u64, u64) {
     let transport = ctx.device().stats().transport.expect("a UDP device");
     (transport.shm_sent_packets, transport.shm_received_packets)
+}
+
+/// The child of the event test: connects an RC QP to the target's, waits for "go", then
+/// sends [`EVENTS`] messages [`EVENT_GAP`] apart, each completed before the next.
+fn event_child(spec: &str) {
+    let mut parts = spec.split(' ');
+    let last: u8 = parts.next().unwrap().parse().unwrap();
+    let shared_memory = parts.next() == Some("shm");
+    let target: RemoteInfo = parts.next().unwrap().parse().unwrap();
+    let me = side(host_device(last, shared_memory), QpType::Rc);
+    me.qp.to_init(AccessFlags::empty()).unwrap();
+    me.qp.to_rtr(target).unwrap();
+    me.qp.to_rts(RtsAttr::new(300)).unwrap();
+    println!("\ninfo {}", me.qp.local_info(300));
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
+    for n in 0..EVENTS {
+        std::thread::sleep(EVENT_GAP);
+        me.qp
+            .post_send(SendRequest::send_inline(n, b"wake up"))
+            .unwrap();
+        wait_for(&me.cq, 1)[0].result().expect("the send completes");
+    }
+    println!("\nsent {EVENTS}");
+}
+
+/// Runs the tests of this file one at a time: the event test measures the process's CPU
+/// time, which another test's threads would add to.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Messages of the event test, and the time between two.
+const EVENTS: u64 = 20;
+const EVENT_GAP: Duration = Duration::from_millis(25);
+
+/// CPU time this process used so far (user + system).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage(2) fills the struct it is given; zeroes are a valid `rusage`.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Spawns this test binary as a child running `test` with `spec` in [`CHILD_ENV`], and
+/// reads the "info" line it prints.
+fn spawn_child(
+    test: &str,
+    spec: String,
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+    RemoteInfo,
+) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
+        .env(CHILD_ENV, spec)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let info = lines
+        .find_map(|l| {
+            l.ok()
+                .and_then(|l| l.strip_prefix("info ").map(str::to_owned))
+        })
+        .expect("the child's QP");
+    (child, lines, info.parse().unwrap())
+}
+
+/// Waits (bounded) for `child` to exit; its remaining output.
+fn finish(
+    mut child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    deadline: Instant,
+) -> Vec<String> {
+    let out: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a child did not finish: {out:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "child failed: {out:?}");
+    out
+}
+
+#[test]
+fn a_process_sleeping_on_its_channel_is_woken_once_per_event_through_shared_memory() {
+    sleeping_receiver(
+        "a_process_sleeping_on_its_channel_is_woken_once_per_event_through_shared_memory",
+        true,
+    );
+}
+
+#[test]
+fn a_process_sleeping_on_its_channel_is_woken_once_per_event_over_udp() {
+    sleeping_receiver(
+        "a_process_sleeping_on_its_channel_is_woken_once_per_event_over_udp",
+        false,
+    );
+}
+
+fn sleeping_receiver(name: &str, shared_memory: bool) {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        event_child(&spec);
+        return;
+    }
+    let _alone = alone();
+    let (me, peer) = if shared_memory {
+        (194, 195)
+    } else {
+        (196, 197)
+    };
+    let path = if shared_memory { "shm" } else { "udp" };
+    let ctx = host_device(me, shared_memory);
+    let channel = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.cq_builder(64).channel(&channel).build().unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    qp.to_init(AccessFlags::empty()).unwrap();
+    let (mut child, lines, info) = spawn_child(name, format!("{peer} {path} {}", qp.local_info(7)));
+    qp.to_rtr(info).unwrap();
+    qp.to_rts(RtsAttr::new(7)).unwrap();
+    for n in 0..EVENTS {
+        let slot = (n as usize % 32) * 64;
+        qp.post_recv(RecvRequest::new(n, &[mr.slice(slot..slot + 64).unwrap()]))
+            .unwrap();
+    }
+    let (start, cpu_start) = (Instant::now(), cpu_time());
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut wcs = [WorkCompletion::default(); 4];
+    for n in 0..EVENTS {
+        cq.req_notify(false);
+        // Nothing arrived before the arming that a poll would miss: one completion per
+        // event, in order.
+        let event = channel
+            .get_event_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap_or_else(|| panic!("no event for message {n}"));
+        assert!(event.is_for(cq.id()));
+        drop(event);
+        let got = cq.poll(&mut wcs).unwrap();
+        assert_eq!(got, 1, "one completion per event (message {n})");
+        assert_eq!(wcs[0].wr_id(), n);
+        wcs[0].result().expect("received");
+    }
+    let (wall, cpu) = (start.elapsed(), cpu_time() - cpu_start);
+    let out = finish(child, lines, Instant::now() + LIMIT);
+    assert!(
+        out.iter().any(|l| l == &format!("sent {EVENTS}")),
+        "{out:?}"
+    );
+    assert!(
+        wall >= EVENT_GAP * EVENTS as u32,
+        "the messages came {EVENT_GAP:?} apart: {wall:?}"
+    );
+    // A process spinning for its events would use about as much CPU as time passed.
+    assert!(
+        cpu * 4 < wall,
+        "the process slept between events: {cpu:?} of CPU in {wall:?}"
+    );
+    let (_, received) = shm_packets(&ctx);
+    if shared_memory {
+        assert!(received >= EVENTS, "through shared memory: {received}");
+    } else {
+        assert_eq!(received, 0, "over UDP");
+    }
 }
 
 /// A child: connects an RC QP to the target's, waits for "go", makes [`ADDS`] fetch-and-adds
@@ -52,7 +240,7 @@ fn child(spec: &str) {
     let last: u8 = parts.next().unwrap().parse().unwrap();
     let target: RemoteInfo = parts.next().unwrap().parse().unwrap();
     let counter: RemoteAddr = parts.next().unwrap().parse().unwrap();
-    let me = side(host_device(last), QpType::Rc);
+    let me = side(host_device(last, true), QpType::Rc);
     me.qp.to_init(AccessFlags::empty()).unwrap();
     me.qp.to_rtr(target).unwrap();
     me.qp.to_rts(RtsAttr::new(300)).unwrap();
@@ -99,7 +287,8 @@ fn fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_share
         child(&spec);
         return;
     }
-    let target = host_device(191);
+    let _alone = alone();
+    let target = host_device(191, true);
     let pd = target.alloc_pd();
     let cq = target.create_cq(16).unwrap();
     let counter = pd.reg_mr(4096, ALL_ACCESS).unwrap();
