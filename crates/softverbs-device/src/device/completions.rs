@@ -40,59 +40,118 @@ thread_local! {
 /// The completions of the first CQ met are pushed as they come, the others kept aside; then
 /// what was kept aside is sorted by CQ (a stable sort: each CQ's keep their order) and each
 /// CQ's pushed in one burst. So a run that completes into one CQ (a batch of receives)
-/// takes one pass, a run into several costs one route lookup per completion and a sort, and
-/// each CQ's producer lock is taken once, with no other CQ's held.
+/// takes one pass, a run into several a sort of the completions after the first CQ's, and
+/// each CQ's producer lock is taken once, with no other CQ's held. A run without
+/// completions, with none held back, costs what looking costs (inlined).
+#[inline]
 pub(super) fn deliver_completions(
     routes: &HashMap<u32, Route>,
     held: &mut VecDeque<Completion>,
-    produced: impl FnMut() -> Option<Completion>,
+    mut produced: impl FnMut() -> Option<Completion>,
     failed_qps: &mut Vec<u32>,
 ) {
-    let mut aside = ASIDE.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    aside.clear();
-    let retried = std::mem::take(held);
-    let mut first: Option<Serving<'_>> = None;
-    for c in retried.into_iter().chain(std::iter::from_fn(produced)) {
-        let Some(cq) = cq_of(routes, &c) else {
-            continue;
+    let next = if held.is_empty() {
+        let Some(c) = produced() else {
+            return;
         };
-        match &mut first {
-            Some(serving) if serving.cq_id == cq.cq_id() => serving.push(c, held, failed_qps),
-            Some(_) => aside.push((cq.cq_id(), c)),
-            None => first.insert(Serving::new(cq)).push(c, held, failed_qps),
+        Some(c)
+    } else {
+        None
+    };
+    deliver(routes, held, next, produced, failed_qps);
+}
+
+/// [`deliver_completions`] once there is something to deliver: what is `held`, then
+/// `next` (the run's first completion, if already taken), then the rest of `produced`.
+fn deliver(
+    routes: &HashMap<u32, Route>,
+    held: &mut VecDeque<Completion>,
+    next: Option<Completion>,
+    mut produced: impl FnMut() -> Option<Completion>,
+    failed_qps: &mut Vec<u32>,
+) {
+    let mut delivery = Delivery {
+        routes,
+        first: None,
+        aside: None,
+    };
+    // A refused completion goes back to the end of `held`, behind those taken here.
+    for _ in 0..held.len() {
+        if let Some(c) = held.pop_front() {
+            delivery.offer(c, held, failed_qps);
         }
+    }
+    for c in next.into_iter().chain(std::iter::from_fn(&mut produced)) {
+        delivery.offer(c, held, failed_qps);
     }
     // Ends the first CQ's burst before the next is taken.
-    drop(first);
-    if !aside.is_empty() {
-        aside.sort_by_key(|&(cq_id, _)| cq_id);
-        for group in aside.chunk_by(|a, b| a.0 == b.0) {
-            // The CQ of the group's first completion is the group's (its route was there a
-            // moment ago, and nothing changed the routes since).
-            let Some(cq) = cq_of(routes, &group[0].1) else {
-                continue;
-            };
-            let mut serving = Serving::new(cq);
-            for &(_, c) in group {
-                serving.push(c, held, failed_qps);
-            }
+    drop(delivery.first.take());
+    let Some(mut aside) = delivery.aside.take() else {
+        return;
+    };
+    aside.sort_by_key(|&(cq_id, _)| cq_id);
+    for group in aside.chunk_by(|a, b| a.0 == b.0) {
+        // The CQ of the group's first completion is the group's (its route was there a
+        // moment ago, and nothing changed the routes since).
+        let Some(cq) = delivery.cq_of(&group[0].1) else {
+            continue;
+        };
+        let mut serving = Serving::new(cq);
+        for &(_, c) in group {
+            serving.push(c, held, failed_qps);
         }
     }
+    aside.clear();
     ASIDE.with(|cell| *cell.borrow_mut() = aside);
 }
 
-/// The CQ `c` goes to, if its QP still has a route.
-fn cq_of<'r>(routes: &'r HashMap<u32, Route>, c: &Completion) -> Option<&'r CqProducer> {
-    let route = routes.get(&c.wc.qp_num())?;
-    Some(match c.cq {
-        CqTarget::Send => &route.send,
-        CqTarget::Recv => &route.recv,
-    })
+/// The state of one [`deliver_completions`].
+struct Delivery<'r> {
+    routes: &'r HashMap<u32, Route>,
+    /// The first CQ met, served as its completions come.
+    first: Option<Serving<'r>>,
+    /// The completions of the other CQs, once there are any (taken from [`ASIDE`]).
+    aside: Option<Vec<(u64, Completion)>>,
+}
+
+impl<'r> Delivery<'r> {
+    /// Pushes `c` if it is for the first CQ met, else keeps it aside.
+    fn offer(&mut self, c: Completion, held: &mut VecDeque<Completion>, failed_qps: &mut Vec<u32>) {
+        let Some(cq) = self.cq_of(&c) else {
+            return;
+        };
+        match &mut self.first {
+            // The same handle (the same QP's) first: no load.
+            Some(serving) if std::ptr::eq(serving.cq, cq) || serving.cq_id == cq.cq_id() => {
+                serving.push(c, held, failed_qps)
+            }
+            Some(_) => self
+                .aside
+                .get_or_insert_with(|| ASIDE.with(|cell| std::mem::take(&mut *cell.borrow_mut())))
+                .push((cq.cq_id(), c)),
+            None => self
+                .first
+                .insert(Serving::new(cq))
+                .push(c, held, failed_qps),
+        }
+    }
+
+    /// The CQ `c` goes to, if its QP still has a route.
+    fn cq_of(&mut self, c: &Completion) -> Option<&'r CqProducer> {
+        let route = self.routes.get(&c.wc.qp_num())?;
+        Some(match c.cq {
+            CqTarget::Send => &route.send,
+            CqTarget::Recv => &route.recv,
+        })
+    }
 }
 
 /// A CQ being delivered to: its burst, and whether it refused a completion (then every later
 /// one for it is held back too, to keep their order).
 struct Serving<'r> {
+    /// The handle the burst was taken through, and the CQ's id (other QPs' handles of it
+    /// are other values).
+    cq: &'r CqProducer,
     cq_id: u64,
     burst: ProducerBurst<'r>,
     refused: bool,
@@ -101,6 +160,7 @@ struct Serving<'r> {
 impl<'r> Serving<'r> {
     fn new(cq: &'r CqProducer) -> Self {
         Serving {
+            cq,
             cq_id: cq.cq_id(),
             burst: cq.burst(),
             refused: false,
