@@ -72,6 +72,7 @@ fn deliver(
 ) {
     let mut delivery = Delivery {
         routes,
+        last: None,
         first: None,
         aside: None,
     };
@@ -108,6 +109,9 @@ fn deliver(
 /// The state of one [`deliver_completions`].
 struct Delivery<'r> {
     routes: &'r HashMap<u32, Route>,
+    /// The last route looked up, by QPN: a batch's completions are mostly one QP's, and a
+    /// lookup hashes (SipHash) the QPN.
+    last: Option<(u32, &'r Route)>,
     /// The first CQ met, served as its completions come.
     first: Option<Serving<'r>>,
     /// The completions of the other CQs, once there are any (taken from [`ASIDE`]).
@@ -138,7 +142,15 @@ impl<'r> Delivery<'r> {
 
     /// The CQ `c` goes to, if its QP still has a route.
     fn cq_of(&mut self, c: &Completion) -> Option<&'r CqProducer> {
-        let route = self.routes.get(&c.wc.qp_num())?;
+        let qpn = c.wc.qp_num();
+        let route = match self.last {
+            Some((last, route)) if last == qpn => route,
+            _ => {
+                let route = self.routes.get(&qpn)?;
+                self.last = Some((qpn, route));
+                route
+            }
+        };
         Some(match c.cq {
             CqTarget::Send => &route.send,
             CqTarget::Recv => &route.recv,
