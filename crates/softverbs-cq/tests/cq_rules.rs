@@ -767,6 +767,23 @@ fn stats_report_depth_high_water_and_counts() {
     assert_eq!(s.produced, 7);
     assert_eq!(s.polled, 4);
     assert_eq!(s.overruns, 0);
+    assert_eq!(s.bursts, 7, "each push takes the producer lock once");
+}
+
+#[test]
+fn stats_count_a_burst_once_however_many_it_pushes() {
+    let cq = CqBuilder::new(8).build().unwrap();
+    let p = cq.producer();
+    p.push(send(0), false).unwrap();
+    {
+        let mut burst = p.burst();
+        for i in 1..6 {
+            burst.push(send(i), false).unwrap();
+        }
+    }
+    let s = cq.stats();
+    assert_eq!((s.produced, s.bursts), (6, 2));
+    assert_eq!(p.stats().bursts, 2, "the producer's view is the same");
 }
 
 #[test]

@@ -177,6 +177,7 @@ impl CqBuilder {
                 tail: AtomicU64::new(0),
                 cached_head: AtomicU64::new(0),
                 slow_at: AtomicU64::new(0),
+                bursts: AtomicU64::new(0),
             }),
             consumer: CachePadded::new(ConsumerSide {
                 lock: BiasedLock::new(membarrier),

@@ -88,6 +88,10 @@ struct ProducerSide {
     /// (`produce.rs`): `cached_head + min(high_water, capacity)`, or 0 to force them on the
     /// next push. Only the lock holder uses it.
     slow_at: AtomicU64,
+    /// Times a producer took the lock to push (a statistic, [`CqStats::bursts`]). Written
+    /// by the lock holder only (a plain load and store, no read-modify-write); read by
+    /// stats.
+    bursts: AtomicU64,
 }
 
 struct ConsumerSide {

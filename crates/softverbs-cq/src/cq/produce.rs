@@ -62,7 +62,11 @@ impl CqProducer {
     /// bursts short: other producers spin while it is held.
     #[inline]
     pub fn burst(&self) -> ProducerBurst<'_> {
-        let hold = self.shared.producer.lock.acquire();
+        let p = &self.shared.producer;
+        let hold = p.lock.acquire();
+        // Only the lock holder writes the count: a plain increment.
+        p.bursts
+            .store(p.bursts.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         ProducerBurst {
             shared: &self.shared,
             hold,

@@ -26,6 +26,11 @@ pub struct CqStats {
     pub overruns: u64,
     /// Pushes refused under [`OverrunPolicy::Backpressure`](super::OverrunPolicy::Backpressure).
     pub refused: u64,
+    /// Times a producer took the producer lock to push: each
+    /// [`CqProducer::push`](super::CqProducer::push) is one, each
+    /// [`CqProducer::burst`](super::CqProducer::burst) one however many it pushes.
+    /// `produced / bursts` is the mean burst.
+    pub bursts: u64,
     /// Completion events delivered to the channel.
     pub events_raised: u64,
     /// Completion events acknowledged.
@@ -55,6 +60,7 @@ impl CqShared {
                 + self.skipped.load(Ordering::Relaxed)
                 + behind,
             refused: self.refused.load(Ordering::Relaxed),
+            bursts: self.producer.bursts.load(Ordering::Relaxed),
             events_raised: ev.raised,
             events_acked: ev.acked,
             in_error: self.state.load(Ordering::Relaxed) == STATE_ERROR,

@@ -15,7 +15,7 @@
 //! engine's acknowledgements of a burst coalesce into one (IBTA vol. 1 §9.7.5.1.1: a
 //! responder may acknowledge several packets with one ACK) before any is sent.
 
-use super::completions::push_completion;
+use super::completions::deliver_completions;
 use super::grh::grh_bytes;
 use super::link::HOP_LIMIT;
 use super::registry::{group_members, registry};
@@ -261,20 +261,15 @@ impl DeviceInner {
                 break;
             }
         }
-        // Completions: retry what a back-pressure CQ refused first, to keep order.
+        // Completions, each CQ's through one burst: what a back-pressure CQ refused goes
+        // first, to keep order.
         let mut failed_cqs: Vec<u32> = Vec::new();
-        while let Some(c) = st.held.pop_front() {
-            if !push_completion(&st.routes, c, &mut failed_cqs, &mut st.held) {
-                break;
-            }
-        }
-        while let Some(c) = st.engine.poll_completion() {
-            if !st.held.is_empty() {
-                st.held.push_back(c);
-                continue;
-            }
-            push_completion(&st.routes, c, &mut failed_cqs, &mut st.held);
-        }
+        deliver_completions(
+            &st.routes,
+            &mut st.held,
+            || st.engine.poll_completion(),
+            &mut failed_cqs,
+        );
         while let Some(event) = st.engine.poll_event() {
             self.events.push(event);
         }
