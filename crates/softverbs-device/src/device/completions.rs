@@ -14,7 +14,11 @@
 use softverbs_cq::{CqProducer, ProducerBurst, PushError};
 use softverbs_proto::{Completion, CqTarget};
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+/// The CQs each QP completes into, by QPN (FxHash: the QPNs are the engine's, not the
+/// network's, and a lookup is on every completion).
+pub(super) type Routes = rustc_hash::FxHashMap<u32, Route>;
 
 /// Where a QP's completions go.
 pub(super) struct Route {
@@ -45,7 +49,7 @@ thread_local! {
 /// completions, with none held back, costs what looking costs (inlined).
 #[inline]
 pub(super) fn deliver_completions(
-    routes: &HashMap<u32, Route>,
+    routes: &Routes,
     held: &mut VecDeque<Completion>,
     mut produced: impl FnMut() -> Option<Completion>,
     failed_qps: &mut Vec<u32>,
@@ -64,7 +68,7 @@ pub(super) fn deliver_completions(
 /// [`deliver_completions`] once there is something to deliver: what is `held`, then
 /// `next` (the run's first completion, if already taken), then the rest of `produced`.
 fn deliver(
-    routes: &HashMap<u32, Route>,
+    routes: &Routes,
     held: &mut VecDeque<Completion>,
     next: Option<Completion>,
     mut produced: impl FnMut() -> Option<Completion>,
@@ -108,7 +112,7 @@ fn deliver(
 
 /// The state of one [`deliver_completions`].
 struct Delivery<'r> {
-    routes: &'r HashMap<u32, Route>,
+    routes: &'r Routes,
     /// The last route looked up, by QPN: a batch's completions are mostly one QP's, and a
     /// lookup hashes (SipHash) the QPN.
     last: Option<(u32, &'r Route)>,
@@ -236,7 +240,7 @@ mod tests {
         send: CompletionQueue,
         recv: CompletionQueue,
         channel: CompletionChannel,
-        routes: HashMap<u32, Route>,
+        routes: Routes,
         overrun_notices: Arc<AtomicUsize>,
     }
 
@@ -418,7 +422,7 @@ mod tests {
             .map(|_| CqBuilder::new(64).build().unwrap())
             .rev()
             .collect();
-        let routes: HashMap<u32, Route> = (0..8)
+        let routes: Routes = (0..8)
             .map(|qp| {
                 let route = Route {
                     send: cqs[2 * qp].producer(),
@@ -595,7 +599,7 @@ mod tests {
             send: send.producer(),
             recv: recv.producer(),
         };
-        let routes = HashMap::from([(1, route)]);
+        let routes = Routes::from_iter([(1, route)]);
         recv.destroy().unwrap();
         // QP 9 has no route; QP 1's receive CQ is destroyed.
         let mut run = [

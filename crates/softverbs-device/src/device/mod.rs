@@ -63,7 +63,7 @@ pub use objects::AddressHandle;
 pub use stats::{CaptureCounts, CqSummary, DeviceStats, STATS_ENV};
 
 use attr::gid_table;
-use completions::Route;
+use completions::{Route, Routes};
 use link::Link;
 use registry::{next_in_process_address, registry};
 use runtime::progress_loop;
@@ -100,7 +100,7 @@ const MAX_MW: u32 = 1 << 20;
 struct State {
     engine: Engine,
     memory: MemoryTable,
-    routes: HashMap<u32, Route>,
+    routes: Routes,
     /// Completions a back-pressure CQ refused, retried in order on every run.
     held: VecDeque<Completion>,
     objects: objects::Objects,
@@ -306,7 +306,7 @@ impl Device {
             state: Mutex::new(State {
                 engine: Engine::new(engine_config),
                 memory: MemoryTable::new(),
-                routes: HashMap::new(),
+                routes: Routes::default(),
                 held: VecDeque::new(),
                 objects: objects::Objects::new(),
                 scratch: vec![0u8; 16 * 1024],
