@@ -272,7 +272,11 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         // A thread blocked in ibv_get_cq_event receives the device's packets itself.
         let entry: &'static DeviceEntry = ctx.entry;
         if let Some(fd) = entry.device.readiness_fd() {
-            inner.set_wait_progress(fd, move || entry.device.progress());
+            inner.set_wait_progress_sleeping(
+                fd,
+                move || entry.device.progress(),
+                move |before| entry.device.readiness_sleeping(before),
+            );
         }
         let channel = ibv_comp_channel {
             context,

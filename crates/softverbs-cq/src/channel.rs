@@ -170,6 +170,9 @@ pub(crate) struct ChannelInner {
 struct WaitProgress {
     fd: OwnedFd,
     run: Box<dyn Fn() + Send + Sync>,
+    /// Called with `true` before the thread sleeps on `fd` (returning true if there is
+    /// work already, so it does not sleep) and with `false` after.
+    sleeping: Box<dyn Fn(bool) -> bool + Send + Sync>,
 }
 
 impl ChannelInner {
@@ -384,11 +387,26 @@ impl CompletionChannel {
     /// call per spin round made a loaded machine slower than no spin at all.) `run` must
     /// not block. Set once: `false` (and nothing changed) if the channel already has one.
     pub fn set_wait_progress(&self, fd: OwnedFd, run: impl Fn() + Send + Sync + 'static) -> bool {
+        self.set_wait_progress_sleeping(fd, run, |_| false)
+    }
+
+    /// [`CompletionChannel::set_wait_progress`], and tells the device when the thread goes
+    /// to sleep on `fd` and wakes: `sleeping(true)` before it sleeps (true if there is work
+    /// already, so it does not sleep; `run` is called instead), `sleeping(false)` after.
+    /// A device whose peers write into memory, not into `fd`, counts the sleeper there so
+    /// they make `fd` readable for it (a shared-memory path's doorbell).
+    pub fn set_wait_progress_sleeping(
+        &self,
+        fd: OwnedFd,
+        run: impl Fn() + Send + Sync + 'static,
+        sleeping: impl Fn(bool) -> bool + Send + Sync + 'static,
+    ) -> bool {
         self.inner
             .progress
             .set(WaitProgress {
                 fd,
                 run: Box::new(run),
+                sleeping: Box::new(sleeping),
             })
             .is_ok()
     }
@@ -408,7 +426,18 @@ impl CompletionChannel {
             PollFd::new(progress.map_or(&self.inner.fd, |p| &p.fd), PollFlags::IN),
         ];
         let watched = if progress.is_some() { 2 } else { 1 };
-        match rustix::event::poll(&mut fds[..watched], ts.as_ref()) {
+        if let Some(progress) = progress {
+            if (progress.sleeping)(true) {
+                (progress.sleeping)(false);
+                (progress.run)();
+                return Ok(());
+            }
+        }
+        let polled = rustix::event::poll(&mut fds[..watched], ts.as_ref());
+        if let Some(progress) = progress {
+            (progress.sleeping)(false);
+        }
+        match polled {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e.into()),
         }

@@ -447,6 +447,10 @@ impl<T: Transport> Transport for FaultTransport<T> {
         self.inner.leave_multicast(group)
     }
 
+    fn sleeping(&self, before: bool) -> bool {
+        self.inner.sleeping(before)
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         // Packets this layer holds back (delay, reorder) do not show on it; the device's
         // progress thread releases those.

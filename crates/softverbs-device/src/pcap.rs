@@ -662,6 +662,10 @@ impl<T: Transport> Transport for PcapTransport<T> {
         self.inner.leave_multicast(group)
     }
 
+    fn sleeping(&self, before: bool) -> bool {
+        self.inner.sleeping(before)
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         self.inner.readiness_fd()
     }

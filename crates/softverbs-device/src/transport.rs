@@ -582,6 +582,16 @@ pub trait Transport: Send + Sync {
         None
     }
 
+    /// Called by a thread about to sleep on [`Transport::readiness_fd`] (`true`) and after
+    /// it woke (`false`). Before: returns true if a packet is there already (the thread
+    /// should receive instead of sleeping). A transport whose peers write into memory
+    /// rather than into the fd counts the sleeper, so that they wake it. The default does
+    /// nothing and returns false.
+    fn sleeping(&self, before: bool) -> bool {
+        let _ = before;
+        false
+    }
+
     /// A snapshot of the counters.
     fn counters(&self) -> TransportCounters;
 
@@ -650,6 +660,9 @@ macro_rules! forward_transport {
             }
             fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
                 (**self).readiness_fd()
+            }
+            fn sleeping(&self, before: bool) -> bool {
+                (**self).sleeping(before)
             }
             fn counters(&self) -> TransportCounters {
                 (**self).counters()

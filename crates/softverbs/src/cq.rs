@@ -479,11 +479,21 @@ impl CompChannel {
         // per event, not two). Weak: the channel must not keep the device open.
         if let Some(fd) = ctx.device().readiness_fd() {
             let device = std::sync::Arc::downgrade(&ctx.inner);
-            channel.set_wait_progress(fd, move || {
-                if let Some(inner) = device.upgrade() {
-                    inner.device.progress();
-                }
-            });
+            let sleeper = device.clone();
+            channel.set_wait_progress_sleeping(
+                fd,
+                move || {
+                    if let Some(inner) = device.upgrade() {
+                        inner.device.progress();
+                    }
+                },
+                // Peers on the shared-memory path wake a sleeper they know of.
+                move |before| {
+                    sleeper
+                        .upgrade()
+                        .is_some_and(|inner| inner.device.readiness_sleeping(before))
+                },
+            );
         }
         Ok(CompChannel {
             ctx: ctx.clone(),

@@ -149,6 +149,10 @@ impl Transport for Link {
         }
     }
 
+    fn sleeping(&self, before: bool) -> bool {
+        self.udp.as_ref().is_some_and(|udp| udp.sleeping(before))
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         self.udp.as_ref().and_then(|udp| udp.readiness_fd())
     }

@@ -941,6 +941,18 @@ impl Device {
         transport.readiness_fd()?.try_clone_to_owned().ok()
     }
 
+    /// Says that a thread is about to sleep on [`Device::readiness_fd`] (`true`; returns
+    /// true if a packet is there already, so it should call [`Device::progress`] instead)
+    /// or woke (`false`). Peers on the shared-memory path write into memory, not into the
+    /// fd: they ring the device's doorbell (which is in the fd's set) only for a thread
+    /// that said it sleeps.
+    pub fn readiness_sleeping(&self, before: bool) -> bool {
+        self.inner
+            .transport
+            .as_ref()
+            .is_some_and(|transport| transport.sleeping(before))
+    }
+
     /// Sends a management datagram (a MAD, 1..=256 bytes) from QP1 of this port to QP1 of
     /// the port whose GID is `dgid` (IBTA 13.5: UD SEND ONLY, P_Key 0xFFFF, Q_Key
     /// 0x80010000, SrcQP 1; [`Engine::gsi_send`]), from the GID of the device's address.

@@ -688,6 +688,24 @@ impl Transport for HostTransport {
         }
     }
 
+    /// Counts a thread sleeping on [`Transport::readiness_fd`] as a waiter of the inbox, so
+    /// senders ring the doorbell for it (the rings do not show on the fd).
+    fn sleeping(&self, before: bool) -> bool {
+        let Some(shm) = &self.shm else {
+            return false;
+        };
+        let header = shm.inbox.mapping.header();
+        if before {
+            header.waiters.fetch_add(1, Ordering::SeqCst);
+            // After counting itself: either a sender sees it, or it sees the packet.
+            self.udp.holds_packets() || shm.has_packets()
+        } else {
+            header.waiters.fetch_sub(1, Ordering::SeqCst);
+            shm.clear_doorbell();
+            false
+        }
+    }
+
     /// The UDP socket, or an epoll set of it and the doorbell.
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         match &self.shm {
