@@ -609,6 +609,7 @@ mod tests {
             udp,
             packet: Ok((repr, 0)),
             icrc: Ok(()),
+            comment: None,
         }
     }
 

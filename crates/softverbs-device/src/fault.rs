@@ -447,6 +447,10 @@ impl<T: Transport> Transport for FaultTransport<T> {
         self.inner.leave_multicast(group)
     }
 
+    fn in_memory(&self, to: &Endpoint) -> bool {
+        self.inner.in_memory(to)
+    }
+
     fn sleeping(&self, before: bool) -> bool {
         self.inner.sleeping(before)
     }

@@ -273,6 +273,7 @@ impl Transport for LoopbackTransport {
                     ip: sent.ip,
                     udp: sent.udp,
                     icrc_checked: true,
+                    shared_memory: false,
                 }));
             }
             let remaining = match deadline {

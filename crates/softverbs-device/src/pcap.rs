@@ -329,6 +329,7 @@ impl FormatWriter {
         timestamp: Duration,
         direction: Direction,
         frame: &[u8],
+        comment: Option<&'static str>,
     ) -> Result<(), PcapError> {
         match self {
             FormatWriter::Pcap(writer) => {
@@ -344,7 +345,9 @@ impl FormatWriter {
                     timestamp,
                     original_len: frame.len() as u32,
                     data: frame.into(),
-                    options: vec![EnhancedPacketOption::Flags(flags)],
+                    options: std::iter::once(EnhancedPacketOption::Flags(flags))
+                        .chain(comment.map(|c| EnhancedPacketOption::Comment(c.into())))
+                        .collect(),
                 })?;
             }
         }
@@ -528,6 +531,20 @@ impl Capture {
         udp: &UdpHeaderInfo,
         ib_packet: &[u8],
     ) {
+        self.record_with(direction, ip, udp, ib_packet, None);
+    }
+
+    /// [`Capture::record`], with a comment on the packet in a pcapng file (a classic pcap
+    /// file has nowhere to put one): [`SHARED_MEMORY_COMMENT`] for a packet that went
+    /// through shared memory, not the UDP socket its headers describe.
+    pub fn record_with(
+        &self,
+        direction: Direction,
+        ip: &IpHeaderInfo,
+        udp: &UdpHeaderInfo,
+        ib_packet: &[u8],
+        comment: Option<&'static str>,
+    ) {
         if !self.enabled() {
             return;
         }
@@ -553,7 +570,7 @@ impl Capture {
                     }
                     return Ok(());
                 }
-                let result = writer.write(timestamp, direction, &frame);
+                let result = writer.write(timestamp, direction, &frame, comment);
                 self.bytes.store(file.written(), Ordering::Relaxed);
                 result.map_err(pcap_to_io)?;
                 self.packets.fetch_add(1, Ordering::Relaxed);
@@ -610,6 +627,16 @@ fn pcap_to_io(error: pcap_file::PcapError) -> io::Error {
     }
 }
 
+/// The comment a pcapng capture puts on a packet that went through shared memory to (or
+/// from) a device of another process of this host: the bytes and headers are those the
+/// packet would have on the wire, but no socket carried it.
+pub const SHARED_MEMORY_COMMENT: &str = "softverbs: through shared memory, not the socket";
+
+/// The comment for a packet, from whether shared memory carried it.
+fn comment_of(shared_memory: bool) -> Option<&'static str> {
+    shared_memory.then_some(SHARED_MEMORY_COMMENT)
+}
+
 /// Capture middleware over `T`: records what `T` transmits and what its `recv` hands out.
 #[derive(Debug)]
 pub struct PcapTransport<T> {
@@ -645,8 +672,13 @@ impl<T: Transport> Transport for PcapTransport<T> {
 
     fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
         self.inner.transmit(to, sent, ib_packet)?;
-        self.capture
-            .record(Direction::Outbound, &sent.ip, &sent.udp, ib_packet);
+        self.capture.record_with(
+            Direction::Outbound,
+            &sent.ip,
+            &sent.udp,
+            ib_packet,
+            comment_of(self.inner.in_memory(to)),
+        );
         Ok(())
     }
 
@@ -666,6 +698,10 @@ impl<T: Transport> Transport for PcapTransport<T> {
         self.inner.sleeping(before)
     }
 
+    fn in_memory(&self, to: &Endpoint) -> bool {
+        self.inner.in_memory(to)
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         self.inner.readiness_fd()
     }
@@ -674,8 +710,13 @@ impl<T: Transport> Transport for PcapTransport<T> {
         let received = self.inner.recv(buf, timeout)?;
         if let Some(received) = &received {
             if let Some(packet) = buf.get(..received.len) {
-                self.capture
-                    .record(Direction::Inbound, &received.ip, &received.udp, packet);
+                self.capture.record_with(
+                    Direction::Inbound,
+                    &received.ip,
+                    &received.udp,
+                    packet,
+                    comment_of(received.shared_memory),
+                );
             }
         }
         Ok(received)
@@ -686,8 +727,13 @@ impl<T: Transport> Transport for PcapTransport<T> {
         let sent = self.inner.send_batch(packets);
         for packet in packets.iter() {
             if let Some(headers) = &packet.sent {
-                self.capture
-                    .record(Direction::Outbound, &headers.ip, &headers.udp, packet.bytes);
+                self.capture.record_with(
+                    Direction::Outbound,
+                    &headers.ip,
+                    &headers.udp,
+                    packet.bytes,
+                    comment_of(self.inner.in_memory(&packet.to)),
+                );
             }
         }
         sent
@@ -703,8 +749,13 @@ impl<T: Transport> Transport for PcapTransport<T> {
         let count = self.inner.recv_batch(bufs, received, timeout)?;
         for (packet, buf) in received.iter().zip(bufs.iter()) {
             if let Some(bytes) = buf.get(..packet.len) {
-                self.capture
-                    .record(Direction::Inbound, &packet.ip, &packet.udp, bytes);
+                self.capture.record_with(
+                    Direction::Inbound,
+                    &packet.ip,
+                    &packet.udp,
+                    bytes,
+                    comment_of(packet.shared_memory),
+                );
             }
         }
         Ok(count)
@@ -791,6 +842,8 @@ pub struct CaptureRecord {
     pub packet: Result<(PacketRepr, usize), WireError>,
     /// The ICRC check: `Ok` if it verifies.
     pub icrc: Result<(), WireError>,
+    /// The packet's comment in a pcapng file (e.g. [`SHARED_MEMORY_COMMENT`]).
+    pub comment: Option<String>,
 }
 
 impl CaptureRecord {
@@ -824,14 +877,19 @@ impl fmt::Display for CaptureRecord {
             Err(error) => write!(f, "not an IB transport packet ({error})")?,
         }
         match self.icrc {
-            Ok(()) => f.write_str(" icrc ok"),
+            Ok(()) => f.write_str(" icrc ok")?,
             Err(WireError::BadIcrc { expected, found }) => {
                 write!(
                     f,
                     " icrc BAD (computed {expected:#010x}, trailer {found:#010x})"
-                )
+                )?;
             }
-            Err(error) => write!(f, " icrc BAD ({error})"),
+            Err(error) => write!(f, " icrc BAD ({error})")?,
+        }
+        match &self.comment {
+            Some(comment) if comment == SHARED_MEMORY_COMMENT => f.write_str(" (shared memory)"),
+            Some(comment) => write!(f, " ({comment})"),
+            None => Ok(()),
         }
     }
 }
@@ -1001,6 +1059,7 @@ fn read_pcapng(
         };
         // (interface, timestamp in the interface's units if the block has one, frame,
         // direction from the flags)
+        let mut comment = None;
         let (interface_id, units, data, direction) = match block {
             Block::SectionHeader(_) => {
                 interfaces.clear();
@@ -1017,6 +1076,10 @@ fn read_pcapng(
                         EPB_FLAGS_OUTBOUND => Some(Direction::Outbound),
                         _ => None,
                     },
+                    _ => None,
+                });
+                comment = block.options.iter().find_map(|option| match option {
+                    EnhancedPacketOption::Comment(text) => Some(text.to_string()),
                     _ => None,
                 });
                 // pcap-file hands the raw timestamp over as that many nanoseconds.
@@ -1049,7 +1112,10 @@ fn read_pcapng(
         let time = units.map_or(last_time, |units| interface.time(units));
         last_time = time;
         if supported_link(interface.datalink) {
-            if let Some(record) = decode_frame(frame, interface.datalink, time, direction, &data) {
+            if let Some(mut record) =
+                decode_frame(frame, interface.datalink, time, direction, &data)
+            {
+                record.comment = comment;
                 records.push(record);
             }
         } else {
@@ -1108,5 +1174,6 @@ fn decode_frame(
         udp,
         packet,
         icrc,
+        comment: None,
     })
 }

@@ -260,8 +260,12 @@ pub struct Received {
     /// The UDP header.
     pub udp: UdpHeaderInfo,
     /// True if the ICRC was verified; false only where the transport was configured not
-    /// to check it (`SOFTVERBS_IPV4_ICRC=skip`).
+    /// to check it (`SOFTVERBS_IPV4_ICRC=skip`), or for a packet from shared memory sent
+    /// without one.
     pub icrc_checked: bool,
+    /// True if the packet came through shared memory from a device of another process of
+    /// this host ([`HostTransport`](crate::shm::HostTransport)), not through a socket.
+    pub shared_memory: bool,
 }
 
 /// A snapshot of a transport's counters. Receive drops are counted per reason:
@@ -592,6 +596,13 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// True if packets for `to` go through shared memory rather than a socket (a capture
+    /// marks them so). The default: false.
+    fn in_memory(&self, to: &Endpoint) -> bool {
+        let _ = to;
+        false
+    }
+
     /// A snapshot of the counters.
     fn counters(&self) -> TransportCounters;
 
@@ -663,6 +674,9 @@ macro_rules! forward_transport {
             }
             fn sleeping(&self, before: bool) -> bool {
                 (**self).sleeping(before)
+            }
+            fn in_memory(&self, to: &Endpoint) -> bool {
+                (**self).in_memory(to)
             }
             fn counters(&self) -> TransportCounters {
                 (**self).counters()

@@ -1170,6 +1170,7 @@ impl UdpTransport {
             ip,
             udp,
             icrc_checked,
+            shared_memory: false,
         })
     }
 

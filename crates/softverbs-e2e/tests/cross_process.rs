@@ -72,6 +72,8 @@ fn two_processes_run_a_verified_mixed_opcode_workload_over_udp() {
 
 fn mixed_opcode_workload(path: Path) {
     let stats = stats_file(&format!("mixed-{path:?}"));
+    let capture = stats.with_extension("pcapng");
+    let _ = std::fs::remove_file(&capture);
     let mut server = path.peer(&stats);
     server.arg("--server").env_remove("SOFTVERBS_ADDR");
     let mut server = start_server(server);
@@ -86,6 +88,7 @@ fn mixed_opcode_workload(path: Path) {
             "6000",
         ])
         .env_remove("SOFTVERBS_ADDR")
+        .env("SOFTVERBS_PCAP", &capture)
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the client");
@@ -107,6 +110,17 @@ fn mixed_opcode_workload(path: Path) {
     );
     path.assert_carried(&stats, 2);
     let _ = std::fs::remove_file(&stats);
+    // The client's capture: the RoCEv2 packets the exchange stands for, ICRC and all; in a
+    // pcapng file each packet that went through shared memory says so.
+    let records = softverbs::core::device::pcap::read_capture(&capture).expect("the capture");
+    let _ = std::fs::remove_file(&capture);
+    assert!(records.len() > 6_000, "{} packets", records.len());
+    for record in &records {
+        assert!(record.icrc_ok(), "{record}");
+        let marked =
+            record.comment.as_deref() == Some(softverbs::core::device::pcap::SHARED_MEMORY_COMMENT);
+        assert_eq!(marked, path == Path::SharedMemory, "{record}");
+    }
 }
 
 #[test]

@@ -149,6 +149,10 @@ impl Transport for Link {
         }
     }
 
+    fn in_memory(&self, to: &Endpoint) -> bool {
+        self.udp.as_ref().is_some_and(|udp| udp.in_memory(to))
+    }
+
     fn sleeping(&self, before: bool) -> bool {
         self.udp.as_ref().is_some_and(|udp| udp.sleeping(before))
     }

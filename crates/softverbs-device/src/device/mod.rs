@@ -243,8 +243,11 @@ impl Device {
         let (udp, address) = match &config.network {
             Network::InProcess => (None, next_in_process_address()),
             Network::Udp(udp) => {
-                let udp =
+                let mut udp =
                     HostTransport::new(UdpTransport::bind(udp.clone())?, config.shared_memory);
+                if config.capture.is_some() {
+                    udp = udp.with_icrc_completed();
+                }
                 let addr = udp.local().addr();
                 (Some(udp), addr)
             }

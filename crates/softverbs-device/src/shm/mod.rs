@@ -111,6 +111,8 @@ struct Shm {
     receives: AtomicU64,
     udp_until: AtomicU64,
     counters: AtomicCounters,
+    /// Fill the ICRC of packets that came without one (for a capture above).
+    complete_icrc: bool,
 }
 
 #[derive(Default)]
@@ -160,6 +162,7 @@ impl Shm {
             receives: AtomicU64::new(0),
             udp_until: AtomicU64::new(0),
             counters: AtomicCounters::default(),
+            complete_icrc: false,
         })
     }
 
@@ -363,6 +366,10 @@ impl Shm {
             return None;
         }
         slot.copy_from_slice(bytes);
+        if !checked && self.complete_icrc {
+            // Shorter than an ICRC: refused as malformed above.
+            let _ = icrc::fill(&ip, &udp, slot);
+        }
         self.counters.count_received(bytes.len());
         Some(Received {
             from,
@@ -371,6 +378,7 @@ impl Shm {
             ip,
             udp,
             icrc_checked: checked,
+            shared_memory: true,
         })
     }
 }
@@ -401,6 +409,16 @@ impl HostTransport {
             None
         };
         HostTransport { udp, shm }
+    }
+
+    /// Fills the ICRC of every packet that came from shared memory without one, so that a
+    /// capture above records the packet as it would be on the wire (a device with a
+    /// capture asks for it).
+    pub fn with_icrc_completed(mut self) -> HostTransport {
+        if let Some(shm) = &mut self.shm {
+            shm.complete_icrc = true;
+        }
+        self
     }
 
     /// Whether devices of other processes of this host can reach this one through shared
@@ -704,6 +722,12 @@ impl Transport for HostTransport {
             shm.clear_doorbell();
             false
         }
+    }
+
+    fn in_memory(&self, to: &Endpoint) -> bool {
+        self.shm
+            .as_ref()
+            .is_some_and(|shm| matches!(lock(&shm.routes).get(to), Some(Route::Shared(_))))
     }
 
     /// The UDP socket, or an epoll set of it and the doorbell.
