@@ -18,8 +18,7 @@ use softverbs_wire::{
 #[cfg(test)]
 pub const BTH_LEN: usize = 12;
 /// ICRC trailer length.
-#[cfg(test)]
-pub const ICRC_LEN: usize = 4;
+pub const ICRC_LEN: usize = softverbs_wire::packet::ICRC_LEN;
 
 /// Transport of an opcode (BTH opcode bits 7..5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -393,7 +392,11 @@ pub(crate) fn emit_headers(
 ) -> Option<(usize, usize)> {
     let repr = to_repr(hdr);
     let header_len = repr.emit_headers(payload_len, buf).ok()?;
-    Some((header_len, repr.buffer_len(payload_len)))
+    // What `repr.buffer_len(payload_len)` says, and `emit_headers` checked it fits `buf`.
+    Some((
+        header_len,
+        header_len + payload_len + softverbs_wire::packet::pad_len(payload_len) + ICRC_LEN,
+    ))
 }
 
 #[cfg(test)]

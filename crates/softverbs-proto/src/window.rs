@@ -113,7 +113,10 @@ fn limits(config: &EngineConfig) -> (u32, u32, u32) {
 /// Every peer's window and every QP's charge (module doc).
 #[derive(Debug, Default)]
 pub(crate) struct Windows {
-    peers: BTreeMap<[u8; 16], Peer>,
+    /// Every peer's window by its GID: looked up by every packet an RC QP sends or is
+    /// acknowledged for (`sync`, `room`), so a hash table, O(1) (as `charges`); walked
+    /// only by `check`, in GID order.
+    peers: FxHashMap<[u8; 16], Peer>,
     /// Every governed QP's charge, by QPN: looked up on every packet and verb that runs a
     /// QP (`sync`, `room`, `hold`, `unhold`), so a hash table, O(1) (as the engine's QPs);
     /// never walked in order.
@@ -430,7 +433,9 @@ impl Windows {
         if self.charges.len() != sums.values().map(|s| s.1 as usize).sum::<usize>() {
             return Err("a destroyed QP is still charged to a peer window".into());
         }
-        for (dgid, peer) in &self.peers {
+        let mut peers: Vec<(&[u8; 16], &Peer)> = self.peers.iter().collect();
+        peers.sort_unstable_by_key(|&(dgid, _)| dgid);
+        for (dgid, peer) in peers {
             let (in_flight, members) = sums.get(dgid).copied().unwrap_or_default();
             if (peer.in_flight, peer.members) != (in_flight, members) {
                 return Err(format!(

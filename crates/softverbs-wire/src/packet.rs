@@ -368,9 +368,14 @@ impl PacketRepr {
         if !info.has_payload && payload_len != 0 {
             return Err(WireError::UnexpectedPayload);
         }
+        // The headers present are the opcode's (`check_headers`): `buffer_len` from the
+        // table entry.
         let header_len = info.header_len();
         let pad = pad_len(payload_len);
-        let len = self.buffer_len(payload_len);
+        let len = header_len
+            .saturating_add(payload_len)
+            .saturating_add(pad)
+            .saturating_add(ICRC_LEN);
         let available = buf.len();
         let buf = buf.get_mut(..len).ok_or(WireError::BufferTooSmall {
             needed: len,
