@@ -10,15 +10,15 @@
 //! needs the IP header), with the payload gathered in place.
 
 use softverbs_wire::{
-    bth, AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr,
-    OpKind, Opcode, PacketRepr, Position, Psn, Qpn, RethRepr, WireError,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, OpKind,
+    Opcode, PacketRepr, Position, Psn, Qpn, RethRepr, WireError,
 };
 
 /// BTH length.
+#[cfg(test)]
 pub const BTH_LEN: usize = 12;
 /// ICRC trailer length.
-#[cfg(test)]
-pub const ICRC_LEN: usize = 4;
+pub const ICRC_LEN: usize = softverbs_wire::packet::ICRC_LEN;
 
 /// Transport of an opcode (BTH opcode bits 7..5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,7 +65,15 @@ impl OpInfo {
     /// Facts for `opcode`, `None` for opcodes this engine does not implement (the wire
     /// crate's opcode table, reference §1.5).
     pub fn of(opcode: u8) -> Option<OpInfo> {
-        let w = Opcode(opcode).info()?;
+        OP_INFO[usize::from(opcode)]
+    }
+
+    /// [`OpInfo::of`], worked out from the wire crate's table (at compile time, into
+    /// [`OP_INFO`]).
+    const fn from_wire(opcode: u8) -> Option<OpInfo> {
+        let Some(w) = Opcode(opcode).info() else {
+            return None;
+        };
         Some(OpInfo {
             transport: match w.transport {
                 softverbs_wire::Transport::Rc => Transport::Rc,
@@ -134,6 +142,17 @@ impl OpInfo {
         n
     }
 }
+
+/// [`OpInfo::of`] of every opcode byte: one load per packet parsed.
+const OP_INFO: [Option<OpInfo>; 256] = {
+    let mut table = [None; 256];
+    let mut opcode = 0;
+    while opcode < 256 {
+        table[opcode] = OpInfo::from_wire(opcode as u8);
+        opcode += 1;
+    }
+    table
+};
 
 /// Opcode values used by the engine (reference §1.5).
 pub(crate) mod op {
@@ -309,6 +328,7 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Packet<'_>, ParseError> {
     Ok(Packet { hdr, info, payload })
 }
 
+#[inline]
 fn to_repr(hdr: &Headers) -> PacketRepr {
     PacketRepr {
         bth: BthRepr {
@@ -371,20 +391,12 @@ pub(crate) fn emit_headers(
     buf: &mut [u8],
 ) -> Option<(usize, usize)> {
     let repr = to_repr(hdr);
-    let header_len = repr.header_len();
-    let len = repr.buffer_len(payload_len);
-    if buf.len() < len || !repr.info()?.has_payload && payload_len > 0 {
-        return None;
-    }
-    // Headers as for an empty payload (the wire crate checks them against the opcode),
-    // then the pad count the real payload needs.
-    let mut head = [0u8; 80];
-    repr.emit(&[], &mut head).ok()?;
-    buf[..header_len].copy_from_slice(&head[..header_len]);
-    bth::Header::new_unchecked(&mut buf[..BTH_LEN])
-        .set_pad_count(((4 - payload_len % 4) % 4) as u8);
-    buf[header_len + payload_len..len].fill(0);
-    Some((header_len, len))
+    let header_len = repr.emit_headers(payload_len, buf).ok()?;
+    // What `repr.buffer_len(payload_len)` says, and `emit_headers` checked it fits `buf`.
+    Some((
+        header_len,
+        header_len + payload_len + softverbs_wire::packet::pad_len(payload_len) + ICRC_LEN,
+    ))
 }
 
 #[cfg(test)]

@@ -158,11 +158,20 @@ impl Gsi {
     }
 
     /// Writes the next MAD to send into `buf` as a UD SEND ONLY to QP1.
+    #[inline]
     pub(crate) fn poll_transmit(
         &mut self,
         buf: &mut [u8],
         counters: &mut Counters,
     ) -> Option<Transmit> {
+        if self.outbox.is_empty() {
+            return None;
+        }
+        self.poll_outbox(buf, counters)
+    }
+
+    /// [`Gsi::poll_transmit`] with MADs waiting.
+    fn poll_outbox(&mut self, buf: &mut [u8], counters: &mut Counters) -> Option<Transmit> {
         while let Some(out) = self.outbox.pop_front() {
             let hdr = Headers {
                 bth: Bth {

@@ -113,7 +113,10 @@ fn limits(config: &EngineConfig) -> (u32, u32, u32) {
 /// Every peer's window and every QP's charge (module doc).
 #[derive(Debug, Default)]
 pub(crate) struct Windows {
-    peers: BTreeMap<[u8; 16], Peer>,
+    /// Every peer's window by its GID: looked up by every packet an RC QP sends or is
+    /// acknowledged for (`sync`, `room`), so a hash table, O(1) (as `charges`); walked
+    /// only by `check`, in GID order.
+    peers: FxHashMap<[u8; 16], Peer>,
     /// Every governed QP's charge, by QPN: looked up on every packet and verb that runs a
     /// QP (`sync`, `room`, `hold`, `unhold`), so a hash table, O(1) (as the engine's QPs);
     /// never walked in order.
@@ -123,11 +126,46 @@ pub(crate) struct Windows {
 /// The peer a QP's requests count against and how many PSNs it has in flight; `None` for
 /// a QP the window does not govern (UC, UD, or an RC QP outside RTS and SQD).
 fn member_of(qp: &Qp) -> Option<([u8; 16], u32)> {
-    if qp.init.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
-        return None;
+    governed(qp).then(|| (qp.attr.ah_attr.dgid, in_flight(qp)))
+}
+
+/// Whether the window governs `qp`: an RC QP in RTS or SQD.
+fn governed(qp: &Qp) -> bool {
+    qp.init.qp_type == QpType::Rc && matches!(qp.state, QpState::Rts | QpState::Sqd)
+}
+
+/// The PSNs `qp` has unacknowledged.
+fn in_flight(qp: &Qp) -> u32 {
+    psn::diff(qp.req_psn, qp.comp_psn).max(0) as u32
+}
+
+/// Wakes up to `n` QPs of `peer`'s held list (the peer of `dgid`) that were held before
+/// its last opening.
+fn wake(
+    peer: &mut Peer,
+    charges: &mut FxHashMap<u32, Charge>,
+    dgid: &[u8; 16],
+    mut n: usize,
+    counters: &mut Counters,
+    woken: &mut Vec<u32>,
+) {
+    while n > 0 {
+        // Entries are in the order of their epochs: one held since the last opening ends
+        // the search.
+        let Some(&(qpn, epoch)) = peer.held.front().filter(|(_, e)| *e < peer.epoch) else {
+            break;
+        };
+        peer.held.pop_front();
+        counters.qps_visited += 1;
+        let Some(charge) = charges.get_mut(&qpn) else {
+            continue;
+        };
+        if charge.dgid == *dgid && charge.held == Some(epoch) {
+            charge.held = None;
+            woken.push(qpn);
+            n -= 1;
+        }
     }
-    let in_flight = psn::diff(qp.req_psn, qp.comp_psn).max(0) as u32;
-    Some((qp.attr.ah_attr.dgid, in_flight))
 }
 
 impl Windows {
@@ -158,6 +196,62 @@ impl Windows {
         woken: &mut Vec<u32>,
     ) {
         let loss = std::mem::take(&mut qp.window_loss);
+        // The common cases first, each with one lookup per table: a QP the window does not
+        // govern and never did, and a member that stays with the same peer (every packet
+        // an RC QP in RTS sends or is acknowledged for). They do what the general path
+        // below does for them, in the same order.
+        let governed = governed(qp);
+        match self.charges.get_mut(&qp.qpn) {
+            None if !governed => return,
+            Some(c) if governed && c.dgid == qp.attr.ah_attr.dgid => {
+                let psns = in_flight(qp);
+                if c.psns == psns && c.comp_psn == qp.comp_psn && !loss {
+                    return;
+                }
+                if let Some(peer) = self.peers.get_mut(&c.dgid) {
+                    let old = *c;
+                    c.psns = psns;
+                    c.comp_psn = qp.comp_psn;
+                    let before = peer.room();
+                    let acked = psn::diff(qp.comp_psn, old.comp_psn);
+                    if acked > 0 {
+                        peer.on_acked(acked as u32, config);
+                    }
+                    if loss {
+                        peer.on_loss(config, counters, qp.qpn);
+                    }
+                    peer.in_flight = peer.in_flight.saturating_sub(old.psns).saturating_add(psns);
+                    peer.members = peer.members.saturating_sub(1) + 1;
+                    let grown = peer.room() - before;
+                    if grown > 0 {
+                        peer.epoch += 1;
+                        wake(
+                            peer,
+                            &mut self.charges,
+                            &old.dgid,
+                            grown as usize,
+                            counters,
+                            woken,
+                        );
+                    }
+                    return;
+                }
+            }
+            _ => {}
+        }
+        self.sync_general(qp, loss, config, counters, woken);
+    }
+
+    /// [`Windows::sync`] for every case: the QP joins, leaves or changes peer, or its
+    /// charge names a peer without an entry.
+    fn sync_general(
+        &mut self,
+        qp: &Qp,
+        loss: bool,
+        config: &EngineConfig,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
         let now = member_of(qp);
         let old = self.charges.get(&qp.qpn).copied();
         let unchanged = match (old, now) {
@@ -243,33 +337,11 @@ impl Windows {
     }
 
     /// Wakes up to `n` QPs of `dgid`'s held list that were held before its last opening.
-    fn wake(
-        &mut self,
-        dgid: [u8; 16],
-        mut n: usize,
-        counters: &mut Counters,
-        woken: &mut Vec<u32>,
-    ) {
+    fn wake(&mut self, dgid: [u8; 16], n: usize, counters: &mut Counters, woken: &mut Vec<u32>) {
         let Some(peer) = self.peers.get_mut(&dgid) else {
             return;
         };
-        while n > 0 {
-            // Entries are in the order of their epochs: one held since the last opening
-            // ends the search.
-            let Some(&(qpn, epoch)) = peer.held.front().filter(|(_, e)| *e < peer.epoch) else {
-                break;
-            };
-            peer.held.pop_front();
-            counters.qps_visited += 1;
-            let Some(charge) = self.charges.get_mut(&qpn) else {
-                continue;
-            };
-            if charge.dgid == dgid && charge.held == Some(epoch) {
-                charge.held = None;
-                woken.push(qpn);
-                n -= 1;
-            }
-        }
+        wake(peer, &mut self.charges, &dgid, n, counters, woken);
     }
 
     /// The window held `qpn`'s next request (its `poll_transmit` returned nothing for
@@ -361,7 +433,9 @@ impl Windows {
         if self.charges.len() != sums.values().map(|s| s.1 as usize).sum::<usize>() {
             return Err("a destroyed QP is still charged to a peer window".into());
         }
-        for (dgid, peer) in &self.peers {
+        let mut peers: Vec<(&[u8; 16], &Peer)> = self.peers.iter().collect();
+        peers.sort_unstable_by_key(|&(dgid, _)| dgid);
+        for (dgid, peer) in peers {
             let (in_flight, members) = sums.get(dgid).copied().unwrap_or_default();
             if (peer.in_flight, peer.members) != (in_flight, members) {
                 return Err(format!(

@@ -160,6 +160,7 @@ impl AethSyndrome {
     };
 
     /// Decodes a syndrome byte; every byte decodes.
+    #[inline]
     pub const fn decode(byte: u8) -> AethSyndrome {
         let value = byte & VALUE_MASK;
         match byte & TYPE_MASK {
@@ -171,6 +172,7 @@ impl AethSyndrome {
     }
 
     /// Encodes the syndrome byte (codes masked to 5 bits; `Reserved` written as held).
+    #[inline]
     pub const fn encode(self) -> u8 {
         match self {
             AethSyndrome::Ack { credits } => TYPE_ACK | (credits & VALUE_MASK),
@@ -181,11 +183,13 @@ impl AethSyndrome {
     }
 
     /// True for a positive acknowledgement.
+    #[inline]
     pub const fn is_ack(self) -> bool {
         matches!(self, AethSyndrome::Ack { .. })
     }
 
     /// True for an RNR NAK or a NAK.
+    #[inline]
     pub const fn is_nak(self) -> bool {
         matches!(self, AethSyndrome::RnrNak { .. } | AethSyndrome::Nak(_))
     }
@@ -230,16 +234,19 @@ header_view!("AETH", AethRepr);
 
 impl<T: AsRef<[u8]>> Header<T> {
     /// The raw syndrome byte.
+    #[inline]
     pub fn syndrome_byte(&self) -> u8 {
         self.buffer.as_ref()[field::SYNDROME]
     }
 
     /// The decoded syndrome.
+    #[inline]
     pub fn syndrome(&self) -> AethSyndrome {
         AethSyndrome::decode(self.syndrome_byte())
     }
 
     /// MSN, the responder's 24-bit message sequence number.
+    #[inline]
     pub fn msn(&self) -> u32 {
         read_u24(self.buffer.as_ref(), field::MSN)
     }
@@ -247,11 +254,13 @@ impl<T: AsRef<[u8]>> Header<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
     /// Sets the syndrome.
+    #[inline]
     pub fn set_syndrome(&mut self, value: AethSyndrome) {
         self.buffer.as_mut()[field::SYNDROME] = value.encode();
     }
 
     /// Sets the MSN to the low 24 bits of `value`.
+    #[inline]
     pub fn set_msn(&mut self, value: u32) {
         write_u24(self.buffer.as_mut(), field::MSN, value & MASK_24);
     }

@@ -6,43 +6,51 @@
 
 use core::ops::Range;
 
+#[inline]
 pub(crate) fn read_u16(data: &[u8], range: Range<usize>) -> u16 {
     let mut bytes = [0u8; 2];
     bytes.copy_from_slice(&data[range]);
     u16::from_be_bytes(bytes)
 }
 
+#[inline]
 pub(crate) fn read_u24(data: &[u8], range: Range<usize>) -> u32 {
     let mut bytes = [0u8; 4];
     bytes[1..].copy_from_slice(&data[range]);
     u32::from_be_bytes(bytes)
 }
 
+#[inline]
 pub(crate) fn read_u32(data: &[u8], range: Range<usize>) -> u32 {
     let mut bytes = [0u8; 4];
     bytes.copy_from_slice(&data[range]);
     u32::from_be_bytes(bytes)
 }
 
+#[inline]
 pub(crate) fn read_u64(data: &[u8], range: Range<usize>) -> u64 {
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&data[range]);
     u64::from_be_bytes(bytes)
 }
 
+#[inline]
 pub(crate) fn write_u16(data: &mut [u8], range: Range<usize>, value: u16) {
     data[range].copy_from_slice(&value.to_be_bytes());
 }
 
 /// Writes the low 24 bits of `value`.
+#[inline]
 pub(crate) fn write_u24(data: &mut [u8], range: Range<usize>, value: u32) {
     data[range].copy_from_slice(&value.to_be_bytes()[1..]);
 }
 
+#[inline]
 pub(crate) fn write_u32(data: &mut [u8], range: Range<usize>, value: u32) {
     data[range].copy_from_slice(&value.to_be_bytes());
 }
 
+#[inline]
 pub(crate) fn write_u64(data: &mut [u8], range: Range<usize>, value: u64) {
     data[range].copy_from_slice(&value.to_be_bytes());
 }

@@ -277,20 +277,21 @@ impl BthRepr {
 
     /// Writes every BTH byte: the fields, TVer 0, reserved bits 0; `pad_count` is masked to
     /// 2 bits. Panics if the view is shorter than [`HEADER_LEN`] (see the module contract).
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, header: &mut Header<T>) {
-        header.set_opcode(self.opcode);
-        header.buffer.as_mut()[field::FLAGS] = 0;
-        header.set_solicited(self.solicited);
-        header.set_mig_req(self.mig_req);
-        header.set_pad_count(self.pad_count);
-        header.set_pkey(self.pkey);
-        header.buffer.as_mut()[field::CONGESTION] = 0;
-        header.set_fecn(self.fecn);
-        header.set_becn(self.becn);
-        header.set_dest_qp(self.dest_qp);
-        header.buffer.as_mut()[field::ACK_REQ] = 0;
-        header.set_ack_req(self.ack_req);
-        header.set_psn(self.psn);
+        // The twelve bytes at once, as the setters would leave them from zero.
+        let bit = |value: bool, mask: u8| if value { mask } else { 0 };
+        let mut bytes = [0u8; HEADER_LEN];
+        bytes[field::OPCODE] = self.opcode.0;
+        bytes[field::FLAGS] = bit(self.solicited, SE)
+            | bit(self.mig_req, MIG_REQ)
+            | ((self.pad_count << PAD_SHIFT) & PAD_MASK);
+        write_u16(&mut bytes, field::PKEY, self.pkey);
+        bytes[field::CONGESTION] = bit(self.fecn, FECN) | bit(self.becn, BECN);
+        write_u24(&mut bytes, field::DEST_QP, self.dest_qp.value());
+        bytes[field::ACK_REQ] = bit(self.ack_req, ACK_REQ);
+        write_u24(&mut bytes, field::PSN, self.psn.value());
+        header.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&bytes);
     }
 }
 

@@ -87,11 +87,13 @@ pub enum Position {
 
 impl Position {
     /// True for [`Position::First`] and [`Position::Only`]: the packet starts a message.
+    #[inline]
     pub const fn is_first(self) -> bool {
         matches!(self, Position::First | Position::Only)
     }
 
     /// True for [`Position::Last`] and [`Position::Only`]: the packet ends a message.
+    #[inline]
     pub const fn is_last(self) -> bool {
         matches!(self, Position::Last | Position::Only)
     }
@@ -133,6 +135,7 @@ pub struct OpcodeInfo {
 
 impl OpcodeInfo {
     /// Bytes of extension headers after the BTH.
+    #[inline]
     pub const fn ext_header_len(&self) -> usize {
         (if self.has_deth {
             crate::deth::HEADER_LEN
@@ -170,12 +173,14 @@ impl OpcodeInfo {
     }
 
     /// Bytes of all transport headers: BTH plus extension headers.
+    #[inline]
     pub const fn header_len(&self) -> usize {
         crate::bth::HEADER_LEN + self.ext_header_len()
     }
 
     /// True for responses, which go to the requester's completer: READ responses, ACK and
     /// ATOMIC ACK (RC 0x0D–0x12, reference §1.5 notes).
+    #[inline]
     pub const fn is_response(&self) -> bool {
         matches!(
             self.kind,
@@ -184,12 +189,14 @@ impl OpcodeInfo {
     }
 
     /// True for requests, which go to the responder (everything but responses).
+    #[inline]
     pub const fn is_request(&self) -> bool {
         !self.is_response()
     }
 
     /// Column RWR of reference §1.5: this packet consumes a receive WQE at the responder.
     /// SEND consumes it at the first packet; RDMA WRITE with immediate at the last one.
+    #[inline]
     pub const fn consumes_recv_wqe(&self) -> bool {
         match self.kind {
             OpKind::Send => self.position.is_first(),
@@ -200,6 +207,7 @@ impl OpcodeInfo {
 
     /// Column C of reference §1.5: this packet produces a receive completion when its
     /// message ends (SEND LAST/ONLY of every variant, RDMA WRITE with immediate).
+    #[inline]
     pub const fn completes_recv(&self) -> bool {
         match self.kind {
             OpKind::Send => self.position.is_last(),
@@ -249,6 +257,18 @@ const fn entry(
         has_payload,
     })
 }
+
+/// [`Opcode::info`] of every opcode byte: each packet parsed and built looks its opcode up
+/// with one load.
+const INFO: [Option<OpcodeInfo>; 256] = {
+    let mut table = [None; 256];
+    let mut opcode = 0;
+    while opcode < 256 {
+        table[opcode] = Opcode(opcode as u8).lookup();
+        opcode += 1;
+    }
+    table
+};
 
 /// The SEND and RDMA WRITE families shared by RC and UC (operation codes 0x00–0x0B).
 const fn send_write_family(transport: Transport, operation: u8) -> Option<OpcodeInfo> {
@@ -358,18 +378,27 @@ impl Opcode {
     pub const CNP: Opcode = Opcode(0x81);
 
     /// The opcode with this byte value.
+    #[inline]
     pub const fn new(value: u8) -> Opcode {
         Opcode(value)
     }
 
     /// The opcode byte.
+    #[inline]
     pub const fn value(self) -> u8 {
         self.0
     }
 
     /// The opcode table entry (reference §1.5), or `None` for an opcode this device does
     /// not implement: reserved values, RD, XRC, CNP.
+    #[inline]
     pub const fn info(self) -> Option<OpcodeInfo> {
+        INFO[self.0 as usize]
+    }
+
+    /// The table entry of [`Opcode::info`], worked out (once, at compile time, into
+    /// [`INFO`]).
+    const fn lookup(self) -> Option<OpcodeInfo> {
         use OpKind::*;
         use Position::*;
         use Transport::{Rc, Uc, Ud};

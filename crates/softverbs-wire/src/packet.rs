@@ -39,6 +39,7 @@ use crate::{
 pub const ICRC_LEN: usize = 4;
 
 /// Pad bytes after a payload of `payload_len` bytes: `(-payload_len) & 3` (reference §1.6).
+#[inline]
 pub const fn pad_len(payload_len: usize) -> usize {
     payload_len.wrapping_neg() & 3
 }
@@ -51,6 +52,7 @@ struct Layout {
     icrc_start: usize,
 }
 
+#[inline]
 fn layout(data: &[u8]) -> Result<Layout, WireError> {
     let bth_header = bth::Header::new_checked(data)?;
     if bth_header.version() != 0 {
@@ -124,11 +126,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// The opcode table entry of the packet's opcode.
+    #[inline]
     pub fn info(&self) -> OpcodeInfo {
         self.checked_layout().info
     }
 
     /// Bytes of all transport headers (BTH and extension headers).
+    #[inline]
     pub fn header_len(&self) -> usize {
         self.checked_layout().header_len
     }
@@ -208,17 +212,9 @@ pub struct PacketRepr {
     pub atomic_ack_eth: Option<AtomicAckEthRepr>,
 }
 
-/// Parses the header at `*offset` in `data` with `parse`, and advances `*offset`.
-fn parse_at<'a, R>(
-    data: &'a [u8],
-    offset: &mut usize,
-    len: usize,
-    parse: impl FnOnce(&'a [u8]) -> Result<R, WireError>,
-) -> Result<R, WireError> {
-    let bytes = data.get(*offset..).ok_or(WireError::Truncated)?;
-    let repr = parse(bytes)?;
-    *offset += len;
-    Ok(repr)
+/// The first `N` bytes of `data` as an array, and the rest (`Truncated` if it is shorter).
+fn split<const N: usize>(data: &[u8]) -> Result<(&[u8; N], &[u8]), WireError> {
+    data.split_first_chunk::<N>().ok_or(WireError::Truncated)
 }
 
 impl PacketRepr {
@@ -227,73 +223,73 @@ impl PacketRepr {
     ///
     /// The ICRC is not checked here; call [`icrc::verify`](crate::icrc::verify) with the IP
     /// and UDP header information. See the module documentation for what is checked.
+    #[inline]
     pub fn parse(packet: &[u8]) -> Result<(PacketRepr, &[u8]), WireError> {
         let layout = layout(packet)?;
         let info = layout.info;
-        let bth = BthRepr::parse(&bth::Header::new_checked(packet)?)?;
+        // `layout` checked that the packet holds every header the opcode lists: each is
+        // cut off the front as an array (no further length checks), in wire order.
+        let (bth, mut rest) = split::<{ bth::HEADER_LEN }>(packet)?;
         let mut repr = PacketRepr {
-            bth,
+            bth: BthRepr::parse(&bth::Header::new_unchecked(bth))?,
             ..PacketRepr::default()
         };
-        let mut offset = bth::HEADER_LEN;
         if info.has_deth {
-            repr.deth = Some(parse_at(packet, &mut offset, deth::HEADER_LEN, |b| {
-                DethRepr::parse(&deth::Header::new_checked(b)?)
-            })?);
+            let (header, tail) = split::<{ deth::HEADER_LEN }>(rest)?;
+            repr.deth = Some(DethRepr::parse(&deth::Header::new_unchecked(header))?);
+            rest = tail;
         }
         if info.has_feth {
-            repr.feth = Some(parse_at(packet, &mut offset, feth::HEADER_LEN, |b| {
-                FethRepr::parse(&feth::Header::new_checked(b)?)
-            })?);
+            let (header, tail) = split::<{ feth::HEADER_LEN }>(rest)?;
+            repr.feth = Some(FethRepr::parse(&feth::Header::new_unchecked(header))?);
+            rest = tail;
         }
         if info.has_reth {
-            repr.reth = Some(parse_at(packet, &mut offset, reth::HEADER_LEN, |b| {
-                RethRepr::parse(&reth::Header::new_checked(b)?)
-            })?);
+            let (header, tail) = split::<{ reth::HEADER_LEN }>(rest)?;
+            repr.reth = Some(RethRepr::parse(&reth::Header::new_unchecked(header))?);
+            rest = tail;
         }
         if info.has_atomic_eth {
-            repr.atomic_eth = Some(parse_at(
-                packet,
-                &mut offset,
-                atomic_eth::HEADER_LEN,
-                |b| AtomicEthRepr::parse(&atomic_eth::Header::new_checked(b)?),
-            )?);
+            let (header, tail) = split::<{ atomic_eth::HEADER_LEN }>(rest)?;
+            repr.atomic_eth = Some(AtomicEthRepr::parse(&atomic_eth::Header::new_unchecked(
+                header,
+            ))?);
+            rest = tail;
         }
         if info.has_aeth {
-            repr.aeth = Some(parse_at(packet, &mut offset, aeth::HEADER_LEN, |b| {
-                AethRepr::parse(&aeth::Header::new_checked(b)?)
-            })?);
+            let (header, tail) = split::<{ aeth::HEADER_LEN }>(rest)?;
+            repr.aeth = Some(AethRepr::parse(&aeth::Header::new_unchecked(header))?);
+            rest = tail;
         }
         if info.has_atomic_ack_eth {
-            repr.atomic_ack_eth = Some(parse_at(
-                packet,
-                &mut offset,
-                atomic_ack_eth::HEADER_LEN,
-                |b| AtomicAckEthRepr::parse(&atomic_ack_eth::Header::new_checked(b)?),
+            let (header, tail) = split::<{ atomic_ack_eth::HEADER_LEN }>(rest)?;
+            repr.atomic_ack_eth = Some(AtomicAckEthRepr::parse(
+                &atomic_ack_eth::Header::new_unchecked(header),
             )?);
+            rest = tail;
         }
         if info.has_immdt {
-            repr.immdt = Some(parse_at(packet, &mut offset, immdt::HEADER_LEN, |b| {
-                Ok(immdt::Header::new_checked(b)?.imm_data())
-            })?);
+            let (header, tail) = split::<{ immdt::HEADER_LEN }>(rest)?;
+            repr.immdt = Some(immdt::Header::new_unchecked(header).imm_data());
+            rest = tail;
         }
         if info.has_ieth {
-            repr.ieth = Some(parse_at(packet, &mut offset, ieth::HEADER_LEN, |b| {
-                Ok(ieth::Header::new_checked(b)?.rkey())
-            })?);
+            let (header, _) = split::<{ ieth::HEADER_LEN }>(rest)?;
+            repr.ieth = Some(ieth::Header::new_unchecked(header).rkey());
         }
-        debug_assert_eq!(offset, layout.header_len);
         let payload = packet.get(layout.payload).ok_or(WireError::Truncated)?;
         Ok((repr, payload))
     }
 
     /// The opcode table entry of `bth.opcode`, if the opcode is supported.
+    #[inline]
     pub fn info(&self) -> Option<OpcodeInfo> {
         self.bth.opcode.info()
     }
 
     /// Checks that the opcode is supported and that exactly its extension headers are
     /// present; returns its table entry. [`PacketRepr::emit`] runs this first.
+    #[inline]
     pub fn check_headers(&self) -> Result<OpcodeInfo, WireError> {
         let info = self
             .info()
@@ -314,6 +310,7 @@ impl PacketRepr {
     }
 
     /// Bytes of the transport headers present in this repr (BTH plus each `Some` header).
+    #[inline]
     pub fn header_len(&self) -> usize {
         bth::HEADER_LEN
             + self.deth.map_or(0, |_| deth::HEADER_LEN)
@@ -330,6 +327,7 @@ impl PacketRepr {
 
     /// Bytes [`PacketRepr::emit`] writes for a payload of `payload_len` bytes: headers,
     /// payload, pad and ICRC (saturating at `usize::MAX`, never overflowing).
+    #[inline]
     pub fn buffer_len(&self, payload_len: usize) -> usize {
         self.header_len()
             .saturating_add(payload_len)
@@ -348,68 +346,90 @@ impl PacketRepr {
     /// `UnexpectedPayload` for a non-empty payload on an opcode without payload,
     /// `BufferTooSmall`. Nothing is written on error.
     pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize, WireError> {
+        let header_len = self.emit_headers(payload.len(), buf)?;
+        // `emit_headers` checked that `buf` holds the whole packet.
+        let body = buf
+            .get_mut(header_len..header_len + payload.len())
+            .ok_or(WireError::Truncated)?;
+        body.copy_from_slice(payload);
+        Ok(header_len + payload.len() + pad_len(payload.len()) + ICRC_LEN)
+    }
+
+    /// Writes the packet [`PacketRepr::emit`] writes for a payload of `payload_len` bytes
+    /// into the front of `buf`, except the payload bytes, which are left as they are (for
+    /// the caller to fill in place, e.g. gathered straight from memory): headers (the pad
+    /// count `payload_len` needs), zero pad bytes and a zero ICRC. Returns the length of
+    /// the headers, where the payload starts; the packet is
+    /// [`PacketRepr::buffer_len`]`(payload_len)` bytes. The errors of
+    /// [`PacketRepr::emit`], and nothing is written on error.
+    #[inline]
+    pub fn emit_headers(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
         let info = self.check_headers()?;
-        if !info.has_payload && !payload.is_empty() {
+        if !info.has_payload && payload_len != 0 {
             return Err(WireError::UnexpectedPayload);
         }
-        let len = self.buffer_len(payload.len());
+        // The headers present are the opcode's (`check_headers`): `buffer_len` from the
+        // table entry.
+        let header_len = info.header_len();
+        let pad = pad_len(payload_len);
+        let len = header_len
+            .saturating_add(payload_len)
+            .saturating_add(pad)
+            .saturating_add(ICRC_LEN);
         let available = buf.len();
         let buf = buf.get_mut(..len).ok_or(WireError::BufferTooSmall {
             needed: len,
             available,
         })?;
-
-        let pad = pad_len(payload.len());
+        let (headers, rest) = buf.split_at_mut(header_len);
         let bth = BthRepr {
             pad_count: pad as u8,
             ..self.bth
         };
-        let (header, mut rest) = buf.split_at_mut(bth::HEADER_LEN);
+        let (header, mut rest_headers) = headers.split_at_mut(bth::HEADER_LEN);
         bth.emit(&mut bth::Header::new_unchecked(header));
         if let Some(deth) = &self.deth {
-            let (header, tail) = rest.split_at_mut(deth::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(deth::HEADER_LEN);
             deth.emit(&mut deth::Header::new_unchecked(header));
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(feth) = &self.feth {
-            let (header, tail) = rest.split_at_mut(feth::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(feth::HEADER_LEN);
             feth.emit(&mut feth::Header::new_unchecked(header));
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(reth) = &self.reth {
-            let (header, tail) = rest.split_at_mut(reth::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(reth::HEADER_LEN);
             reth.emit(&mut reth::Header::new_unchecked(header));
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(atomic_eth) = &self.atomic_eth {
-            let (header, tail) = rest.split_at_mut(atomic_eth::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(atomic_eth::HEADER_LEN);
             atomic_eth.emit(&mut atomic_eth::Header::new_unchecked(header));
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(aeth) = &self.aeth {
-            let (header, tail) = rest.split_at_mut(aeth::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(aeth::HEADER_LEN);
             aeth.emit(&mut aeth::Header::new_unchecked(header));
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(atomic_ack_eth) = &self.atomic_ack_eth {
-            let (header, tail) = rest.split_at_mut(atomic_ack_eth::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(atomic_ack_eth::HEADER_LEN);
             atomic_ack_eth.emit(&mut atomic_ack_eth::Header::new_unchecked(header));
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(imm_data) = self.immdt {
-            let (header, tail) = rest.split_at_mut(immdt::HEADER_LEN);
+            let (header, tail) = rest_headers.split_at_mut(immdt::HEADER_LEN);
             immdt::Header::new_unchecked(header).set_imm_data(imm_data);
-            rest = tail;
+            rest_headers = tail;
         }
         if let Some(rkey) = self.ieth {
-            let (header, tail) = rest.split_at_mut(ieth::HEADER_LEN);
-            ieth::Header::new_unchecked(header).set_rkey(rkey);
-            rest = tail;
+            ieth::Header::new_unchecked(rest_headers).set_rkey(rkey);
         }
-        let (body, trailer) = rest.split_at_mut(payload.len());
-        body.copy_from_slice(payload);
-        trailer.fill(0);
-        Ok(len)
+        if let Some(trailer) = rest.get_mut(payload_len..) {
+            trailer.fill(0);
+        }
+        Ok(header_len)
     }
 }
 

@@ -30,33 +30,39 @@ impl Psn {
     pub const MAX: Psn = Psn(MASK_24);
 
     /// The PSN with the low 24 bits of `value` (higher bits are discarded).
+    #[inline]
     pub const fn new(value: u32) -> Psn {
         Psn(value & MASK_24)
     }
 
     /// The PSN as a number in `0..2^24`.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
 
     /// `self + n` modulo 2^24. Same as [`Psn::wrapping_add`]; also available as `psn + n`.
     #[allow(clippy::should_implement_trait)] // `Add<u32>` is implemented too; this inherent
-                                             // method works without importing the trait.
+    // method works without importing the trait.
+    #[inline]
     pub const fn add(self, n: u32) -> Psn {
         self.wrapping_add(n)
     }
 
     /// `self + n` modulo 2^24.
+    #[inline]
     pub const fn wrapping_add(self, n: u32) -> Psn {
         Psn::new(self.0.wrapping_add(n))
     }
 
     /// `self − n` modulo 2^24.
+    #[inline]
     pub const fn wrapping_sub(self, n: u32) -> Psn {
         Psn::new(self.0.wrapping_sub(n))
     }
 
     /// The PSN that follows this one (wraps from 2^24 − 1 to 0).
+    #[inline]
     pub const fn next(self) -> Psn {
         self.wrapping_add(1)
     }
@@ -67,16 +73,19 @@ impl Psn {
     /// Positive means `self` is after `other`. At exactly 2^23 apart the result is −2^23
     /// in both directions, so each PSN is "before" the other; the half-window rule has no
     /// better answer, and a protocol keeps its windows far smaller (`rxe`: 128 PSNs).
+    #[inline]
     pub const fn diff(self, other: Psn) -> i32 {
         ((self.0.wrapping_sub(other.0) << 8) as i32) >> 8
     }
 
     /// True if `self` comes strictly before `other` (within the 2^23 PSNs before it).
+    #[inline]
     pub const fn is_before(self, other: Psn) -> bool {
         self.diff(other) < 0
     }
 
     /// True if `self` comes strictly after `other` (within the 2^23 PSNs after it).
+    #[inline]
     pub const fn is_after(self, other: Psn) -> bool {
         self.diff(other) > 0
     }
@@ -128,11 +137,13 @@ impl Qpn {
     pub const MULTICAST: Qpn = Qpn(MASK_24);
 
     /// The QPN with the low 24 bits of `value` (higher bits are discarded).
+    #[inline]
     pub const fn new(value: u32) -> Qpn {
         Qpn(value & MASK_24)
     }
 
     /// The QPN as a number in `0..2^24`.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
