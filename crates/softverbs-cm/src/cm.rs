@@ -139,6 +139,11 @@ pub struct Cm {
     /// Passive SIDR requests by (source GID, request ID): duplicate SIDR_REQs.
     sidr_by_remote: BTreeMap<([u8; 16], u32), u32>,
     timewait_override: Option<u64>,
+    /// How long a REQ for a service nobody listens on waits for a listener before REJ 8
+    /// ([`Cm::set_unmatched_req_hold`]); 0: rejected at once.
+    unmatched_hold: u64,
+    /// REQs waiting for a listener: (deadline, source, REQ), oldest first.
+    held_reqs: Vec<(u64, MadSource, Req)>,
     /// The latest `now` given to any input (the start of a timewait `release` begins).
     clock: u64,
     out: Out,
@@ -156,6 +161,8 @@ impl Cm {
             by_remote: BTreeMap::new(),
             sidr_by_remote: BTreeMap::new(),
             timewait_override: None,
+            unmatched_hold: 0,
+            held_reqs: Vec::new(),
             clock: 0,
             out: Out::default(),
         };
@@ -212,10 +219,28 @@ impl Cm {
             .map(|c| c.state)
     }
 
-    /// Accepts REQs and SIDR_REQs for `service_id` (exact match).
+    /// Makes a REQ for a service nobody listens on wait up to `hold_ns` for a listener
+    /// (then it is taken as if it came after the listen) before it is rejected with reason
+    /// 8. A program that connects as soon as its peer has said "listen now" over another
+    /// channel may otherwise beat the peer's `rdma_listen` by microseconds; a kernel CM
+    /// rejects at once (0, the default), but there the active side's address and route
+    /// resolution usually take longer than that gap.
+    pub fn set_unmatched_req_hold(&mut self, hold_ns: u64) {
+        self.unmatched_hold = hold_ns;
+    }
+
+    /// Accepts REQs and SIDR_REQs for `service_id` (exact match), REQs held for it
+    /// ([`Cm::set_unmatched_req_hold`]) included.
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
         if !self.listeners.insert(service_id) {
             return Err(CmError::AddressInUse(service_id));
+        }
+        let (now_matching, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held_reqs)
+            .into_iter()
+            .partition(|(_, _, req)| req.service_id == service_id);
+        self.held_reqs = rest;
+        for (_, from, req) in now_matching {
+            self.on_req(from, req);
         }
         Ok(())
     }
@@ -748,6 +773,7 @@ impl Cm {
         self.conns
             .values()
             .filter_map(|c| c.timer.map(|t| t.deadline))
+            .chain(self.held_reqs.first().map(|(deadline, _, _)| *deadline))
             .min()
     }
 
@@ -763,6 +789,17 @@ impl Cm {
             .collect();
         for id in due {
             self.expire(now, id);
+        }
+        // REQs whose wait for a listener is over (held in arrival order, so the due ones
+        // are at the front).
+        let due = self
+            .held_reqs
+            .iter()
+            .take_while(|(deadline, _, _)| *deadline <= now)
+            .count();
+        for (_, from, req) in self.held_reqs.drain(..due).collect::<Vec<_>>() {
+            self.out.counters.no_listener += 1;
+            self.reject_unsolicited(from, &req, reject_reason::INVALID_SERVICE_ID);
         }
     }
 
@@ -912,8 +949,19 @@ impl Cm {
             }
         };
         if !self.listeners.contains(&req.service_id) {
-            self.out.counters.no_listener += 1;
-            self.reject_unsolicited(from, &req, reject_reason::INVALID_SERVICE_ID);
+            let held = |(_, _, r): &(u64, MadSource, Req)| {
+                (r.local_ca_guid, r.local_comm_id) == (req.local_ca_guid, req.local_comm_id)
+            };
+            if self.held_reqs.iter().any(held) {
+                // A retransmission of a REQ already waiting.
+                self.out.counters.duplicates += 1;
+            } else if self.unmatched_hold > 0 {
+                let deadline = self.clock.saturating_add(self.unmatched_hold);
+                self.held_reqs.push((deadline, from, req));
+            } else {
+                self.out.counters.no_listener += 1;
+                self.reject_unsolicited(from, &req, reject_reason::INVALID_SERVICE_ID);
+            }
             return;
         }
         let Ok(id) = self.new_comm_id() else {

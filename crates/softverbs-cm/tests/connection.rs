@@ -171,6 +171,50 @@ fn req_for_a_service_nobody_listens_on_gets_rej_reason_8() {
     ));
 }
 
+/// `Cm::set_unmatched_req_hold`: a REQ that comes before the listen waits for it — taken as
+/// if it came after (REQ_RECEIVED on the passive side, the connection completes) when the
+/// listener appears within the hold, rejected with reason 8 when the hold ends without one;
+/// its retransmissions while it waits are duplicates, not second requests.
+#[test]
+fn a_req_held_for_a_listener_is_taken_by_the_listen_or_rejected_when_the_hold_ends() {
+    const HOLD: u64 = 2_000_000; // shorter than A's first REQ timeout (4.2 ms)
+    let mut p = Pair::new(12);
+    p.b.set_unmatched_req_hold(HOLD);
+    let ca = p.a.connect(p.now, request(b"early")).expect("connect");
+    p.deliver_all();
+    assert!(p.take_events(Side::A).is_empty(), "no REJ while held");
+    assert!(p.take_events(Side::B).is_empty());
+    assert_eq!(p.b.poll_timeout(), Some(p.now + HOLD));
+    p.b.listen(SERVICE).expect("listen");
+    p.collect();
+    let events = p.take_events(Side::B);
+    assert!(
+        matches!(events.as_slice(), [CmEvent::ReqReceived { .. }]),
+        "the held REQ is taken by the listen: {events:?}"
+    );
+    assert_eq!(p.b.counters().no_listener, 0);
+    let _ = ca;
+
+    // No listener within the hold: REJ 8 at its end, once however often A retransmits.
+    let mut p = Pair::new(13);
+    p.b.set_unmatched_req_hold(HOLD);
+    let ca = p.a.connect(p.now, request(b"")).expect("connect");
+    p.deliver_all();
+    let mut rounds = 0;
+    while p.events_a.is_empty() && rounds < 100 {
+        assert!(p.advance(), "a timer runs until A hears back");
+        p.deliver_all();
+        p.collect();
+        rounds += 1;
+    }
+    let events = p.take_events(Side::A);
+    assert!(
+        matches!(events.as_slice(), [CmEvent::Rejected { conn, reason: 8, .. }] if *conn == ca),
+        "{events:?}"
+    );
+    assert_eq!(p.b.counters().no_listener, 1, "one REJ for the held REQ");
+}
+
 #[test]
 fn listen_twice_on_a_service_id_is_address_in_use() {
     let mut p = Pair::new(5);

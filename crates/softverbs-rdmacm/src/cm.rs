@@ -92,11 +92,13 @@ pub fn ensure_cm(st: &mut State, dev: usize) -> Result<(), Errno> {
     }
     let seed =
         (u64::from(crate::state::random_u32()) << 32) | u64::from(crate::state::random_u32());
+    let mut cm = Cm::new(CmConfig {
+        local_ca_guid: st.devices[dev].guid,
+        seed,
+    });
+    cm.set_unmatched_req_hold(UNMATCHED_REQ_HOLD_NS);
     st.devices[dev].cm = Some(DeviceCm {
-        cm: Cm::new(CmConfig {
-            local_ca_guid: st.devices[dev].guid,
-            seed,
-        }),
+        cm,
         fd,
         conns: HashMap::new(),
         listeners: HashMap::new(),
@@ -105,6 +107,13 @@ pub fn ensure_cm(st: &mut State, dev: usize) -> Result<(), Errno> {
     wake();
     Ok(())
 }
+
+/// How long a connection request for a port nobody listens on waits for an `rdma_listen`
+/// before it is rejected (REJ 8). Programs that connect right after telling the peer
+/// (over another channel) to listen — perftest's `-R` data connection — would otherwise
+/// race the peer's `rdma_listen` and lose on a fast path; 50 ms covers that gap and stays
+/// far below the active side's response timeout.
+const UNMATCHED_REQ_HOLD_NS: u64 = 50_000_000;
 
 fn start_thread() {
     static STARTED: OnceLock<()> = OnceLock::new();
