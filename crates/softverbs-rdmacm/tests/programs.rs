@@ -294,7 +294,9 @@ fn cmtime_connects_and_disconnects_20_ids() {
 /// `rdma_destroy_id` gets whatever the reused memory holds. perftest fixed that upstream
 /// (commit 3d9d8d0, "Fix crashes and logical flaws in RDMA CM connection retry", first in
 /// 26.04.17: the nodes are allocated again before each retry). Until Debian ships it, such
-/// a run is started again, at most 3 times in all; any other failure fails the test.
+/// a run is started again, at most 3 times in all; any other failure fails the test. (Our
+/// CM holds such a REQ up to 50 ms for the listen, which makes the race rare; the retry
+/// stays for a loaded machine.)
 #[test]
 fn ib_send_lat_connects_through_rdma_cm() {
     let mut runs = Vec::new();
