@@ -308,7 +308,6 @@ fn fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_share
     let cq = target.create_cq(16).unwrap();
     let counter = pd.reg_mr(4096, ALL_ACCESS).unwrap();
     counter.write_u64(0, 0).unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut children = Vec::new();
     let mut qps = Vec::new();
     for last in [192u8, 193] {
@@ -319,28 +318,11 @@ fn fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_share
             qp.local_info(7),
             counter.slice(0..8).unwrap().remote()
         );
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_shared_memory",
-                "--test-threads=1",
-                "--nocapture",
-            ])
-            .env(CHILD_ENV, spec)
-            .env_remove("SOFTVERBS_NETWORK")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let info = lines
-            .find_map(|l| {
-                l.ok()
-                    .and_then(|l| l.strip_prefix("info ").map(str::to_owned))
-            })
-            .expect("the child's QP");
-        qp.to_rtr(info.parse::<RemoteInfo>().unwrap()).unwrap();
+        let (child, lines, info) = spawn_child(
+            "fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_shared_memory",
+            spec,
+        );
+        qp.to_rtr(info).unwrap();
         qp.to_rts(RtsAttr::new(7)).unwrap();
         qps.push(qp);
         children.push((child, lines));
@@ -350,19 +332,8 @@ fn fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_share
     }
     let deadline = Instant::now() + LIMIT;
     let (mut count, mut sum, mut squares) = (0u64, 0u128, 0u128);
-    for (mut child, lines) in children {
-        let out: Vec<String> = lines.map_while(Result::ok).collect();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("a child did not finish: {out:?}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert!(status.success(), "child failed: {out:?}");
+    for (child, lines) in children {
+        let out = finish(child, lines, deadline, &|| ());
         let result = out
             .iter()
             .find_map(|l| l.strip_prefix("result "))
