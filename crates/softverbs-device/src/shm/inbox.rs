@@ -43,6 +43,10 @@ const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
 /// Bytes of an inbox file.
 pub(crate) const INBOX_LEN: usize = PAGE + RINGS * (PAGE + RING_CAP);
 
+/// Free bytes `/dev/shm` must have for a device to make an inbox there: room for every
+/// ring of four inboxes.
+const MIN_FREE: u64 = 4 * INBOX_LEN as u64;
+
 /// The inbox header (the first page).
 #[repr(C)]
 pub(crate) struct InboxHeader {
@@ -179,6 +183,16 @@ impl OwnInbox {
     /// Creates the inbox at `path`, replacing one a dead process left there (the device's
     /// UDP socket is bound already, so no live device owns this address and port).
     pub(crate) fn create(path: &Path) -> io::Result<OwnInbox> {
+        // The file is sparse, but a page written in a full tmpfs is a SIGBUS in the writer:
+        // where /dev/shm is small (64 MiB in a default container), no inbox (UDP only).
+        let room = rustix::fs::statvfs(SHM_DIR)?;
+        let free = room.f_bavail.saturating_mul(room.f_frsize);
+        if free < MIN_FREE {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("{SHM_DIR} has {free} bytes free, fewer than {MIN_FREE}"),
+            ));
+        }
         let temporary = PathBuf::from(format!("{}.new{}", path.display(), std::process::id()));
         let fd = rustix::fs::open(
             &temporary,
