@@ -64,6 +64,10 @@ const FORWARDED: u16 = 2;
 /// Bytes before the packet in a [`FORWARDED`] record.
 const FORWARD_PREFIX: usize = 24;
 
+/// How long a device whose address's socket is taken waits at most for the device that
+/// took it to show in the members file (both opened at the same time).
+const JOIN_WAIT: Duration = Duration::from_millis(100);
+
 /// How often at most a member that does not hold the address's socket looks whether its
 /// holder is still there (to take the socket over when it is not).
 const HOLDER_CHECK: Duration = Duration::from_millis(100);
@@ -688,10 +692,17 @@ impl HostTransport {
             return Err(error);
         };
         // Another program, a device without shared memory, or a device of this process
-        // (devices of one process keep one address each): the address is taken.
-        match members.live_members() {
-            (true, false) => {}
-            _ => return Err(error),
+        // (devices of one process keep one address each): the address is taken. A device
+        // that bound the socket an instant ago may not have claimed its slot yet: looked
+        // at a few times, for at most JOIN_WAIT.
+        let deadline = Instant::now() + JOIN_WAIT;
+        loop {
+            match members.live_members() {
+                (true, false) => break,
+                (_, true) => return Err(error),
+                (false, false) if Instant::now() >= deadline => return Err(error),
+                (false, false) => std::thread::sleep(JOIN_WAIT / 10),
+            }
         }
         let udp = UdpTransport::bind(UdpConfig {
             port: 0,
