@@ -1,10 +1,12 @@
 //! RoCEv2 over UDP sockets: the transport that talks to other processes, other hosts,
 //! kernel Soft-RoCE and RoCE NICs.
 //!
-//! # Addresses: one (address, 4791) pair per process
+//! # Addresses: one (address, 4791) pair per socket
 //!
-//! Only one plain socket can own `address:4791` (the RoCEv2 port, IBTA Annex A17), so every
-//! device process needs its own address. The address is chosen by [`UdpConfig::from_env`], in this order:
+//! Only one plain socket can own `address:4791` (the RoCEv2 port, IBTA Annex A17), so a
+//! [`UdpTransport`] needs an address of its own (devices of several processes share one
+//! through [`HostTransport::open`](crate::shm::HostTransport::open): one of them holds the
+//! socket). The address is chosen by [`UdpConfig::from_env`], in this order:
 //!
 //! 1. `SOFTVERBS_ADDR` ([`ADDR_ENV`]) if set: `IP` or `IP:PORT` (`[IPv6]:PORT` for IPv6),
 //!    e.g. `10.0.0.5`, `127.0.0.7:4791`, `[::1]:4791`. Binding exactly that, or an error.

@@ -25,6 +25,13 @@
 //! doorbell, an abstract Unix socket that polls readable with the UDP socket
 //! ([`Transport::readiness_fd`] is an epoll set of both). A polling receiver is never rung.
 //!
+//! Shared addresses (`members.rs`): devices of several processes may use one address. Each
+//! has a slot of the address (and the slot's QPNs) and an inbox named by it; one holds the
+//! address's socket and forwards each packet it receives for another member's QPN into that
+//! member's inbox (records flagged `FORWARDED`); the others send from an ephemeral port of the
+//! address, and one of them takes the socket over when its holder is gone. Senders of this
+//! host route by address and slot of the destination QPN, straight to the member's inbox.
+//!
 //! `SOFTVERBS_NETWORK=udp` ([`crate::NETWORK_ENV`]) turns the inbox off: every packet goes
 //! over UDP, as for tests of the wire.
 
