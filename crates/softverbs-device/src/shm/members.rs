@@ -271,4 +271,27 @@ mod tests {
         assert_eq!(again.claim(), Some(a));
         std::fs::remove_file(&path).unwrap();
     }
+
+    /// A member that died without freeing its slot blocks nobody: the next claimant takes
+    /// its slot (the lowest), and it no longer counts as a live member.
+    #[test]
+    fn the_slot_of_a_dead_process_is_claimed_again() {
+        let path = std::env::temp_dir().join(format!("softverbs-dead-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        for slot in &members.file().slots[..2] {
+            slot.pid.store(dead, Ordering::Relaxed);
+            slot.state.store(READY, Ordering::Relaxed);
+        }
+        members.file().holder.store(dead, Ordering::Relaxed);
+        assert_eq!(members.live_members(), (false, false));
+        assert_eq!(members.claim(), Some(0));
+        assert_eq!(members.ready_member(0), None, "joining, not ready");
+        assert_eq!(members.claim(), Some(1));
+        assert_eq!(members.live_members(), (false, true));
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -122,6 +122,8 @@ enum Route {
 struct Peer {
     inbox: PeerInbox,
     doorbell: SocketAddrUnix,
+    /// When the route to it was last checked.
+    checked: Instant,
 }
 
 /// A member of this address that the holder of its socket forwards packets to.
@@ -276,8 +278,18 @@ impl Shm {
         let slot = slot?;
         let key = (*to, slot);
         let time = |now: &mut Option<Instant>| *now.get_or_insert_with(Instant::now);
-        let look = match routes.get(&key) {
-            Some(Route::Shared(_)) => false,
+        let look = match routes.get_mut(&key) {
+            // Once every RECHECK: is the member there still the one this route reaches? (A
+            // device that died leaves its slot to the next one, with a new inbox.)
+            Some(Route::Shared(peer)) => {
+                let at = time(now);
+                if at >= peer.checked + RECHECK {
+                    peer.checked = at;
+                    !peer.inbox.still_there()
+                } else {
+                    false
+                }
+            }
             Some(Route::Wire(until)) => time(now) >= *until,
             None => true,
         };
@@ -289,7 +301,11 @@ impl Shm {
                     ) {
                         Ok(doorbell) => {
                             tracing::debug!(to = %to, slot, "sending through shared memory");
-                            Route::Shared(Box::new(Peer { inbox, doorbell }))
+                            Route::Shared(Box::new(Peer {
+                                inbox,
+                                doorbell,
+                                checked: time(now),
+                            }))
                         }
                         Err(_) => Route::Wire(time(now) + RECHECK),
                     }
@@ -587,7 +603,11 @@ impl Shm {
                     let name = self.scope.doorbell_name(&local, slot);
                     let doorbell = SocketAddrUnix::new_abstract_name(name.as_bytes()).ok()?;
                     tracing::debug!(slot, pid, "forwarding to a member of this address");
-                    Some(Peer { inbox, doorbell })
+                    Some(Peer {
+                        inbox,
+                        doorbell,
+                        checked: Instant::now(),
+                    })
                 });
             forwards.insert(
                 slot,
