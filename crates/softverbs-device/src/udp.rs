@@ -131,6 +131,7 @@ use crate::transport::{
     add, bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint,
     OutgoingPacket, Received, Sent, Transport, TransportCounters, DEFAULT_PORT,
 };
+use crate::NETWORK_ENV;
 
 /// The environment variable that sets the device address: `IP`, `IP:PORT` or
 /// `[IPv6]:PORT`.
@@ -519,9 +520,11 @@ pub(crate) fn unbound_rocev2_socket(
 fn bind_error(addr: SocketAddr, error: io::Error) -> io::Error {
     let message = match error.kind() {
         io::ErrorKind::AddrInUse => format!(
-            "UDP {addr} is already in use ({error}), by another softverbs device or program: \
-             give this device another address with {ADDR_ENV} (`softverbs run --addr`), or \
-             leave {ADDR_ENV} unset to take the first free 127.0.0.x"
+            "UDP {addr} is already in use ({error}), by a program or a device this one cannot \
+             share it with (devices of one user and network namespace share an address, \
+             except two of one process or with {NETWORK_ENV}=udp): give this device another \
+             address with {ADDR_ENV} (`softverbs run --addr`), or leave {ADDR_ENV} unset to \
+             take the first free 127.0.0.x"
         ),
         io::ErrorKind::AddrNotAvailable => format!(
             "{} is not an address of this host, so the device cannot bind UDP {addr} \
