@@ -179,7 +179,7 @@ impl Engine {
             if usable.contains(&qpn) {
                 looked += 1;
             }
-            qpn = if usable.contains(&(qpn + 1)) {
+            qpn = if usable.contains(&qpn.wrapping_add(1)) {
                 qpn + 1
             } else {
                 usable.start

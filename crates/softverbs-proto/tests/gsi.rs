@@ -309,7 +309,7 @@ fn gsi_send_refuses_bad_lengths_bad_gid_indexes_and_a_full_outbox() {
 /// whatever `first_qpn` says, and not after the 24-bit QPN space wraps either.
 #[test]
 fn create_qp_never_returns_qpn_0_or_1() {
-    for first_qpn in [0, 1, 0xFF_FFFE] {
+    for first_qpn in [0, 1, 0xFF_FFFE, 0xFF_FFFF, u32::MAX] {
         let mut ep = Engine::new(EngineConfig {
             first_qpn,
             ..EngineConfig::default()
