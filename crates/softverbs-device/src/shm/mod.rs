@@ -79,6 +79,11 @@ const JOIN_WAIT: Duration = Duration::from_millis(100);
 /// holder is still there (to take the socket over when it is not).
 const HOLDER_CHECK: Duration = Duration::from_millis(100);
 
+/// How long the holder of the socket hands packets for a ready member whose inbox it
+/// could not open to its own engine before it tries again (the slot of a dead member shows
+/// ready for an instant after another device claimed it, before its inbox exists).
+const FORWARD_RETRY: Duration = Duration::from_millis(100);
+
 /// How long an address found without a usable inbox is sent to over UDP before looking
 /// again.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -614,7 +619,7 @@ impl Shm {
                 Forward {
                     pid,
                     peer,
-                    retry: Instant::now() + RECHECK,
+                    retry: Instant::now() + FORWARD_RETRY,
                     record: Vec::new(),
                 },
             );
@@ -651,7 +656,7 @@ impl Shm {
             if !peer.inbox.still_there() {
                 tracing::debug!(slot, "the member there is gone");
                 forward.peer = None;
-                forward.retry = Instant::now() + RECHECK;
+                forward.retry = Instant::now() + FORWARD_RETRY;
             }
         }
         true
