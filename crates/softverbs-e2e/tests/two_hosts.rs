@@ -4,7 +4,9 @@
 //! run of mixed opcodes must still deliver every message exactly once, in order, intact
 //! (IBTA 9.7.5: RC is reliable), which the verifying peers check byte by byte; and at 10 %
 //! loss a hundred short runs must each end cleanly (neither side closes before the other
-//! has its last completion).
+//! has its last completion). Three clients sharing one address in one namespace run the
+//! workload with one server in the other at once (the packets for two of them reach the
+//! address's socket in the first client's device, which forwards them by destination QPN).
 
 mod common;
 

@@ -169,6 +169,8 @@ impl Members {
 
     /// Marks `slot` ready: the member's inbox exists.
     pub(crate) fn set_ready(&self, slot: usize) {
+        // Release: after the inbox was created (renamed into place); a forwarder's Acquire
+        // load that sees READY finds the file.
         self.file().slots[slot]
             .state
             .store(READY, Ordering::Release);
@@ -186,6 +188,7 @@ impl Members {
     /// inbox tells).
     pub(crate) fn ready_member(&self, slot: usize) -> Option<u32> {
         let slot = &self.file().slots[slot];
+        // Acquire both: pairs with the claimant's and `set_ready`'s Release stores.
         let pid = slot.pid.load(Ordering::Acquire);
         (pid != 0 && slot.state.load(Ordering::Acquire) == READY).then_some(pid)
     }
@@ -207,6 +210,8 @@ impl Members {
 
     /// The process holding the address's socket (0: none said so).
     pub(crate) fn holder(&self) -> u32 {
+        // Only a process ID is published through it: Acquire / Release for symmetry, no
+        // other data depends on it.
         self.file().holder.load(Ordering::Acquire)
     }
 
