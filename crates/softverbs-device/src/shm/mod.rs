@@ -577,7 +577,12 @@ impl Shm {
             }
             if kept != index {
                 let (front, back) = bufs.split_at_mut(index);
-                front[kept][..packet.len].copy_from_slice(&back[0][..packet.len]);
+                let Some(slot) = front[kept].get_mut(..packet.len) else {
+                    // Buffers of different sizes, a shorter one in front: as if truncated.
+                    self.counters.count_drop(DropReason::Truncated);
+                    continue;
+                };
+                slot.copy_from_slice(&back[0][..packet.len]);
                 received[kept] = packet;
             }
             kept += 1;
