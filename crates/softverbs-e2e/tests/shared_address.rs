@@ -9,7 +9,7 @@
 //! - Three servers on one address, their clients over UDP from addresses of their own:
 //!   the holder of the socket forwards each packet to the server it is for. Killing a
 //!   member, then the holder, leaves the remaining pair running: another member takes
-//!   the socket over.
+//!   the socket over; so it does when the holder closes its device.
 
 mod common;
 
@@ -200,4 +200,28 @@ fn a_killed_member_and_a_killed_holder_leave_the_other_pair_running() {
     // The surviving server took the socket over: it received over UDP after the kill.
     let received = counts(&stats, "received_packets");
     assert_eq!(received.len(), 1, "only the survivor closed its device");
+}
+
+#[test]
+fn when_the_holder_closes_its_device_another_member_takes_the_socket_over() {
+    const SHORT: u64 = 5_000;
+    const LONG: u64 = 300_000;
+    let stats = stats_file("close");
+    let address = "127.0.0.173";
+    let holder = server_at(address, &stats);
+    let member = server_at(address, &stats);
+    let holder_client = client_of(&holder, None, SHORT);
+    let member_client = client_of(&member, None, LONG);
+    let mut reaper = Reaper(Vec::new());
+    for child in [&holder.child, &member.child, &holder_client, &member_client] {
+        reaper.watch(child);
+    }
+    // The holder's pair ends first: its device closes, and frees the socket and its slot.
+    assert_pair_verified(holder_client, holder, SHORT);
+    let mut member_client = member_client;
+    assert!(
+        !exited_within(&mut member_client, Duration::from_millis(100)),
+        "the member's pair ended before the holder closed: the test proves nothing"
+    );
+    assert_pair_verified(member_client, member, LONG);
 }
