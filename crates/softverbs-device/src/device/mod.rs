@@ -433,7 +433,12 @@ impl Device {
             vendor_part_id: 0,
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
-            max_qp: 0x00ff_ff00,
+            // The QPNs this device hands out: its share where the address is shared
+            // (the engine refuses past it with ENOMEM).
+            max_qp: {
+                let usable = config.qpn_range.usable();
+                usable.end.saturating_sub(usable.start).min(0x00ff_ff00)
+            },
             max_qp_wr: config.max_qp_wr,
             max_sge: config.max_sge,
             max_cq: 1 << 20,
