@@ -341,3 +341,41 @@ fn a_device_that_cannot_open_says_why_once_per_process_and_fails_every_call() {
         "{stderr}"
     );
 }
+
+#[test]
+fn ibv_rc_pingpong_runs_with_both_ends_on_one_address() {
+    // Two processes with one SOFTVERBS_ADDR: the server's device binds the address, the
+    // client's joins it with a share of the QP numbers, and each packet reaches the process
+    // owning its destination QPN.
+    let lib = common::library_dir("shared-address");
+    let pingpong = |server: Option<&str>| {
+        let mut c = std::process::Command::new("/usr/bin/ibv_rc_pingpong");
+        c.args(["-g", "0", "-p", "18572", "-n", "1000", "-s", "4096"])
+            .args(server)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("SOFTVERBS_ADDR", "127.0.0.75")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for variable in DEVICE_VARIABLES {
+            c.env_remove(variable);
+        }
+        c
+    };
+    let mut server = pingpong(None)
+        .spawn()
+        .expect("/usr/bin/ibv_rc_pingpong is missing: install the Debian package ibverbs-utils");
+    let limit = std::time::Duration::from_secs(60);
+    if let Err(why) = common::wait_until_listening(&mut server, 18572, limit) {
+        let (_, out, err) = common::wait_bounded(server, std::time::Duration::from_secs(1));
+        panic!("{why}\n{out}{err}");
+    }
+    let client = common::run_bounded(&mut pingpong(Some("127.0.0.1")), limit);
+    let server = common::wait_bounded(server, limit);
+    for (side, (status, stdout, stderr)) in [("client", &client), ("server", &server)] {
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{side}: {status:?}\n{stdout}{stderr}"
+        );
+        assert!(stdout.contains("1000 iters"), "{side}: {stdout}{stderr}");
+    }
+}

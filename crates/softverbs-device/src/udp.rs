@@ -1,10 +1,12 @@
 //! RoCEv2 over UDP sockets: the transport that talks to other processes, other hosts,
 //! kernel Soft-RoCE and RoCE NICs.
 //!
-//! # Addresses: one (address, 4791) pair per process
+//! # Addresses: one (address, 4791) pair per socket
 //!
-//! Only one plain socket can own `address:4791` (the RoCEv2 port, IBTA Annex A17), so every
-//! device process needs its own address. The address is chosen by [`UdpConfig::from_env`], in this order:
+//! Only one plain socket can own `address:4791` (the RoCEv2 port, IBTA Annex A17), so a
+//! [`UdpTransport`] needs an address of its own (devices of several processes share one
+//! through [`HostTransport::open`](crate::shm::HostTransport::open): one of them holds the
+//! socket). The address is chosen by [`UdpConfig::from_env`], in this order:
 //!
 //! 1. `SOFTVERBS_ADDR` ([`ADDR_ENV`]) if set: `IP` or `IP:PORT` (`[IPv6]:PORT` for IPv6),
 //!    e.g. `10.0.0.5`, `127.0.0.7:4791`, `[::1]:4791`. Binding exactly that, or an error.
@@ -129,6 +131,7 @@ use crate::transport::{
     add, bump, path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint,
     OutgoingPacket, Received, Sent, Transport, TransportCounters, DEFAULT_PORT,
 };
+use crate::NETWORK_ENV;
 
 /// The environment variable that sets the device address: `IP`, `IP:PORT` or
 /// `[IPv6]:PORT`.
@@ -517,9 +520,11 @@ pub(crate) fn unbound_rocev2_socket(
 fn bind_error(addr: SocketAddr, error: io::Error) -> io::Error {
     let message = match error.kind() {
         io::ErrorKind::AddrInUse => format!(
-            "UDP {addr} is already in use ({error}), by another softverbs device or program: \
-             give this device another address with {ADDR_ENV} (`softverbs run --addr`), or \
-             leave {ADDR_ENV} unset to take the first free 127.0.0.x"
+            "UDP {addr} is already in use ({error}), by a program or a device this one cannot \
+             share it with (devices of one user and network namespace share an address, \
+             except two of one process or with {NETWORK_ENV}=udp): give this device another \
+             address with {ADDR_ENV} (`softverbs run --addr`), or leave {ADDR_ENV} unset to \
+             take the first free 127.0.0.x"
         ),
         io::ErrorKind::AddrNotAvailable => format!(
             "{} is not an address of this host, so the device cannot bind UDP {addr} \

@@ -265,3 +265,43 @@ fn packets_to_qp1_that_are_not_mads_are_dropped_and_counted_over_udp() {
     });
     assert!(b.gsi_recv().is_none());
 }
+
+/// Devices of several processes may share an address, each owning the QPNs of its slot
+/// (`slot << 16 ..`); the device holding the address's socket hands packets for a slot that
+/// nobody holds to its own engine, which drops and counts them as for an unknown QP, as it
+/// does a packet for a QPN of its own slot that no QP has.
+#[test]
+fn packets_for_a_slot_nobody_holds_are_dropped_as_for_an_unknown_qp() {
+    let b = Device::open(DeviceConfig::udp(UdpConfig {
+        address: Some("127.0.0.176".parse().unwrap()),
+        ..UdpConfig::default()
+    }))
+    .expect("open a device on 127.0.0.176");
+    let injector = UdpTransport::bind(UdpConfig {
+        port: 0,
+        ..UdpConfig::default()
+    })
+    .expect("bind the injector");
+    let to = Endpoint::rocev2(b.address());
+    for dest_qp in [0x05_0011, 0xFE_0002, 0x00_0033] {
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::RC_SEND_ONLY,
+                pkey: 0xFFFF,
+                dest_qp: Qpn::new(dest_qp),
+                psn: Psn::new(5),
+                ..BthRepr::default()
+            },
+            ..PacketRepr::default()
+        };
+        let mut bytes = vec![0u8; repr.buffer_len(8)];
+        let len = repr.emit(&[7u8; 8], &mut bytes).expect("emit");
+        bytes.truncate(len);
+        injector.send(&to, 0xC001, &mut bytes).expect("send");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.counters().drops(DropReason::UnknownQp) < 3 {
+        assert!(Instant::now() < deadline, "{}", b.counters());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

@@ -4,7 +4,9 @@
 //! run of mixed opcodes must still deliver every message exactly once, in order, intact
 //! (IBTA 9.7.5: RC is reliable), which the verifying peers check byte by byte; and at 10 %
 //! loss a hundred short runs must each end cleanly (neither side closes before the other
-//! has its last completion).
+//! has its last completion). Three clients sharing one address in one namespace run the
+//! workload with one server in the other at once (the packets for two of them reach the
+//! address's socket in the first client's device, which forwards them by destination QPN).
 
 mod common;
 
@@ -193,4 +195,56 @@ fn short_runs_close_only_after_both_sides_have_their_last_completions() {
     }
     let dropped = hosts.dropped(&hosts.a) + hosts.dropped(&hosts.b);
     assert!(dropped > 50, "iptables dropped only {dropped} packets");
+}
+
+/// Several processes of one host on one address (as MPI ranks of one node): three clients
+/// in `hosts.b`, all at 10.199.0.2, each run the verifying workload at once with one
+/// server in `hosts.a` (a QP per client). The first client's device binds 10.199.0.2:4791;
+/// the server's packets for the other two arrive there and are forwarded to them by the
+/// destination QPN, as a NIC demultiplexes.
+#[test]
+fn three_clients_on_one_address_run_verified_workloads_with_one_server_at_once() {
+    const MESSAGES: u64 = 20_000;
+    let hosts = Hosts::new("share");
+    let mut server = hosts.peer_in(&hosts.a, "10.199.0.1");
+    server.args(["--server", "--clients", "3", "--timeout-code", "14"]);
+    let mut server = start_server(server);
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            hosts
+                .peer_in(&hosts.b, "10.199.0.2")
+                .args([
+                    "--client",
+                    "10.199.0.1",
+                    "--port",
+                    &server.port.to_string(),
+                    "-n",
+                    &MESSAGES.to_string(),
+                    "--timeout-code",
+                    "14",
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start a client")
+        })
+        .collect();
+    for client in clients {
+        let (code, out) = finish(client, None, Duration::from_secs(300));
+        assert_eq!(code, 0, "client: {out}");
+        assert!(
+            out.contains(&format!("OK client: {MESSAGES} messages verified")),
+            "{out}"
+        );
+    }
+    let (code, out) = finish(
+        server.child,
+        Some(&mut server.stdout),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "server: {out}");
+    assert_eq!(
+        out.matches(&format!("server: {MESSAGES} messages")).count(),
+        3,
+        "{out}"
+    );
 }

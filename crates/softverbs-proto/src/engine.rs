@@ -95,7 +95,7 @@ impl Engine {
             config,
             qps: FxHashMap::default(),
             srqs: FxHashMap::default(),
-            next_qpn: config.first_qpn.max(2),
+            next_qpn: config.first_qpn,
             next_srq: 1,
             completions: VecDeque::new(),
             events: VecDeque::new(),
@@ -155,18 +155,40 @@ impl Engine {
             }
         }
         if let Some(id) = init.srq {
-            self.srqs.get_mut(&id.0).ok_or(no_srq(id))?.users += 1;
+            if !self.srqs.contains_key(&id.0) {
+                return Err(no_srq(id));
+            }
         }
         let wqe_room = init.caps.max_send_sge.saturating_mul(SGE_BYTES);
         init.caps.max_inline_data = init
             .caps
             .max_inline_data
             .max(wqe_room.min(self.config.max_inline_data));
+        let usable = self.config.qpn_range.usable();
+        let size = usable.end.saturating_sub(usable.start);
         let mut qpn = self.next_qpn;
-        while !(2..0xFF_FFFF).contains(&qpn) || self.qps.contains_key(&qpn) {
-            qpn = if qpn >= 0xFF_FFFE { 2 } else { qpn + 1 };
+        // At most one look at each number of the range: all taken is ENOMEM.
+        let mut looked = 0;
+        while !usable.contains(&qpn) || self.qps.contains_key(&qpn) {
+            if looked >= size {
+                return Err(VerbsError::TooManyObjects {
+                    object: Object::Qp,
+                    max: size,
+                });
+            }
+            if usable.contains(&qpn) {
+                looked += 1;
+            }
+            qpn = if usable.contains(&qpn.wrapping_add(1)) {
+                qpn + 1
+            } else {
+                usable.start
+            };
         }
         self.next_qpn = qpn + 1;
+        if let Some(srq) = init.srq.and_then(|id| self.srqs.get_mut(&id.0)) {
+            srq.users += 1;
+        }
         self.qps.insert(qpn, Qp::new(qpn, init));
         Ok(qpn)
     }

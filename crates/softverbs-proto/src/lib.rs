@@ -120,7 +120,7 @@ pub use output::{AsyncEvent, Completion, Counters, CqTarget, DropReason, Transmi
 pub use srq::SrqInit;
 pub use types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, Mtu, QpAttr, QpCaps, QpInit, QpState,
-    QpType, SrqId,
+    QpType, QpnRange, SrqId,
 };
 pub use window::PeerWindow;
 pub use wr::{

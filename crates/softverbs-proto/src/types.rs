@@ -333,6 +333,39 @@ impl QpInit {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SrqId(pub u32);
 
+/// A range of QP numbers, `start..end` (a `Copy` [`std::ops::Range`], so that
+/// [`EngineConfig`] stays `Copy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QpnRange {
+    /// The first number of the range.
+    pub start: u32,
+    /// The first number after it.
+    pub end: u32,
+}
+
+impl QpnRange {
+    /// The whole 24-bit QPN space.
+    pub const ALL: QpnRange = QpnRange {
+        start: 0,
+        end: 1 << 24,
+    };
+
+    /// The numbers of the range an engine may hand out: without 0, 1 (the management QPs,
+    /// IBTA 13.5) and 0xFFFFFF (the multicast QPN, IBTA 9.2). May be empty.
+    pub fn usable(self) -> std::ops::Range<u32> {
+        self.start.max(2)..self.end.min(0xFF_FFFF)
+    }
+}
+
+impl From<std::ops::Range<u32>> for QpnRange {
+    fn from(range: std::ops::Range<u32>) -> QpnRange {
+        QpnRange {
+            start: range.start,
+            end: range.end,
+        }
+    }
+}
+
 /// Device-wide limits the engine enforces (the parts of `ibv_device_attr` /
 /// `ibv_port_attr` that the protocol needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -349,8 +382,17 @@ pub struct EngineConfig {
     pub max_sge: u32,
     /// Largest inline payload a QP may ask for.
     pub max_inline_data: u32,
-    /// First QP number handed out (QPNs 0, 1 and 0xFFFFFF are never used).
+    /// First QP number handed out (QPNs 0, 1 and 0xFFFFFF are never used); a number
+    /// outside `qpn_range` starts at the range's start.
     pub first_qpn: u32,
+    /// The QP numbers this engine may hand out (0, 1 and 0xFFFFFF never are). The whole
+    /// 24-bit space by default; devices of several processes sharing one address each
+    /// take a part of it, so that the destination QPN of a packet names the process it is
+    /// for. `ibv_create_qp` fails with `ENOMEM` ([`VerbsError::TooManyObjects`]) once every
+    /// number of the range is in use.
+    ///
+    /// [`VerbsError::TooManyObjects`]: crate::VerbsError::TooManyObjects
+    pub qpn_range: QpnRange,
     /// Largest number of unacknowledged PSNs a requester keeps in flight (reference §2.2).
     pub max_unacked_psns: u32,
     /// Entries of the port's GID table (`ibv_port_attr.gid_tbl_len`): an address vector's
@@ -405,6 +447,7 @@ impl Default for EngineConfig {
             max_sge: 32,
             max_inline_data: 1024,
             first_qpn: 0x11,
+            qpn_range: QpnRange::ALL,
             max_unacked_psns: 128,
             gid_table_len: 2,
             duplicate_reply_window_ns: 65_536,

@@ -309,7 +309,7 @@ fn gsi_send_refuses_bad_lengths_bad_gid_indexes_and_a_full_outbox() {
 /// whatever `first_qpn` says, and not after the 24-bit QPN space wraps either.
 #[test]
 fn create_qp_never_returns_qpn_0_or_1() {
-    for first_qpn in [0, 1, 0xFF_FFFE] {
+    for first_qpn in [0, 1, 0xFF_FFFE, 0xFF_FFFF, u32::MAX] {
         let mut ep = Engine::new(EngineConfig {
             first_qpn,
             ..EngineConfig::default()
@@ -321,5 +321,45 @@ fn create_qp_never_returns_qpn_0_or_1() {
                 "first_qpn {first_qpn:#x} gave QPN {qpn:#x}"
             );
         }
+    }
+}
+
+/// A QPN range (one process's share of an address): every QPN `create_qp` hands out lies
+/// in it, numbers are reused once destroyed, and a full range refuses the next QP with
+/// `TooManyObjects` (`ENOMEM`, as the kernel's QPN allocator); 0, 1 and 0xFFFFFF stay out
+/// of the first and last ranges.
+#[test]
+fn create_qp_stays_inside_its_qpn_range() {
+    use softverbs_proto::{Object, QpnRange, VerbsError};
+    for (range, first_qpn, usable) in [
+        (0x3_0000..0x3_0010, 0x11, 0x3_0000..0x3_0010),
+        (0..0x10, 0x11, 2..0x10),
+        (0xFF_FFF0..0x100_0000, 0x11, 0xFF_FFF0..0xFF_FFFF),
+        (0x3_0000..0x3_0010, 0x3_0008, 0x3_0000..0x3_0010),
+    ] {
+        let size = usable.end - usable.start;
+        let mut ep = Engine::new(EngineConfig {
+            first_qpn,
+            qpn_range: QpnRange::from(range.clone()),
+            ..EngineConfig::default()
+        });
+        let mut qpns = Vec::new();
+        for _ in 0..size {
+            let qpn = ep.create_qp(QpInit::new(QpType::Rc)).unwrap();
+            assert!(usable.contains(&qpn), "{range:x?} gave QPN {qpn:#x}");
+            qpns.push(qpn);
+        }
+        qpns.sort_unstable();
+        qpns.dedup();
+        assert_eq!(qpns.len() as u32, size);
+        assert_eq!(
+            ep.create_qp(QpInit::new(QpType::Rc)),
+            Err(VerbsError::TooManyObjects {
+                object: Object::Qp,
+                max: size
+            })
+        );
+        ep.destroy_qp(qpns[3]).unwrap();
+        assert_eq!(ep.create_qp(QpInit::new(QpType::Ud)), Ok(qpns[3]));
     }
 }

@@ -62,12 +62,16 @@ impl Link {
         self.shortcut.store(on, Ordering::Relaxed);
     }
 
-    /// The device of this process a packet for `to` is handed to, if any.
-    fn peer(&self, to: &Endpoint) -> Option<Arc<DeviceInner>> {
+    /// The device of this process `ib_packet` for `to` is handed to, if any (not one
+    /// whose address other processes share, for another one's QPN).
+    fn peer(&self, to: &Endpoint, ib_packet: &[u8]) -> Option<Arc<DeviceInner>> {
         if self.udp.is_some() && !self.shortcut.load(Ordering::Relaxed) {
             return None;
         }
-        lock(registry()).get(&to.addr()).and_then(Weak::upgrade)
+        lock(registry())
+            .get(&to.addr())
+            .and_then(Weak::upgrade)
+            .filter(|peer| peer.owns_packet(ib_packet))
     }
 }
 
@@ -93,7 +97,7 @@ impl Transport for Link {
     }
 
     fn transmit(&self, to: &Endpoint, sent: &Sent, ib_packet: &[u8]) -> io::Result<()> {
-        if let Some(peer) = self.peer(to) {
+        if let Some(peer) = self.peer(to, ib_packet) {
             self.counters.count_sent(ib_packet.len());
             hand_over(peer, to.addr(), sent, ib_packet.to_vec());
             return Ok(());

@@ -74,7 +74,6 @@ use crate::memory::{Advice, MemoryTable, Region, RegisterError, Rereg, Window};
 use crate::pcap::{Capture, PcapTransport};
 use crate::shm::HostTransport;
 use crate::transport::{Endpoint, Gid, Transport};
-use crate::udp::UdpTransport;
 use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
     AccessFlags, AddressVector, AttrMask, Completion, Engine, GsiMad, Mtu, Object, QpAttr, QpInit,
@@ -120,6 +119,10 @@ struct State {
 pub(crate) struct DeviceInner {
     name: String,
     address: IpAddr,
+    /// The QP numbers this device hands out: all of them, or its share of an address that
+    /// devices of other processes share too (a packet to this address for a QPN outside
+    /// it is another process's).
+    qpns: softverbs_proto::QpnRange,
     /// The port's GID table ([`attr::gid_table`]).
     gids: Vec<Gid>,
     /// The index of the interface holding the address (0: none).
@@ -210,6 +213,19 @@ impl DeviceInner {
     }
 }
 
+impl DeviceInner {
+    /// Whether `ib_packet`, sent to this device's address, is this device's: its
+    /// destination QPN (BTH bytes 5..8) is one this device hands out, or the multicast
+    /// QPN. A packet too short for a BTH is (the engine drops it).
+    pub(super) fn owns_packet(&self, ib_packet: &[u8]) -> bool {
+        let Some(qpn) = ib_packet.get(5..8) else {
+            return true;
+        };
+        let qpn = u32::from_be_bytes([0, qpn[0], qpn[1], qpn[2]]);
+        qpn == 0xFF_FFFF || (self.qpns.start..self.qpns.end).contains(&qpn)
+    }
+}
+
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -243,8 +259,7 @@ impl Device {
         let (udp, address) = match &config.network {
             Network::InProcess => (None, next_in_process_address()),
             Network::Udp(udp) => {
-                let mut udp =
-                    HostTransport::new(UdpTransport::bind(udp.clone())?, config.shared_memory);
+                let mut udp = HostTransport::open(udp.clone(), config.shared_memory)?;
                 if config.capture.is_some() {
                     udp = udp.with_icrc_completed();
                 }
@@ -252,6 +267,8 @@ impl Device {
                 (Some(udp), addr)
             }
         };
+        // Devices of several processes sharing the address split its QPNs.
+        let qpn_range = udp.as_ref().and_then(HostTransport::qpn_range);
         let port = udp
             .as_ref()
             .map_or(crate::transport::DEFAULT_PORT, |u| u.local().port());
@@ -284,6 +301,9 @@ impl Device {
         }
         let netdev = netdev::holding(address);
         let mut engine_config = config.engine;
+        if let Some(range) = qpn_range {
+            engine_config.qpn_range = range;
+        }
         engine_config.port_mtu = mtu::port_mtu(
             address,
             netdev.as_ref().and_then(|n| n.mtu),
@@ -304,6 +324,7 @@ impl Device {
         let inner = Arc::new(DeviceInner {
             name: config.name,
             address,
+            qpns: engine_config.qpn_range,
             gids,
             ifindex: netdev.map_or(0, |n| n.index),
             state: Mutex::new(State {
@@ -412,7 +433,12 @@ impl Device {
             vendor_part_id: 0,
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
-            max_qp: 0x00ff_ff00,
+            // The QPNs this device hands out: its share where the address is shared
+            // (the engine refuses past it with ENOMEM).
+            max_qp: {
+                let usable = config.qpn_range.usable();
+                usable.end.saturating_sub(usable.start).min(0x00ff_ff00)
+            },
             max_qp_wr: config.max_qp_wr,
             max_sge: config.max_sge,
             max_cq: 1 << 20,

@@ -323,9 +323,12 @@ impl DeviceInner {
             let reg = shortcut.then(|| lock(registry()));
             for (slot, bytes) in outgoing.split() {
                 let dest = slot.to.addr();
+                // A device of this process at that address, unless the address is shared
+                // with other processes and the QPN is another one's.
                 let peer = reg
                     .as_ref()
-                    .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade));
+                    .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade))
+                    .filter(|peer| peer.owns_packet(bytes));
                 match peer {
                     Some(peer) => local.push((peer, dest, slot.src_port, bytes.to_vec())),
                     // An in-process device's multicast: a copy to every device of this

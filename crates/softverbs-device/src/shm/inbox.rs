@@ -147,19 +147,27 @@ impl Scope {
         })
     }
 
-    /// The inbox file of the device at `addr`:`port`.
-    pub(crate) fn path(&self, endpoint: &crate::transport::Endpoint) -> PathBuf {
-        PathBuf::from(format!(
-            "{SHM_DIR}/softverbs-{}-{}-{}-{}",
-            self.euid,
-            self.netns,
-            endpoint.addr(),
-            endpoint.port()
-        ))
+    /// The inbox file of the member in `slot` of the address `endpoint`.
+    pub(crate) fn path(&self, endpoint: &crate::transport::Endpoint, slot: usize) -> PathBuf {
+        PathBuf::from(format!("{SHM_DIR}/{}-s{slot}", self.name(endpoint)))
     }
 
-    /// The abstract Unix socket name of the device's doorbell.
-    pub(crate) fn doorbell_name(&self, endpoint: &crate::transport::Endpoint) -> String {
+    /// The members file of the address `endpoint` (`members.rs`).
+    pub(crate) fn members_path(&self, endpoint: &crate::transport::Endpoint) -> PathBuf {
+        PathBuf::from(format!("{SHM_DIR}/{}.members", self.name(endpoint)))
+    }
+
+    /// The abstract Unix socket name of the doorbell of the member in `slot`.
+    pub(crate) fn doorbell_name(
+        &self,
+        endpoint: &crate::transport::Endpoint,
+        slot: usize,
+    ) -> String {
+        format!("{}-s{slot}", self.name(endpoint))
+    }
+
+    /// `softverbs-UID-NETNS-ADDRESS-PORT`.
+    fn name(&self, endpoint: &crate::transport::Endpoint) -> String {
         format!(
             "softverbs-{}-{}-{}-{}",
             self.euid,
@@ -180,8 +188,8 @@ pub(crate) struct OwnInbox {
 }
 
 impl OwnInbox {
-    /// Creates the inbox at `path`, replacing one a dead process left there (the device's
-    /// UDP socket is bound already, so no live device owns this address and port).
+    /// Creates the inbox at `path`, replacing one a dead process left there (the device
+    /// holds the slot the name carries, so no live device owns this inbox).
     pub(crate) fn create(path: &Path) -> io::Result<OwnInbox> {
         // The file is sparse, but a page written in a full tmpfs is a SIGBUS in the writer:
         // where /dev/shm is small (64 MiB in a default container), no inbox (UDP only).
@@ -269,7 +277,8 @@ pub(crate) enum Refused {
     Unusable(&'static str),
 }
 
-fn pid_alive(pid: u32) -> bool {
+/// Whether process `pid` exists (`kill(pid, 0)` does not say ESRCH).
+pub(crate) fn pid_alive(pid: u32) -> bool {
     match rustix::process::Pid::from_raw(pid as i32) {
         Some(pid) => !matches!(
             rustix::process::test_kill_process(pid),

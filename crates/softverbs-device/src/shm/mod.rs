@@ -25,18 +25,27 @@
 //! doorbell, an abstract Unix socket that polls readable with the UDP socket
 //! ([`Transport::readiness_fd`] is an epoll set of both). A polling receiver is never rung.
 //!
+//! Shared addresses (`members.rs`): devices of several processes may use one address. Each
+//! has a slot of the address (and the slot's QPNs) and an inbox named by it; one holds the
+//! address's socket and forwards each packet it receives for another member's QPN into that
+//! member's inbox (records flagged `FORWARDED`); the others send from an ephemeral port of the
+//! address, and one of them takes the socket over when its holder is gone. Senders of this
+//! host route by address and slot of the destination QPN, straight to the member's inbox.
+//!
 //! `SOFTVERBS_NETWORK=udp` ([`crate::NETWORK_ENV`]) turns the inbox off: every packet goes
 //! over UDP, as for tests of the wire.
 
 mod inbox;
+mod members;
 mod ring;
 
 use crate::transport::{
     path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Gid, OutgoingPacket,
     Received, Sent, Transport, TransportCounters,
 };
-use crate::udp::UdpTransport;
-use inbox::{OwnInbox, PeerInbox, Refused, Scope, RINGS};
+use crate::udp::{UdpConfig, UdpTransport};
+use inbox::{pid_alive, OwnInbox, PeerInbox, Refused, Scope, RINGS};
+use members::{destination_qpn, slot_of, Members};
 use ring::{Ring, CLOSING};
 use rustix::event::epoll;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -46,11 +55,34 @@ use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Record flag: the packet's ICRC is filled for the headers the receiver derives.
 const ICRC_FILLED: u16 = 1;
+
+/// Record flag: a packet the holder of the address's socket received from the wire and
+/// forwards; the record starts with a [`FORWARD_PREFIX`]-byte prefix: the sender's address
+/// (16 bytes, a GID), the IP header's TOS and TTL, its IPv4 ID (big-endian), whether the
+/// holder verified the ICRC (1 byte), 3 bytes of padding; the record's source port is the
+/// datagram's.
+const FORWARDED: u16 = 2;
+
+/// Bytes before the packet in a [`FORWARDED`] record.
+const FORWARD_PREFIX: usize = 24;
+
+/// How long a device whose address's socket is taken waits at most for the device that
+/// took it to show in the members file (both opened at the same time).
+const JOIN_WAIT: Duration = Duration::from_millis(100);
+
+/// How often at most a member that does not hold the address's socket looks whether its
+/// holder is still there (to take the socket over when it is not).
+const HOLDER_CHECK: Duration = Duration::from_millis(100);
+
+/// How long the holder of the socket hands packets for a ready member whose inbox it
+/// could not open to its own engine before it tries again (the slot of a dead member shows
+/// ready for an instant after another device claimed it, before its inbox exists).
+const FORWARD_RETRY: Duration = Duration::from_millis(100);
 
 /// How long an address found without a usable inbox is sent to over UDP before looking
 /// again.
@@ -77,6 +109,9 @@ const HOP_LIMIT: u8 = 64;
 /// documentation).
 pub struct HostTransport {
     udp: UdpTransport,
+    /// The device's endpoint: the UDP socket's, or the shared address's where the socket
+    /// is another member's (bound to an ephemeral port, only to send from).
+    local: Endpoint,
     shm: Option<Shm>,
 }
 
@@ -92,17 +127,54 @@ enum Route {
 struct Peer {
     inbox: PeerInbox,
     doorbell: SocketAddrUnix,
+    /// When the route to it was last checked.
+    checked: Instant,
+}
+
+/// A member of this address that the holder of its socket forwards packets to.
+struct Forward {
+    /// The member's process ID when its inbox was opened (another one there: open again).
+    pid: u32,
+    peer: Option<Peer>,
+    /// Without a peer: when to look for its inbox again.
+    retry: Instant,
+    /// A record being made (prefix and packet).
+    record: Vec<u8>,
+}
+
+/// This device's slot in its address's members file, freed when dropped.
+struct Membership {
+    members: Members,
+    slot: usize,
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.members.clear_holder();
+        self.members.release(self.slot);
+    }
 }
 
 /// The shared-memory half of a [`HostTransport`].
 struct Shm {
     scope: Scope,
     inbox: OwnInbox,
+    /// The address's socket, taken over from a holder that went away (a member that did
+    /// not bind it at first).
+    taken: OnceLock<UdpTransport>,
+    /// Whether this member holds the address's socket (bound it at first, or took it
+    /// over).
+    holds_socket: AtomicBool,
+    /// When the holder was last looked at (a member without the socket).
+    holder_checked: Mutex<Option<Instant>>,
+    /// The members this one forwards packets to, by slot (the holder of the socket).
+    forwards: Mutex<HashMap<usize, Forward>>,
     /// An abstract datagram socket: receives doorbells, and sends them to peers.
     doorbell: OwnedFd,
     /// The UDP socket and the doorbell, for [`Transport::readiness_fd`].
     epoll: OwnedFd,
-    routes: Mutex<HashMap<Endpoint, Route>>,
+    /// By address and slot of the destination QPN.
+    routes: Mutex<HashMap<(Endpoint, usize), Route>>,
     /// The consumer's state (one receiving thread at a time).
     consumer: Mutex<Consumer>,
     /// Set by a wait that saw the UDP socket readable: the next receive looks at it.
@@ -113,6 +185,8 @@ struct Shm {
     counters: AtomicCounters,
     /// Fill the ICRC of packets that came without one (for a capture above).
     complete_icrc: bool,
+    /// Last: the slot is freed after the inbox is gone.
+    membership: Membership,
 }
 
 #[derive(Default)]
@@ -128,20 +202,33 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shm {
-    fn open(local: Endpoint, udp_fd: BorrowedFd<'_>) -> io::Result<Shm> {
-        let scope = Scope::current()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no /proc/self/ns/net"))?;
+    /// Joins the address `local` (a slot in its members file, an inbox and a doorbell
+    /// named by the slot); `holds_socket` if this device bound the address's socket.
+    fn open(
+        local: Endpoint,
+        scope: Scope,
+        members: Members,
+        holds_socket: bool,
+        udp_fd: BorrowedFd<'_>,
+    ) -> io::Result<Shm> {
+        let slot = members.claim().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("all {} slots of {local} are held", members::SLOTS),
+            )
+        })?;
+        let membership = Membership { members, slot };
         let doorbell = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::DGRAM,
             SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
             None,
         )?;
-        // Binding the name first: a second device at this address and port (impossible
-        // while the UDP socket is bound, but cheap to refuse) cannot take the inbox over.
-        let name = SocketAddrUnix::new_abstract_name(scope.doorbell_name(&local).as_bytes())?;
+        // Binding the name first: a second device in this slot (impossible while the slot
+        // is held, but cheap to refuse) cannot take the inbox over.
+        let name = SocketAddrUnix::new_abstract_name(scope.doorbell_name(&local, slot).as_bytes())?;
         rustix::net::bind(&doorbell, &name)?;
-        let inbox = OwnInbox::create(&scope.path(&local))?;
+        let inbox = OwnInbox::create(&scope.path(&local, slot))?;
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         for (fd, data) in [(udp_fd, 0u64), (doorbell.as_fd(), 1)] {
             epoll::add(
@@ -151,9 +238,17 @@ impl Shm {
                 epoll::EventFlags::IN,
             )?;
         }
+        membership.members.set_ready(slot);
+        if holds_socket {
+            membership.members.set_holder();
+        }
         Ok(Shm {
             scope,
             inbox,
+            taken: OnceLock::new(),
+            holds_socket: AtomicBool::new(holds_socket),
+            holder_checked: Mutex::new(None),
+            forwards: Mutex::new(HashMap::new()),
             doorbell,
             epoll,
             routes: Mutex::new(HashMap::new()),
@@ -163,35 +258,59 @@ impl Shm {
             udp_until: AtomicU64::new(0),
             counters: AtomicCounters::default(),
             complete_icrc: false,
+            membership,
         })
+    }
+
+    /// This device's QPNs.
+    fn qpn_range(&self) -> softverbs_proto::QpnRange {
+        Members::qpn_range(self.membership.slot)
     }
 
     /// The route to `to`, looking for its inbox if it is time to. `now` is read at most
     /// once per batch.
     fn route<'a>(
         &self,
-        routes: &'a mut HashMap<Endpoint, Route>,
+        routes: &'a mut HashMap<(Endpoint, usize), Route>,
         to: &Endpoint,
+        slot: Option<usize>,
         from: Gid,
         now: &mut Option<Instant>,
     ) -> Option<&'a Peer> {
         if to.addr().is_multicast() {
             return None;
         }
+        let slot = slot?;
+        let key = (*to, slot);
         let time = |now: &mut Option<Instant>| *now.get_or_insert_with(Instant::now);
-        let look = match routes.get(to) {
-            Some(Route::Shared(_)) => false,
+        let look = match routes.get_mut(&key) {
+            // Once every RECHECK: is the member there still the one this route reaches? (A
+            // device that died leaves its slot to the next one, with a new inbox.)
+            Some(Route::Shared(peer)) => {
+                let at = time(now);
+                if at >= peer.checked + RECHECK {
+                    peer.checked = at;
+                    !peer.inbox.still_there()
+                } else {
+                    false
+                }
+            }
             Some(Route::Wire(until)) => time(now) >= *until,
             None => true,
         };
         if look {
-            let route = match PeerInbox::open(&self.scope.path(to), from.octets()) {
+            let route = match PeerInbox::open(&self.scope.path(to, slot), from.octets()) {
                 Ok(inbox) => {
-                    match SocketAddrUnix::new_abstract_name(self.scope.doorbell_name(to).as_bytes())
-                    {
+                    match SocketAddrUnix::new_abstract_name(
+                        self.scope.doorbell_name(to, slot).as_bytes(),
+                    ) {
                         Ok(doorbell) => {
-                            tracing::debug!(to = %to, "sending through shared memory");
-                            Route::Shared(Box::new(Peer { inbox, doorbell }))
+                            tracing::debug!(to = %to, slot, "sending through shared memory");
+                            Route::Shared(Box::new(Peer {
+                                inbox,
+                                doorbell,
+                                checked: time(now),
+                            }))
                         }
                         Err(_) => Route::Wire(time(now) + RECHECK),
                     }
@@ -203,9 +322,9 @@ impl Shm {
                     Route::Wire(time(now) + RECHECK)
                 }
             };
-            routes.insert(*to, route);
+            routes.insert(key, route);
         }
-        match routes.get(to) {
+        match routes.get(&key) {
             Some(Route::Shared(peer)) => Some(peer),
             _ => None,
         }
@@ -254,12 +373,12 @@ impl Shm {
     }
 
     /// What to do after a ring refused a packet: drop the route if the peer is gone.
-    fn full(&self, routes: &mut HashMap<Endpoint, Route>, to: &Endpoint) {
+    fn full(&self, routes: &mut HashMap<(Endpoint, usize), Route>, key: (Endpoint, usize)) {
         crate::transport::bump(&self.counters.dropped_undeliverable);
-        if let Some(Route::Shared(peer)) = routes.get(to) {
+        if let Some(Route::Shared(peer)) = routes.get(&key) {
             if !peer.inbox.still_there() {
-                tracing::debug!(to = %to, "the device there is gone: back to UDP");
-                routes.insert(*to, Route::Wire(Instant::now() + RECHECK));
+                tracing::debug!(to = %key.0, slot = key.1, "the device there is gone: back to UDP");
+                routes.insert(key, Route::Wire(Instant::now() + RECHECK));
             }
         }
     }
@@ -348,6 +467,9 @@ impl Shm {
         bytes: &[u8],
         buf: &mut [u8],
     ) -> Option<Received> {
+        if record.flags & FORWARDED != 0 {
+            return self.accept_forwarded(local, record, bytes, buf);
+        }
         if !plausible_packet_len(bytes.len()) {
             self.counters.count_drop(DropReason::Malformed);
             return None;
@@ -383,6 +505,169 @@ impl Shm {
     }
 }
 
+impl Shm {
+    /// Checks a packet the holder of the socket forwarded (a [`FORWARDED`] record) and
+    /// copies it into `buf`: the datagram as the holder received it.
+    fn accept_forwarded(
+        &self,
+        local: Endpoint,
+        record: ring::Record,
+        bytes: &[u8],
+        buf: &mut [u8],
+    ) -> Option<Received> {
+        let (Some(prefix), Some(packet)) =
+            (bytes.get(..FORWARD_PREFIX), bytes.get(FORWARD_PREFIX..))
+        else {
+            self.counters.count_drop(DropReason::Malformed);
+            return None;
+        };
+        if !plausible_packet_len(packet.len()) {
+            self.counters.count_drop(DropReason::Malformed);
+            return None;
+        }
+        let Some(slot) = buf.get_mut(..packet.len()) else {
+            self.counters.count_drop(DropReason::Truncated);
+            return None;
+        };
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&prefix[..16]);
+        let from = Endpoint::new(Gid(gid).ip(), record.src_port);
+        let (mut ip, udp) = path_headers(
+            &from,
+            &local,
+            record.src_port,
+            prefix[16],
+            prefix[17],
+            packet.len(),
+        )
+        .map_err(|_| self.counters.count_drop(DropReason::Malformed))
+        .ok()?;
+        if let softverbs_wire::icrc::IpHeaderInfo::V4 { id, .. } = &mut ip {
+            *id = u16::from_be_bytes([prefix[18], prefix[19]]);
+        }
+        slot.copy_from_slice(packet);
+        self.counters.count_received(packet.len());
+        Some(Received {
+            from,
+            to: local,
+            len: packet.len(),
+            ip,
+            udp,
+            icrc_checked: prefix[20] != 0,
+            shared_memory: false,
+        })
+    }
+
+    /// The holder of the socket: hands every packet of `received` (in `bufs`) whose
+    /// destination QPN is another ready member's to that member's inbox, and keeps the
+    /// others (moved to the front). Returns how many it kept.
+    fn forward(&self, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) -> usize {
+        let own = self.membership.slot;
+        let mut kept = 0;
+        for index in 0..received.len() {
+            let packet = received[index];
+            let bytes = &bufs[index][..packet.len];
+            let target = destination_qpn(bytes)
+                .and_then(slot_of)
+                .filter(|&slot| slot != own);
+            if let Some(slot) = target {
+                if self.forward_one(slot, &packet, bytes) {
+                    continue;
+                }
+            }
+            if kept != index {
+                let (front, back) = bufs.split_at_mut(index);
+                let Some(slot) = front[kept].get_mut(..packet.len) else {
+                    // Buffers of different sizes, a shorter one in front: as if truncated.
+                    self.counters.count_drop(DropReason::Truncated);
+                    continue;
+                };
+                slot.copy_from_slice(&back[0][..packet.len]);
+                received[kept] = packet;
+            }
+            kept += 1;
+        }
+        received.truncate(kept);
+        kept
+    }
+
+    /// Pushes one packet into the inbox of the member in `slot`; false if no member is
+    /// there (the packet is this device's to handle: its engine counts it as for an
+    /// unknown QP).
+    fn forward_one(&self, slot: usize, packet: &Received, bytes: &[u8]) -> bool {
+        let Some(pid) = self.membership.members.ready_member(slot) else {
+            return false;
+        };
+        let local = packet.to;
+        let mut forwards = lock(&self.forwards);
+        let stale = match forwards.get(&slot) {
+            Some(forward) if forward.pid == pid => {
+                forward.peer.is_none() && Instant::now() >= forward.retry
+            }
+            _ => true,
+        };
+        if stale {
+            let peer = PeerInbox::open(&self.scope.path(&local, slot), local.gid().octets())
+                .ok()
+                .and_then(|inbox| {
+                    let name = self.scope.doorbell_name(&local, slot);
+                    let doorbell = SocketAddrUnix::new_abstract_name(name.as_bytes()).ok()?;
+                    tracing::debug!(slot, pid, "forwarding to a member of this address");
+                    Some(Peer {
+                        inbox,
+                        doorbell,
+                        checked: Instant::now(),
+                    })
+                });
+            forwards.insert(
+                slot,
+                Forward {
+                    pid,
+                    peer,
+                    retry: Instant::now() + FORWARD_RETRY,
+                    record: Vec::new(),
+                },
+            );
+        }
+        let Some(forward) = forwards.get_mut(&slot) else {
+            return false;
+        };
+        let Some(peer) = &forward.peer else {
+            return false;
+        };
+        let record = &mut forward.record;
+        record.clear();
+        record.extend_from_slice(&packet.from.gid().octets());
+        let (tos, ttl, id) = match packet.ip {
+            softverbs_wire::icrc::IpHeaderInfo::V4 { tos, ttl, id, .. } => (tos, ttl, id),
+            softverbs_wire::icrc::IpHeaderInfo::V6 {
+                traffic_class,
+                hop_limit,
+                ..
+            } => (traffic_class, hop_limit, 0),
+        };
+        record.extend_from_slice(&[tos, ttl]);
+        record.extend_from_slice(&id.to_be_bytes());
+        record.extend_from_slice(&[u8::from(packet.icrc_checked), 0, 0, 0]);
+        record.extend_from_slice(bytes);
+        let ring = peer.inbox.ring();
+        let mut producer = ring.producer();
+        if self.push(peer, &mut producer, packet.from.port(), FORWARDED, record) {
+            producer.publish();
+            self.counters.count_sent(bytes.len());
+            self.ring_doorbell(peer);
+        } else {
+            crate::transport::bump(&self.counters.dropped_undeliverable);
+            if !peer.inbox.still_there() {
+                tracing::debug!(slot, "the member there is gone");
+                forward.peer = None;
+                forward.retry = Instant::now() + FORWARD_RETRY;
+            }
+        }
+        true
+    }
+}
+
 /// The address of the device producing into `ring`.
 fn ring_sender(ring: &Ring) -> IpAddr {
     let mut octets = [0u8; 16];
@@ -397,8 +682,15 @@ impl HostTransport {
     /// (where the inbox cannot be made, e.g. without `/dev/shm`, the transport is UDP only,
     /// and says so in the log).
     pub fn new(udp: UdpTransport, shared_memory: bool) -> HostTransport {
+        let local = udp.local();
         let shm = if shared_memory {
-            match Shm::open(udp.local(), udp.wait_fd()) {
+            let opened = Scope::current()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no /proc/self/ns/net"))
+                .and_then(|scope| {
+                    let members = Members::open(&scope.members_path(&local))?;
+                    Shm::open(local, scope, members, true, udp.wait_fd())
+                });
+            match opened {
                 Ok(shm) => Some(shm),
                 Err(error) => {
                     tracing::info!(%error, "no shared-memory inbox: RoCEv2 over UDP only");
@@ -408,7 +700,117 @@ impl HostTransport {
         } else {
             None
         };
-        HostTransport { udp, shm }
+        HostTransport { udp, local, shm }
+    }
+
+    /// Opens the transport `config` describes: [`UdpTransport::bind`], and with
+    /// `shared_memory` an inbox ([`HostTransport::new`]). Where the address's socket is
+    /// taken by a device of another process of this user and network namespace (a live
+    /// member of the address), this device joins the address instead: it takes a slot
+    /// (and the slot's QPNs, [`HostTransport::qpn_range`]), sends from an ephemeral port
+    /// of the address, and receives what the socket's holder forwards; it takes the socket
+    /// over if the holder goes away. Otherwise the errors of [`UdpTransport::bind`].
+    pub fn open(config: UdpConfig, shared_memory: bool) -> io::Result<HostTransport> {
+        let error = match UdpTransport::bind(config.clone()) {
+            Ok(udp) => return Ok(HostTransport::new(udp, shared_memory)),
+            Err(error) => error,
+        };
+        let Some(address) = config.address.filter(|_| shared_memory) else {
+            return Err(error);
+        };
+        if error.kind() != io::ErrorKind::AddrInUse {
+            return Err(error);
+        }
+        let local = Endpoint::new(address, config.port);
+        let Some(scope) = Scope::current() else {
+            return Err(error);
+        };
+        let Ok(members) = Members::open(&scope.members_path(&local)) else {
+            return Err(error);
+        };
+        // Another program, a device without shared memory, or a device of this process
+        // (devices of one process keep one address each): the address is taken. A device
+        // that bound the socket an instant ago may not have claimed its slot yet: looked
+        // at a few times, for at most JOIN_WAIT.
+        let deadline = Instant::now() + JOIN_WAIT;
+        loop {
+            match members.live_members() {
+                (true, false) => break,
+                (_, true) => return Err(error),
+                (false, false) if Instant::now() >= deadline => return Err(error),
+                (false, false) => std::thread::sleep(JOIN_WAIT / 10),
+            }
+        }
+        let udp = UdpTransport::bind(UdpConfig {
+            port: 0,
+            ..config.clone()
+        })?;
+        let shm = Shm::open(local, scope, members, false, udp.wait_fd())?;
+        tracing::info!(
+            %local,
+            slot = shm.membership.slot,
+            sends_from = %udp.local(),
+            "sharing the address with devices of other processes"
+        );
+        Ok(HostTransport {
+            udp,
+            local,
+            shm: Some(shm),
+        })
+    }
+
+    /// The QP numbers this device's engine may hand out: its slot's share of the address
+    /// (`None`: all of them, no inbox).
+    pub fn qpn_range(&self) -> Option<softverbs_proto::QpnRange> {
+        self.shm.as_ref().map(Shm::qpn_range)
+    }
+
+    /// A member without the address's socket: if the holder is gone, binds the socket and
+    /// forwards from then on. Looks at most every [`HOLDER_CHECK`].
+    fn check_holder(&self, shm: &Shm) {
+        if shm.holds_socket.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        {
+            let mut checked = lock(&shm.holder_checked);
+            if checked.is_some_and(|at| now < at + HOLDER_CHECK) {
+                return;
+            }
+            *checked = Some(now);
+        }
+        let holder = shm.membership.members.holder();
+        if holder != 0 && pid_alive(holder) {
+            return;
+        }
+        let config = UdpConfig {
+            port: self.local.port(),
+            ..self.udp.config().clone()
+        };
+        match UdpTransport::bind(config) {
+            Ok(udp) => {
+                if let Err(error) = epoll::add(
+                    &shm.epoll,
+                    udp.wait_fd(),
+                    epoll::EventData::new_u64(2),
+                    epoll::EventFlags::IN,
+                ) {
+                    tracing::warn!(%error, "cannot wait on the address's socket");
+                    return;
+                }
+                if shm.taken.set(udp).is_ok() {
+                    shm.membership.members.set_holder();
+                    shm.holds_socket.store(true, Ordering::Relaxed);
+                    tracing::info!(local = %self.local, "took the address's socket over");
+                }
+            }
+            Err(error) => tracing::debug!(%error, "the address's socket is not free yet"),
+        }
+    }
+
+    /// Whether a socket holds packets of a coalesced datagram.
+    fn sockets_hold_packets(&self, shm: &Shm) -> bool {
+        self.udp.holds_packets() || shm.taken.get().is_some_and(UdpTransport::holds_packets)
     }
 
     /// Fills the ICRC of every packet that came from shared memory without one, so that a
@@ -443,30 +845,48 @@ impl HostTransport {
         let call = shm.receives.fetch_add(1, Ordering::Relaxed);
         let header = shm.inbox.mapping.header();
         let senders = header.active.load(Ordering::Relaxed) != 0;
+        if call.is_multiple_of(1024) {
+            self.check_holder(shm);
+        }
         let look_at_udp = !senders
             || woken
             || call.is_multiple_of(UDP_EVERY)
             || call < shm.udp_until.load(Ordering::Relaxed)
             || shm.udp_ready.swap(false, Ordering::Relaxed)
-            || self.udp.holds_packets();
+            || self.sockets_hold_packets(shm);
         if look_at_udp {
-            let count = self.udp.recv_batch(bufs, received, Some(Duration::ZERO))?;
+            let mut count = self.udp.recv_batch(bufs, received, Some(Duration::ZERO))?;
+            if count == 0 {
+                if let Some(taken) = shm.taken.get() {
+                    count = taken.recv_batch(bufs, received, Some(Duration::ZERO))?;
+                }
+            }
             if count > 0 {
                 shm.udp_until.store(call + UDP_RECENT, Ordering::Relaxed);
-                return Ok(count);
+                let kept = shm.forward(bufs, received);
+                if kept > 0 {
+                    return Ok(kept);
+                }
             }
         }
         shm.clear_doorbell();
         received.clear();
-        Ok(shm.take(self.udp.local(), bufs, received))
+        Ok(shm.take(self.local, bufs, received))
     }
 
     /// Waits until a ring has a packet, the socket is readable or the doorbell rang, at
     /// most `timeout` (`None`: no limit).
     fn wait(&self, shm: &Shm, timeout: Option<Duration>) -> io::Result<()> {
-        if self.udp.holds_packets() || shm.has_packets() {
+        self.check_holder(shm);
+        if self.sockets_hold_packets(shm) || shm.has_packets() {
             return Ok(());
         }
+        // A member without the socket wakes up to look at its holder.
+        let timeout = if shm.holds_socket.load(Ordering::Relaxed) {
+            timeout
+        } else {
+            Some(timeout.map_or(HOLDER_CHECK, |t| t.min(HOLDER_CHECK)))
+        };
         let header = shm.inbox.mapping.header();
         header.waiters.fetch_add(1, Ordering::SeqCst);
         let result = if shm.has_packets() {
@@ -477,13 +897,18 @@ impl HostTransport {
                 tv_nsec: i64::from(t.subsec_nanos()),
             });
             let udp_fd = self.udp.wait_fd();
+            let taken_fd = shm.taken.get().map(UdpTransport::wait_fd);
             let mut fds = [
                 rustix::event::PollFd::new(&udp_fd, rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&shm.doorbell, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(
+                    taken_fd.as_ref().unwrap_or(&udp_fd),
+                    rustix::event::PollFlags::IN,
+                ),
             ];
             match rustix::event::poll(&mut fds, timespec.as_ref()) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {
-                    if !fds[0].revents().is_empty() {
+                    if !fds[0].revents().is_empty() || !fds[2].revents().is_empty() {
                         shm.udp_ready.store(true, Ordering::Relaxed);
                     }
                     Ok(())
@@ -507,7 +932,8 @@ impl HostTransport {
     ) -> bool {
         let mut routes = lock(&shm.routes);
         let mut now = None;
-        let Some(peer) = shm.route(&mut routes, to, self.udp.local().gid(), &mut now) else {
+        let slot = destination_qpn(bytes).and_then(slot_of);
+        let Some(peer) = shm.route(&mut routes, to, slot, self.local.gid(), &mut now) else {
             return false;
         };
         let ring = peer.inbox.ring();
@@ -516,16 +942,18 @@ impl HostTransport {
             producer.publish();
             shm.counters.count_sent(bytes.len());
             shm.ring_doorbell(peer);
-        } else {
-            shm.full(&mut routes, to);
+        } else if let Some(slot) = slot {
+            shm.full(&mut routes, (*to, slot));
         }
         true
     }
 }
 
 impl Transport for HostTransport {
+    /// The device's endpoint: where a member of a shared address sends from an ephemeral
+    /// port, still the address's (the port peers send to).
     fn local(&self) -> Endpoint {
-        self.udp.local()
+        self.local
     }
 
     /// The headers of the wire, whichever way the packet goes (a capture records the
@@ -549,19 +977,21 @@ impl Transport for HostTransport {
         let Some(shm) = &self.shm else {
             return self.udp.send_batch(packets);
         };
-        let local = self.udp.local();
+        let local = self.local;
         let mut routes = lock(&shm.routes);
         let mut now = None;
         let mut wire = Vec::new();
         let mut sent = 0;
         let mut start = 0;
+        let slot = |packet: &OutgoingPacket<'_>| destination_qpn(packet.bytes).and_then(slot_of);
         while start < packets.len() {
             let to = packets[start].to;
+            let to_slot = slot(&packets[start]);
             let mut end = start + 1;
-            while end < packets.len() && packets[end].to == to {
+            while end < packets.len() && packets[end].to == to && slot(&packets[end]) == to_slot {
                 end += 1;
             }
-            match shm.route(&mut routes, &to, local.gid(), &mut now) {
+            match shm.route(&mut routes, &to, to_slot, local.gid(), &mut now) {
                 Some(peer) => {
                     let ring = peer.inbox.ring();
                     let mut producer = ring.producer();
@@ -609,8 +1039,8 @@ impl Transport for HostTransport {
                     if pushed > 0 {
                         shm.ring_doorbell(peer);
                     }
-                    if refused {
-                        shm.full(&mut routes, &to);
+                    if let (true, Some(to_slot)) = (refused, to_slot) {
+                        shm.full(&mut routes, (to, to_slot));
                     }
                     sent += pushed;
                 }
@@ -715,8 +1145,9 @@ impl Transport for HostTransport {
         let header = shm.inbox.mapping.header();
         if before {
             header.waiters.fetch_add(1, Ordering::SeqCst);
+            self.check_holder(shm);
             // After counting itself: either a sender sees it, or it sees the packet.
-            self.udp.holds_packets() || shm.has_packets()
+            self.sockets_hold_packets(shm) || shm.has_packets()
         } else {
             header.waiters.fetch_sub(1, Ordering::SeqCst);
             shm.clear_doorbell();
@@ -725,9 +1156,11 @@ impl Transport for HostTransport {
     }
 
     fn in_memory(&self, to: &Endpoint) -> bool {
-        self.shm
-            .as_ref()
-            .is_some_and(|shm| matches!(lock(&shm.routes).get(to), Some(Route::Shared(_))))
+        self.shm.as_ref().is_some_and(|shm| {
+            lock(&shm.routes)
+                .iter()
+                .any(|((at, _), route)| at == to && matches!(route, Route::Shared(_)))
+        })
     }
 
     /// The UDP socket, or an epoll set of it and the doorbell.
@@ -743,6 +1176,14 @@ impl Transport for HostTransport {
     fn counters(&self) -> TransportCounters {
         let mut counters = self.udp.counters();
         if let Some(shm) = &self.shm {
+            if let Some(taken) = shm.taken.get() {
+                let socket = taken.counters();
+                counters.received_packets += socket.received_packets;
+                counters.received_bytes += socket.received_bytes;
+                counters.dropped_bad_icrc += socket.dropped_bad_icrc;
+                counters.dropped_malformed += socket.dropped_malformed;
+                counters.dropped_truncated += socket.dropped_truncated;
+            }
             let shared = shm.counters.snapshot();
             counters.sent_packets += shared.sent_packets;
             counters.sent_bytes += shared.sent_bytes;

@@ -1,11 +1,12 @@
 //! One side of the verifying mixed-opcode RC workload (see the crate docs).
 //!
 //! ```text
-//! softverbs-e2e-peer --server [--port P]              # prints "port P", then serves
+//! softverbs-e2e-peer --server [--port P] [--clients K] # prints "port P", then serves K
 //! softverbs-e2e-peer --client HOST --port P [-n N]    # runs N messages, verifies all
 //! ```
 //!
-//! Other options: `--window W` (work requests in flight, default 32), `--timeout-code T`
+//! A server serves `--clients` clients (default 1) at once, each on a QP of its own of one
+//! device, and succeeds once every one of them verified. Other options: `--window W` (work requests in flight, default 32), `--timeout-code T`
 //! (local ACK timeout, 4.096 us * 2^T, default 12), `--retry-cnt R` (default 7),
 //! `--deadline S` (seconds before giving up, default 600). The device address comes from
 //! the environment as `Context::open` reads it (`SOFTVERBS_ADDR`, else the first free
@@ -31,6 +32,7 @@ const PSN: u32 = 0x00ab_cdef;
 
 struct Options {
     server: bool,
+    clients: usize,
     host: String,
     port: u16,
     messages: u64,
@@ -58,6 +60,7 @@ impl<E: std::fmt::Display> From<E> for Failure {
 fn options() -> Result<Options, String> {
     let mut o = Options {
         server: false,
+        clients: 1,
         host: String::new(),
         port: 0,
         messages: 10_000,
@@ -72,6 +75,7 @@ fn options() -> Result<Options, String> {
         let parse_err = |e: std::num::ParseIntError| e.to_string();
         match arg.as_str() {
             "--server" => o.server = true,
+            "--clients" => o.clients = value()?.parse().map_err(parse_err)?,
             "--client" => o.host = value()?,
             "--port" => o.port = value()?.parse().map_err(parse_err)?,
             "-n" => o.messages = value()?.parse().map_err(parse_err)?,
@@ -206,16 +210,36 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
 
 fn server(o: &Options) -> Result<String, Failure> {
     let ctx = Context::open()?;
-    let pd = ctx.alloc_pd();
-    let conn = setup(&ctx, &pd, RX_DEPTH as u32)?;
-    let recv = pd.reg_mr(RX_DEPTH * SLOT, AccessFlags::LOCAL_WRITE)?;
-    let target = pd.reg_mr(SLOTS_BASE + WRITE_SLOTS * SLOT, ALL)?;
     let listener = TcpListener::bind(("0.0.0.0", o.port))?;
     writeln!(std::io::stdout(), "port {}", listener.local_addr()?.port())?;
     std::io::stdout().flush()?;
     // Every wait is bounded by the deadline, the exchange's too: a client that never comes
     // or never answers (its test failed, or it was killed) ends this server.
-    let mut stream = accept_within(&listener, o.deadline)?;
+    std::thread::scope(|scope| {
+        let mut served = Vec::new();
+        for _ in 0..o.clients {
+            let stream = accept_within(&listener, o.deadline)?;
+            let ctx = &ctx;
+            served.push(scope.spawn(move || serve(ctx, stream, o)));
+        }
+        let mut summaries = Vec::new();
+        for handle in served {
+            summaries.push(
+                handle
+                    .join()
+                    .map_err(|_| Failure::Setup("a serving thread panicked".into()))??,
+            );
+        }
+        Ok(summaries.join("; "))
+    })
+}
+
+/// Serves one client on a QP of its own.
+fn serve(ctx: &Context, mut stream: TcpStream, o: &Options) -> Result<String, Failure> {
+    let pd = ctx.alloc_pd();
+    let conn = setup(ctx, &pd, RX_DEPTH as u32)?;
+    let recv = pd.reg_mr(RX_DEPTH * SLOT, AccessFlags::LOCAL_WRITE)?;
+    let target = pd.reg_mr(SLOTS_BASE + WRITE_SLOTS * SLOT, ALL)?;
     stream.set_read_timeout(Some(o.deadline))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     writeln!(stream, "{} {}", conn.qp.local_info(PSN), target.remote())?;
