@@ -379,3 +379,55 @@ fn ibv_rc_pingpong_runs_with_both_ends_on_one_address() {
         assert!(stdout.contains("1000 iters"), "{side}: {stdout}{stderr}");
     }
 }
+
+/// perftest through the drop-in with both ends on one address (`ib_write_bw`, 4 KiB, 2,000
+/// iterations): the client's device joins the server's address with its own share of the
+/// QP numbers, and both print the bandwidth table.
+#[test]
+fn ib_write_bw_runs_with_both_ends_on_one_address() {
+    let lib = common::library_dir("shared-address-perftest");
+    let perftest = |server: Option<&str>| {
+        let mut c = std::process::Command::new("/usr/bin/ib_write_bw");
+        c.args([
+            "-d",
+            "softverbs0",
+            "-F",
+            "-s",
+            "4096",
+            "-n",
+            "2000",
+            "-p",
+            "18573",
+        ])
+        .args(server)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("SOFTVERBS_ADDR", "127.0.0.80")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        for variable in DEVICE_VARIABLES {
+            c.env_remove(variable);
+        }
+        c
+    };
+    let mut server = perftest(None)
+        .spawn()
+        .expect("/usr/bin/ib_write_bw is missing: install the Debian package perftest");
+    let limit = std::time::Duration::from_secs(60);
+    if let Err(why) = common::wait_until_listening(&mut server, 18573, limit) {
+        let (_, out, err) = common::wait_bounded(server, std::time::Duration::from_secs(1));
+        panic!("{why}\n{out}{err}");
+    }
+    let client = common::run_bounded(&mut perftest(Some("127.0.0.1")), limit);
+    let server = common::wait_bounded(server, limit);
+    for (side, (status, stdout, stderr)) in [("client", &client), ("server", &server)] {
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{side}: {status:?}\n{stdout}{stderr}"
+        );
+        // The results row: size, iterations, peak and average bandwidth, message rate.
+        let row = stdout
+            .lines()
+            .find(|l| l.split_whitespace().take(2).collect::<Vec<_>>() == ["4096", "2000"]);
+        assert!(row.is_some(), "{side}: no results row\n{stdout}{stderr}");
+    }
+}
