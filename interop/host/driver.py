@@ -207,6 +207,10 @@ def host_env(a, stats_file, family=6):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
     env["LD_LIBRARY_PATH"] = str(a.lib)
     env["SOFTVERBS_ADDR"] = a.host_ip6 if family == 6 else a.host_ip
+    # RoCEv2 over UDP only: the guest is another host, and a device that is alone on its
+    # address fails to open while a program of the case before still holds it, instead of
+    # joining it as a second member (what the driver's wait for the bound port assumes).
+    env["SOFTVERBS_NETWORK"] = "udp"
     if stats_file:
         env["SOFTVERBS_STATS"] = str(stats_file)
     if family == 4:
