@@ -176,8 +176,9 @@ pub(crate) struct DeviceInner {
     last_app_progress: AtomicU64,
     port_mtu: Mtu,
     /// The figures of the last statistics report, if one was made (the drop, and the
-    /// drop-in at exit, report only if they have changed since).
-    last_report: Mutex<Option<String>>,
+    /// drop-in at exit, report only if something happened since: see
+    /// [`DeviceStats::same_activity`]).
+    last_report: Mutex<Option<DeviceStats>>,
     /// `device{name, address}`, entered around each run of the engine (empty when no
     /// subscriber listened as the device opened).
     span: tracing::Span,
