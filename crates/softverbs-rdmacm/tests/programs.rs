@@ -6,7 +6,7 @@
 //! (softverbs-capi) from one directory (`LD_LIBRARY_PATH`) and gets its own device address
 //! (`SOFTVERBS_ADDR=127.0.0.N:4791`, N in 150–179, distinct per test). The server starts
 //! first; the client starts once the server's librdmacm has opened its devices (its CM
-//! thread `rdmacm-cm` exists, read from `/proc`) and [`LISTEN_GRACE`] more for its
+//! thread `rdmacm-cm` exists, read from `/proc`) and `common::LISTEN_GRACE` more for its
 //! `rdma_listen`;
 //! a client rejected because it still came too early (REJ 8, no listener yet) is run
 //! again, at most 5 times (not perftest's, see its test).
@@ -15,40 +15,10 @@
 
 mod common;
 
-use common::{library_dir, program, spawn, Finished, Running, ONE_AT_A_TIME};
-use std::time::{Duration, Instant};
+use common::{library_dir, program, spawn, wait_listening, Finished, ONE_AT_A_TIME};
+use std::time::Duration;
 
 const PAIR_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// How long after its device is up a server is given to reach `rdma_listen`.
-const LISTEN_GRACE: Duration = Duration::from_millis(500);
-
-/// Whether process `pid` runs librdmacm's CM thread (named `rdmacm-cm`): it starts when
-/// the library first opens the devices, in the program's `rdma_bind_addr` (or
-/// `rdma_create_ep`), right before its `rdma_listen`.
-fn cm_started(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.filter_map(Result::ok).any(|t| {
-        std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "rdmacm-cm")
-    })
-}
-
-fn wait_listening(server: &mut Running) -> Result<(), String> {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        if let Ok(Some(s)) = server.child.try_wait() {
-            return Err(format!("server exited early ({s})"));
-        }
-        if cm_started(server.child.id()) {
-            std::thread::sleep(LISTEN_GRACE);
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err("the server's connection manager never started".into())
-}
 
 /// Runs a server/client pair; `persistent`: the server keeps serving and is stopped after
 /// the client (it must still be running then).

@@ -212,3 +212,35 @@ pub fn spawn_wait(mut child: Child, timeout: Duration) -> (Option<ExitStatus>, S
         err.join().unwrap_or_default(),
     )
 }
+
+/// How long after its device is up a server is given to reach `rdma_listen`.
+pub const LISTEN_GRACE: Duration = Duration::from_millis(500);
+
+/// Whether process `pid` runs librdmacm's CM thread (named `rdmacm-cm`): it starts when
+/// the library first opens the devices, in the program's `rdma_bind_addr` (or
+/// `rdma_create_ep`), right before its `rdma_listen`.
+pub fn cm_started(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|t| {
+        std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "rdmacm-cm")
+    })
+}
+
+/// Waits (at most 30 s) until `server`'s CM thread runs, then [`LISTEN_GRACE`]; an error
+/// if it exits first or never gets there.
+pub fn wait_listening(server: &mut Running) -> Result<(), String> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(s)) = server.child.try_wait() {
+            return Err(format!("server exited early ({s})"));
+        }
+        if cm_started(server.child.id()) {
+            std::thread::sleep(LISTEN_GRACE);
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err("the server's connection manager never started".into())
+}
