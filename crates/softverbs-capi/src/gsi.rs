@@ -3,6 +3,7 @@
 //! | function | version | status |
 //! |---|---|---|
 //! | `softverbs_gsi_send`, `softverbs_gsi_recv`, `softverbs_gsi_fd` | `SOFTVERBS_PRIVATE_1.0` | real |
+//! | `softverbs_gsi_share`, `softverbs_gsi_listen`, `softverbs_gsi_unlisten` | `SOFTVERBS_PRIVATE_1.1` | real |
 //!
 //! The RDMA connection manager speaks the IB CM protocol in management datagrams (MADs)
 //! through QP1, the General Services Interface (IBTA vol. 1 13.5: QP1, Q_Key 0x80010000).
@@ -39,6 +40,26 @@
 //!  * Poll it, then call softverbs_gsi_recv until EAGAIN; do not read it. -1 with errno
 //!  * EINVAL for a context that is not ours. */
 //! int softverbs_gsi_fd(struct ibv_context *ctx);
+//! ```
+//!
+//! At `SOFTVERBS_PRIVATE_1.1`, for devices of several processes sharing one address (and
+//! so one QP1: the device holding the address's socket hands each MAD to the process it is
+//! for):
+//!
+//! ```c
+//! /* The share of its address the device holds (0..=255; 0 when alone): the high byte of
+//!  * every communication ID and SIDR request ID the caller's CM hands out, so the answers
+//!  * reach it. -1 with errno EINVAL for a context that is not ours. */
+//! int softverbs_gsi_share(struct ibv_context *ctx);
+//!
+//! /* The caller's CM listens on service_id: REQs and SIDR_REQs for it reach this device.
+//!  * 0, or the errno (also in errno): EINVAL for a context that is not ours, EADDRINUSE
+//!  * when a device of another process on the address listens on it, ENOMEM when the
+//!  * address's 256 services are taken. */
+//! int softverbs_gsi_listen(struct ibv_context *ctx, uint64_t service_id);
+//!
+//! /* Undoes softverbs_gsi_listen. 0, or EINVAL for a context that is not ours. */
+//! int softverbs_gsi_unlisten(struct ibv_context *ctx, uint64_t service_id);
 //! ```
 //!
 //! All contexts of a process share its one device, so they share its QP1: every context
@@ -155,3 +176,46 @@ pub unsafe extern "C" fn softverbs_gsi_fd(ctx: *mut ibv_context) -> c_int {
     })
 }
 symver!(softverbs_gsi_fd, "SOFTVERBS_PRIVATE_1.0");
+
+/// `softverbs_gsi_share` (private, module documentation): the share, or -1 with errno.
+///
+/// # Safety
+///
+/// `ctx` is NULL or an open context.
+pub unsafe extern "C" fn softverbs_gsi_share(ctx: *mut ibv_context) -> c_int {
+    minus_one(|| {
+        // SAFETY: `ctx` is NULL or open (this function's `# Safety`).
+        let device = unsafe { device(ctx) }?;
+        Ok(c_int::from(device.address_share()))
+    })
+}
+symver!(softverbs_gsi_share, "SOFTVERBS_PRIVATE_1.1");
+
+/// `softverbs_gsi_listen` (private, module documentation): 0 or an errno value.
+///
+/// # Safety
+///
+/// `ctx` is NULL or an open context.
+pub unsafe extern "C" fn softverbs_gsi_listen(ctx: *mut ibv_context, service_id: u64) -> c_int {
+    errno_code(|| {
+        // SAFETY: `ctx` is NULL or open (this function's `# Safety`).
+        let device = unsafe { device(ctx) }?;
+        device.gsi_listen(service_id).map_err(errno_of)
+    })
+}
+symver!(softverbs_gsi_listen, "SOFTVERBS_PRIVATE_1.1");
+
+/// `softverbs_gsi_unlisten` (private, module documentation): 0 or an errno value.
+///
+/// # Safety
+///
+/// `ctx` is NULL or an open context.
+pub unsafe extern "C" fn softverbs_gsi_unlisten(ctx: *mut ibv_context, service_id: u64) -> c_int {
+    errno_code(|| {
+        // SAFETY: `ctx` is NULL or open (this function's `# Safety`).
+        let device = unsafe { device(ctx) }?;
+        device.gsi_unlisten(service_id);
+        Ok(())
+    })
+}
+symver!(softverbs_gsi_unlisten, "SOFTVERBS_PRIVATE_1.1");

@@ -5,7 +5,8 @@
 //! 1 13.5: QP1, Q_Key 0x80010000) with a second device of the process over real sockets
 //! (the in-process shortcut off on both), tshark reads the captured MAD as an InfiniBand
 //! CM ConnectRequest, the fd polls readable exactly while a MAD waits, and bad arguments
-//! are refused with errno, never a crash.
+//! are refused with errno, never a crash. At `SOFTVERBS_PRIVATE_1.1`: the device's share of
+//! its address, and the services its CM listens on (one listener per address and port).
 //!
 //! Alone in its test binary: it sets the environment before the drop-in opens its device.
 //! Every wait is bounded.
@@ -13,7 +14,10 @@
 use softverbs::core::device::{Device, DeviceConfig, UdpConfig};
 use softverbs_capi::abi::{ibv_context, ibv_gid};
 use softverbs_capi::device::{ibv_get_device_list, ibv_open_device, ibv_query_gid};
-use softverbs_capi::gsi::{softverbs_gsi_fd, softverbs_gsi_recv, softverbs_gsi_send};
+use softverbs_capi::gsi::{
+    softverbs_gsi_fd, softverbs_gsi_listen, softverbs_gsi_recv, softverbs_gsi_send,
+    softverbs_gsi_share, softverbs_gsi_unlisten,
+};
 use softverbs_capi::handles::ContextBlock;
 use std::path::PathBuf;
 use std::process::Command;
@@ -247,5 +251,29 @@ fn the_exports_refuse_bad_arguments_with_einval() {
         let fd = softverbs_gsi_fd(ctx);
         assert!(fd >= 0);
         assert_eq!(softverbs_gsi_fd(ctx), fd, "one fd, owned by the device");
+    }
+}
+
+/// A device alone on its address holds share 0 (the high byte of its CM's communication
+/// IDs); a service is listened on once per address — a second listen is `EADDRINUSE`, as
+/// `rdma_listen` on a port in use — and is free again after the unlisten. A context that
+/// is not ours is `EINVAL` for all three.
+#[test]
+fn a_service_is_listened_on_once_per_address_and_a_lone_device_holds_share_0() {
+    let ctx = context();
+    let service = 0x0000_0000_0106_1D2F; // RDMA_PS_TCP, port 7471
+    let null_ctx: *mut ibv_context = std::ptr::null_mut();
+    // SAFETY: `ctx` is open; NULL is allowed and refused.
+    unsafe {
+        assert_eq!(softverbs_gsi_share(ctx), 0);
+        assert_eq!(softverbs_gsi_listen(ctx, service), 0);
+        assert_eq!(softverbs_gsi_listen(ctx, service), libc::EADDRINUSE);
+        assert_eq!(errno(), libc::EADDRINUSE);
+        assert_eq!(softverbs_gsi_unlisten(ctx, service), 0);
+        assert_eq!(softverbs_gsi_listen(ctx, service), 0);
+        assert_eq!(softverbs_gsi_unlisten(ctx, service), 0);
+        assert_eq!((softverbs_gsi_share(null_ctx), errno()), (-1, libc::EINVAL));
+        assert_eq!(softverbs_gsi_listen(null_ctx, service), libc::EINVAL);
+        assert_eq!(softverbs_gsi_unlisten(null_ctx, service), libc::EINVAL);
     }
 }

@@ -187,9 +187,13 @@ impl Cm {
         if self.conns.len() >= MAX_CONNECTIONS {
             return Err(CmError::TooManyConnections);
         }
+        // The high byte is the share (CmConfig::share), the low 24 bits random and not 0;
+        // MAX_CONNECTIONS is far below 2^24, so a free one is found.
+        let share = u32::from(self.config.share) << mad::COMM_ID_SHARE_SHIFT;
         loop {
-            let id = (self.random() >> 32) as u32;
-            if id != 0 && !self.conns.contains_key(&id) {
+            let low = (self.random() >> 40) as u32;
+            let id = share | low;
+            if low != 0 && !self.conns.contains_key(&id) {
                 return Ok(id);
             }
         }

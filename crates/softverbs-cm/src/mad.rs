@@ -989,6 +989,53 @@ impl SidrRep {
     }
 }
 
+/// Where the share of a local communication ID sits: its high byte
+/// ([`crate::CmConfig::share`]).
+pub const COMM_ID_SHARE_SHIFT: u32 = 24;
+
+/// The share a local communication ID (or SIDR request ID) was handed out by: its high
+/// byte ([`crate::CmConfig::share`]).
+pub fn comm_id_share(comm_id: u32) -> u8 {
+    (comm_id >> COMM_ID_SHARE_SHIFT) as u8
+}
+
+/// Whom a received CM MAD is for, when the CMs of several processes share one address and
+/// so one QP1: what the host's receiving end looks at to hand it to the right one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addressee {
+    /// Whoever listens on this service ID: a REQ or a SIDR_REQ.
+    Service(u64),
+    /// The `Cm` that handed out this local communication ID (SIDR: request ID), found by
+    /// its share ([`comm_id_share`]): the REMOTE communication ID of an MRA, REJ, REP,
+    /// RTU, DREQ, DREP, LAP or APR, the request ID of a SIDR_REP (IBTA 12.6). 0 when the
+    /// sender did not know it (a REJ of a REQ it could not parse).
+    Connection(u32),
+}
+
+/// The addressee of a CM MAD (exactly [`MAD_LEN`] bytes); `None` for anything else: not a
+/// CM SEND MAD, a ClassPortInfo, an unknown attribute, or too short. Reads only the header
+/// and the one field it needs.
+pub fn addressee(bytes: &[u8]) -> Option<Addressee> {
+    let header = MadHeader::parse_cm(bytes).ok()?;
+    let mad = mad_bytes(bytes).ok()?;
+    Some(match header.attribute() {
+        // REQ: ServiceID at byte 8 of the message; SIDR_REQ: at byte 8 as well.
+        AttributeId::Req | AttributeId::SidrReq => Addressee::Service(be64(mad, H + 8)),
+        // Every connection message carries LocalCommID at 0 and RemoteCommID at 4.
+        AttributeId::Mra
+        | AttributeId::Rej
+        | AttributeId::Rep
+        | AttributeId::Rtu
+        | AttributeId::Dreq
+        | AttributeId::Drep
+        | AttributeId::Lap
+        | AttributeId::Apr => Addressee::Connection(be32(mad, H + 4)),
+        // SIDR_REP: the RequestID of the SIDR_REQ it answers, at 0.
+        AttributeId::SidrRep => Addressee::Connection(be32(mad, H)),
+        AttributeId::ClassPortInfo | AttributeId::Unknown(_) => return None,
+    })
+}
+
 /// Any CM message, parsed by its attribute ID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmMessage {

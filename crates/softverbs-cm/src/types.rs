@@ -18,6 +18,13 @@ pub struct CmConfig {
     pub local_ca_guid: u64,
     /// Seed of the communication IDs and transaction IDs (no global RNG in this crate).
     pub seed: u64,
+    /// The high byte of every local communication ID (and SIDR request ID) this `Cm` hands
+    /// out: the share of its port's address that its device holds when devices of several
+    /// processes share one address and one QP1. A MAD answering one of this `Cm`'s
+    /// messages names it in a field the receiving host reads to find the `Cm` it is for
+    /// ([`mad::addressee`](crate::mad::addressee), [`mad::comm_id_share`](crate::mad::comm_id_share)).
+    /// 0 for a port of its own.
+    pub share: u8,
 }
 
 /// A connection (or SIDR request) of a [`Cm`](crate::Cm): its local communication ID

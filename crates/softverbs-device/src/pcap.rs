@@ -702,6 +702,18 @@ impl<T: Transport> Transport for PcapTransport<T> {
         self.inner.in_memory(to)
     }
 
+    fn address_share(&self) -> u8 {
+        self.inner.address_share()
+    }
+
+    fn listen_service(&self, service_id: u64) -> io::Result<()> {
+        self.inner.listen_service(service_id)
+    }
+
+    fn unlisten_service(&self, service_id: u64) {
+        self.inner.unlisten_service(service_id)
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         self.inner.readiness_fd()
     }

@@ -596,6 +596,28 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// The share of its address this transport's device holds when devices of several
+    /// processes share the address (their slot; QPNs `share << 16 ..`), which the high
+    /// byte of its connection manager's communication IDs must carry
+    /// (`softverbs_cm::CmConfig::share`). The default: 0, an address of its own.
+    fn address_share(&self) -> u8 {
+        0
+    }
+
+    /// Says that the device's connection manager listens on `service_id`, so that REQs and
+    /// SIDR_REQs for it reach this device when its address is shared. `EADDRINUSE` when a
+    /// device of another process on the address listens on it (one port space per
+    /// address, as the kernel's). The default: `Ok`, an address of its own.
+    fn listen_service(&self, service_id: u64) -> io::Result<()> {
+        let _ = service_id;
+        Ok(())
+    }
+
+    /// Undoes [`Transport::listen_service`]. The default does nothing.
+    fn unlisten_service(&self, service_id: u64) {
+        let _ = service_id;
+    }
+
     /// True if packets for `to` go through shared memory rather than a socket (a capture
     /// marks them so). The default: false.
     fn in_memory(&self, to: &Endpoint) -> bool {
@@ -677,6 +699,15 @@ macro_rules! forward_transport {
             }
             fn in_memory(&self, to: &Endpoint) -> bool {
                 (**self).in_memory(to)
+            }
+            fn address_share(&self) -> u8 {
+                (**self).address_share()
+            }
+            fn listen_service(&self, service_id: u64) -> io::Result<()> {
+                (**self).listen_service(service_id)
+            }
+            fn unlisten_service(&self, service_id: u64) {
+                (**self).unlisten_service(service_id)
             }
             fn counters(&self) -> TransportCounters {
                 (**self).counters()

@@ -90,11 +90,15 @@ pub fn ensure_cm(st: &mut State, dev: usize) -> Result<(), Errno> {
     if fd < 0 {
         return Err(crate::boundary::errno().max(libc::ENODEV));
     }
+    // SAFETY: an open context of the loaded libibverbs.
+    let share = unsafe { (g.share)(ctx) };
+    let share = u8::try_from(share).map_err(|_| crate::boundary::errno().max(libc::ENODEV))?;
     let seed =
         (u64::from(crate::state::random_u32()) << 32) | u64::from(crate::state::random_u32());
     let mut cm = Cm::new(CmConfig {
         local_ca_guid: st.devices[dev].guid,
         seed,
+        share,
     });
     cm.set_unmatched_req_hold(UNMATCHED_REQ_HOLD_NS);
     st.devices[dev].cm = Some(DeviceCm {
@@ -711,12 +715,23 @@ pub fn listen(st: &mut State, key: usize) -> Result<(), Errno> {
     let sid = service_id_of(ps, bound.port());
     for d in devs {
         ensure_cm(st, d)?;
+        let ctx = st.devices[d].ctx.0;
         let Some(c) = st.devices[d].cm.as_mut() else {
             continue;
         };
         let l = c.listeners.entry(sid).or_default();
         if l.is_empty() {
             c.cm.listen(sid).map_err(errno_of)?;
+            // Processes sharing the device's address share its QP1: the device hands
+            // this one the REQs for `sid` (or refuses: another listens there).
+            let g = gsi()?;
+            // SAFETY: an open context of the loaded libibverbs.
+            let refused = unsafe { (g.listen)(ctx, sid) };
+            if refused != 0 {
+                c.cm.unlisten(sid);
+                c.listeners.remove(&sid);
+                return Err(refused);
+            }
         }
         l.push(key);
     }
@@ -752,6 +767,10 @@ pub fn release(st: &mut State, key: usize) {
                     if l.is_empty() {
                         c.listeners.remove(&sid);
                         c.cm.unlisten(sid);
+                        if let Ok(g) = gsi() {
+                            // SAFETY: an open context of the loaded libibverbs.
+                            unsafe { (g.unlisten)(d.ctx.0, sid) };
+                        }
                     }
                 }
             }

@@ -44,12 +44,16 @@ pub struct Gsi {
     pub send: unsafe extern "C" fn(Ctx, *const u8, *const c_void, usize) -> c_int,
     pub recv: unsafe extern "C" fn(Ctx, *mut u8, *mut u32, *mut c_void, usize) -> isize,
     pub fd: unsafe extern "C" fn(Ctx) -> c_int,
+    pub share: unsafe extern "C" fn(Ctx) -> c_int,
+    pub listen: unsafe extern "C" fn(Ctx, u64) -> c_int,
+    pub unlisten: unsafe extern "C" fn(Ctx, u64) -> c_int,
 }
 
 /// The version node of libibverbs' public functions.
 const IBVERBS_1_1: &CStr = c"IBVERBS_1.1";
 const IBVERBS_1_0: &CStr = c"IBVERBS_1.0";
 const PRIVATE: &CStr = c"SOFTVERBS_PRIVATE_1.0";
+const PRIVATE_1_1: &CStr = c"SOFTVERBS_PRIVATE_1.1";
 
 fn handle() -> Result<usize, String> {
     // SAFETY: dlopen with a constant, NUL-terminated name; RTLD_NOW resolves everything
@@ -136,6 +140,9 @@ fn load_gsi() -> Result<Gsi, String> {
         send: load!(h, c"softverbs_gsi_send", PRIVATE),
         recv: load!(h, c"softverbs_gsi_recv", PRIVATE),
         fd: load!(h, c"softverbs_gsi_fd", PRIVATE),
+        share: load!(h, c"softverbs_gsi_share", PRIVATE_1_1),
+        listen: load!(h, c"softverbs_gsi_listen", PRIVATE_1_1),
+        unlisten: load!(h, c"softverbs_gsi_unlisten", PRIVATE_1_1),
     })
 }
 

@@ -30,14 +30,21 @@ pub struct Pair {
 
 impl Pair {
     pub fn new(seed: u64) -> Self {
+        Self::with_shares(seed, 0, 0)
+    }
+
+    /// Two `Cm`s whose communication IDs carry these shares (`CmConfig::share`).
+    pub fn with_shares(seed: u64, share_a: u8, share_b: u8) -> Self {
         Self {
             a: Cm::new(CmConfig {
                 local_ca_guid: GUID_A,
                 seed,
+                share: share_a,
             }),
             b: Cm::new(CmConfig {
                 local_ca_guid: GUID_B,
                 seed: seed.wrapping_add(1),
+                share: share_b,
             }),
             now: 1_000,
             events_a: Vec::new(),

@@ -157,6 +157,22 @@ impl Transport for Link {
         self.udp.as_ref().is_some_and(|udp| udp.in_memory(to))
     }
 
+    fn address_share(&self) -> u8 {
+        self.udp.as_ref().map_or(0, |udp| udp.address_share())
+    }
+
+    fn listen_service(&self, service_id: u64) -> io::Result<()> {
+        self.udp
+            .as_ref()
+            .map_or(Ok(()), |udp| udp.listen_service(service_id))
+    }
+
+    fn unlisten_service(&self, service_id: u64) {
+        if let Some(udp) = &self.udp {
+            udp.unlisten_service(service_id);
+        }
+    }
+
     fn sleeping(&self, before: bool) -> bool {
         self.udp.as_ref().is_some_and(|udp| udp.sleeping(before))
     }

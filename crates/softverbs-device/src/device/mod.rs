@@ -1026,6 +1026,39 @@ impl Device {
         self.inner.gsi_fd.as_fd()
     }
 
+    /// The share of its address this device holds: devices of several processes of one
+    /// user can share an address, each with a share (QPNs `share << 16 ..`, see the
+    /// README); 0 for a device alone on its address, or in-process. A connection manager
+    /// using QP1 ([`Device::gsi_send`]) hands out communication IDs whose high byte is
+    /// this (`softverbs_cm::CmConfig::share`), so that the answers to its messages, which
+    /// reach the address's socket, are handed to this device.
+    pub fn address_share(&self) -> u8 {
+        self.inner
+            .transport
+            .as_ref()
+            .map_or(0, |transport| transport.address_share())
+    }
+
+    /// Says that the connection manager using QP1 listens on `service_id` (an
+    /// `rdma_listen`), so that REQs and SIDR_REQs for it reach this device when its
+    /// address is shared. Refused with `EADDRINUSE` when a device of another process on the
+    /// address listens on it (the port space is the address's, as on a kernel), `ENOMEM`
+    /// when 256 services of the address are listened on.
+    pub fn gsi_listen(&self, service_id: u64) -> Result<(), DeviceError> {
+        match &self.inner.transport {
+            Some(transport) => Ok(transport.listen_service(service_id)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Undoes [`Device::gsi_listen`] (an `rdma_destroy_id` of the listener). Every service
+    /// is forgotten when the device closes.
+    pub fn gsi_unlisten(&self, service_id: u64) {
+        if let Some(transport) = &self.inner.transport {
+            transport.unlisten_service(service_id);
+        }
+    }
+
     /// Whether packets for devices of this process are handed over directly (the
     /// default) or sent through the transport like any other (tests of the wire path).
     pub fn set_in_process_shortcut(&self, on: bool) {

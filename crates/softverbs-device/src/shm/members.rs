@@ -18,6 +18,16 @@
 //! | 0 | holder: process ID of the device holding `address:port` |
 //! | 64 + 8k | slot `k`: process ID of its member |
 //! | 68 + 8k | slot `k`: state, [`JOINING`] or [`READY`] (the member's inbox exists) |
+//! | 2112 | services lock: process ID of the device changing the services table |
+//! | 2176 + 16s | service entry `s`: process ID of its listener (0: free) |
+//! | 2180 + 16s | service entry `s`: the listener's slot |
+//! | 2184 + 16s | service entry `s`: the service ID |
+//!
+//! The services table says which member's connection manager listens on which service ID
+//! ([`Members::claim_service`]): the holder hands it the REQs and SIDR_REQs for that
+//! service, which arrive on QP1 like every management datagram of the address. The table
+//! was added after the slots; a file made before it (2112 bytes) is grown in place, and a
+//! device that does not know the table still reads its slots where they were.
 //!
 //! Who writes what: a device claims a slot by compare-and-swap of its process ID (over 0,
 //! or over the ID of a process that is gone, so a member that died blocks nobody), marks it
@@ -30,16 +40,23 @@
 use super::inbox::pid_alive;
 use rustix::fs::{Mode, OFlags};
 use rustix::mm::{MapFlags, ProtFlags};
+use softverbs_cm::mad::{comm_id_share, Addressee};
 use std::ffi::c_void;
 use std::io;
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Slots of an address: devices that can share it at a time.
 pub(crate) const SLOTS: usize = 256;
 
 /// QPNs per slot.
 const SLOT_QPNS: u32 = 1 << 16;
+
+/// Entries of the services table: services listened on at a time, over all members.
+pub(crate) const SERVICES: usize = 256;
+
+/// How long a device waits for the services lock held by a live process.
+const SERVICES_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A slot claimed by a device whose inbox is not there yet.
 pub(crate) const JOINING: u32 = 0;
@@ -52,15 +69,31 @@ struct Slot {
     state: AtomicU32,
 }
 
+/// A service one member's connection manager listens on.
+#[repr(C)]
+struct Service {
+    /// The listener's process ID; 0: the entry is free. Written last when claimed
+    /// (Release), first when freed.
+    pid: AtomicU32,
+    slot: AtomicU32,
+    id: AtomicU64,
+}
+
 /// The file's layout.
 #[repr(C)]
 struct MembersFile {
     holder: AtomicU32,
     _pad: [u8; 60],
     slots: [Slot; SLOTS],
+    services_lock: AtomicU32,
+    _pad2: [u8; 60],
+    services: [Service; SERVICES],
 }
 
 const LEN: usize = std::mem::size_of::<MembersFile>();
+
+/// The size of a members file made before the services table: its slots end there.
+const LEN_WITHOUT_SERVICES: usize = std::mem::offset_of!(MembersFile, services_lock);
 
 /// The slot whose member owns `qpn`: its upper 8 bits (QPN 1, the management QP, is slot
 /// 0's). `None` for the multicast QPN 0xFFFFFF, which every member receives on its own
@@ -75,6 +108,23 @@ pub(crate) fn destination_qpn(ib_packet: &[u8]) -> Option<u32> {
     let bytes = ib_packet.get(5..8)?;
     Some(u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]))
 }
+
+/// Where a management datagram starts in an IB transport packet to QP1: after the BTH (12
+/// bytes) and the DETH (8).
+const GSI_MAD_AT: usize = 20;
+
+/// The slot whose ring a packet may go into straight from a device of this host: its
+/// destination QPN's. `None` for multicast and for QP1 (a management datagram is for the
+/// member whose connection manager its contents name: the holder of the socket tells,
+/// [`Members::packet_slot`], so those go to the address's socket).
+pub(crate) fn ring_slot(ib_packet: &[u8]) -> Option<usize> {
+    destination_qpn(ib_packet)
+        .filter(|&qpn| qpn != GSI_QPN)
+        .and_then(slot_of)
+}
+
+/// QP1, the General Services Interface.
+const GSI_QPN: u32 = 1;
 
 /// A shared mapping of an address's members file.
 pub(crate) struct Members {
@@ -113,8 +163,10 @@ impl Members {
         }
         match stat.st_size {
             // Made now, or by a device opening it at the same time: either size is LEN,
-            // and ftruncate to the same size keeps what the other wrote.
+            // and ftruncate to the same size keeps what the other wrote. A file of a
+            // version without the services table grows (the new part reads zero: free).
             0 => rustix::fs::ftruncate(&fd, LEN as u64)?,
+            size if size == LEN_WITHOUT_SERVICES as i64 => rustix::fs::ftruncate(&fd, LEN as u64)?,
             size if size == LEN as i64 => {}
             _ => {
                 return Err(io::Error::new(
@@ -232,6 +284,130 @@ impl Members {
         );
     }
 
+    /// The slot of the member a packet received on the address's socket is for: its
+    /// destination QPN's; for a management datagram (QP1), the member whose connection
+    /// manager listens on the service a REQ or SIDR_REQ names, or handed out the
+    /// communication ID an answer names (its high byte, `softverbs_cm::CmConfig::share`).
+    /// `None` for multicast and for a management datagram no member is named by (the
+    /// holder's own connection manager answers it, or drops it).
+    pub(crate) fn packet_slot(&self, ib_packet: &[u8]) -> Option<usize> {
+        let qpn = destination_qpn(ib_packet)?;
+        if qpn != GSI_QPN {
+            return slot_of(qpn);
+        }
+        let mad = ib_packet
+            .get(GSI_MAD_AT..)?
+            .get(..softverbs_cm::mad::MAD_LEN)?;
+        match softverbs_cm::mad::addressee(mad)? {
+            Addressee::Service(id) => self.service_slot(id),
+            Addressee::Connection(0) => None,
+            Addressee::Connection(id) => Some(usize::from(comm_id_share(id))),
+        }
+    }
+
+    /// Records that the connection manager of this process's member in `slot` listens on
+    /// `service_id`. `EADDRINUSE` if a live member listens on it already (this process's
+    /// included: a device has one connection manager), `ENOMEM` when the table is full,
+    /// `EBUSY` when the table's lock stays held by a live process.
+    pub(crate) fn claim_service(&self, slot: usize, service_id: u64) -> io::Result<()> {
+        let me = std::process::id();
+        self.with_services_lock(|file| {
+            let mut free = None;
+            for (index, entry) in file.services.iter().enumerate() {
+                match self.service_listener(entry) {
+                    Some((_, id)) if id == service_id => {
+                        return Err(io::Error::from_raw_os_error(libc::EADDRINUSE))
+                    }
+                    Some(_) => {}
+                    None => {
+                        free.get_or_insert(index);
+                    }
+                }
+            }
+            let entry = &file.services[free.ok_or(io::Error::from_raw_os_error(libc::ENOMEM))?];
+            entry.pid.store(0, Ordering::Release);
+            entry.slot.store(slot as u32, Ordering::Relaxed);
+            entry.id.store(service_id, Ordering::Relaxed);
+            // Release: a reader that sees the process ID sees the slot and the ID.
+            entry.pid.store(me, Ordering::Release);
+            Ok(())
+        })
+    }
+
+    /// Forgets that this process listens on `service_id` (every service when `None`: the
+    /// device closes).
+    pub(crate) fn release_services(&self, service_id: Option<u64>) {
+        let me = std::process::id();
+        let release = |file: &MembersFile| {
+            for entry in &file.services {
+                if entry.pid.load(Ordering::Acquire) == me
+                    && service_id.is_none_or(|id| entry.id.load(Ordering::Relaxed) == id)
+                {
+                    entry.pid.store(0, Ordering::Release);
+                }
+            }
+            Ok(())
+        };
+        // Without the lock if it cannot be had: a free store races only with a claim
+        // that then finds the entry taken (and another one).
+        if self.with_services_lock(release).is_err() {
+            let _ = release(self.file());
+        }
+    }
+
+    /// The slot of the member listening on `service_id`, if one does and is still there.
+    /// Lock-free: what the holder asks of each REQ and SIDR_REQ.
+    pub(crate) fn service_slot(&self, service_id: u64) -> Option<usize> {
+        self.file()
+            .services
+            .iter()
+            .filter_map(|entry| self.service_listener(entry))
+            .find(|&(_, id)| id == service_id)
+            .map(|(slot, _)| slot)
+    }
+
+    /// The (slot, service ID) of an entry whose listener is still the member of its slot.
+    fn service_listener(&self, entry: &Service) -> Option<(usize, u64)> {
+        // Acquire: pairs with the claimant's Release store of its process ID.
+        let pid = entry.pid.load(Ordering::Acquire);
+        if pid == 0 {
+            return None;
+        }
+        let slot = entry.slot.load(Ordering::Relaxed) as usize;
+        let id = entry.id.load(Ordering::Relaxed);
+        let member = self.file().slots.get(slot)?.pid.load(Ordering::Acquire);
+        (member == pid && pid_alive(pid)).then_some((slot, id))
+    }
+
+    /// Runs `change` on the file while holding the services lock (a process ID in the
+    /// file, taken over from a process that is gone).
+    fn with_services_lock<T>(
+        &self,
+        change: impl FnOnce(&MembersFile) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let me = std::process::id();
+        let lock = &self.file().services_lock;
+        let start = std::time::Instant::now();
+        loop {
+            let held = lock.load(Ordering::Acquire);
+            if (held == 0 || (held != me && !pid_alive(held)))
+                && lock
+                    .compare_exchange(held, me, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break;
+            }
+            if start.elapsed() > SERVICES_LOCK_WAIT {
+                return Err(io::Error::from_raw_os_error(libc::EBUSY));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        let result = change(self.file());
+        // Release: the next holder of the lock sees this one's changes.
+        lock.store(0, Ordering::Release);
+        result
+    }
+
     /// The QPNs of `slot`: `k << 16 .. (k + 1) << 16` (the engine leaves out 0, 1 and
     /// 0xFFFFFF).
     pub(crate) fn qpn_range(slot: usize) -> softverbs_proto::QpnRange {
@@ -274,6 +450,54 @@ mod tests {
         members.release(a);
         assert_eq!(again.ready_member(a), None);
         assert_eq!(again.claim(), Some(a));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// The services table: one listener per service ID among the members (the kernel's
+    /// port space is host-wide: a second `rdma_listen` on a port is EADDRINUSE), found by
+    /// the holder while its member is there, freed by release and by the member's going.
+    #[test]
+    fn a_service_has_one_listener_among_the_members() {
+        let path = std::env::temp_dir().join(format!("softverbs-services-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        let slot = members.claim().unwrap();
+        assert_eq!(members.service_slot(0x0106_1D2F), None);
+        members.claim_service(slot, 0x0106_1D2F).unwrap();
+        members.claim_service(slot, 0x0106_1D30).unwrap();
+        assert_eq!(members.service_slot(0x0106_1D2F), Some(slot));
+        let again = members.claim_service(slot, 0x0106_1D2F).unwrap_err();
+        assert_eq!(again.raw_os_error(), Some(libc::EADDRINUSE));
+        members.release_services(Some(0x0106_1D2F));
+        assert_eq!(members.service_slot(0x0106_1D2F), None);
+        assert_eq!(members.service_slot(0x0106_1D30), Some(slot));
+        // A member that left (its slot freed, or taken by another process) listens no more.
+        members.release(slot);
+        assert_eq!(members.service_slot(0x0106_1D30), None);
+        members.claim_service(slot, 0x0106_1D30).unwrap();
+        members.release_services(None);
+        assert_eq!(members.service_slot(0x0106_1D30), None);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A members file of a version without the services table is grown to hold it; its
+    /// slots stay as they were.
+    #[test]
+    fn a_members_file_without_the_services_table_is_grown() {
+        let path = std::env::temp_dir().join(format!("softverbs-old-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut old = vec![0u8; LEN_WITHOUT_SERVICES];
+        old[64..68].copy_from_slice(&4_000_000u32.to_ne_bytes());
+        std::fs::write(&path, &old).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let members = Members::open(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), LEN as u64);
+        assert_eq!(
+            members.file().slots[0].pid.load(Ordering::Relaxed),
+            4_000_000
+        );
+        assert_eq!(members.service_slot(1), None);
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -45,7 +45,7 @@ use crate::transport::{
 };
 use crate::udp::{UdpConfig, UdpTransport};
 use inbox::{pid_alive, OwnInbox, PeerInbox, Refused, Scope, RINGS};
-use members::{destination_qpn, slot_of, Members};
+use members::{ring_slot, Members};
 use ring::{Ring, CLOSING};
 use rustix::event::epoll;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -150,6 +150,7 @@ struct Membership {
 
 impl Drop for Membership {
     fn drop(&mut self) {
+        self.members.release_services(None);
         self.members.clear_holder();
         self.members.release(self.slot);
     }
@@ -567,8 +568,10 @@ impl Shm {
         for index in 0..received.len() {
             let packet = received[index];
             let bytes = &bufs[index][..packet.len];
-            let target = destination_qpn(bytes)
-                .and_then(slot_of)
+            let target = self
+                .membership
+                .members
+                .packet_slot(bytes)
                 .filter(|&slot| slot != own);
             if let Some(slot) = target {
                 if self.forward_one(slot, &packet, bytes) {
@@ -932,7 +935,7 @@ impl HostTransport {
     ) -> bool {
         let mut routes = lock(&shm.routes);
         let mut now = None;
-        let slot = destination_qpn(bytes).and_then(slot_of);
+        let slot = ring_slot(bytes);
         let Some(peer) = shm.route(&mut routes, to, slot, self.local.gid(), &mut now) else {
             return false;
         };
@@ -983,7 +986,7 @@ impl Transport for HostTransport {
         let mut wire = Vec::new();
         let mut sent = 0;
         let mut start = 0;
-        let slot = |packet: &OutgoingPacket<'_>| destination_qpn(packet.bytes).and_then(slot_of);
+        let slot = |packet: &OutgoingPacket<'_>| ring_slot(packet.bytes);
         while start < packets.len() {
             let to = packets[start].to;
             let to_slot = slot(&packets[start]);
@@ -1152,6 +1155,27 @@ impl Transport for HostTransport {
             header.waiters.fetch_sub(1, Ordering::SeqCst);
             shm.clear_doorbell();
             false
+        }
+    }
+
+    fn address_share(&self) -> u8 {
+        // SLOTS is 256: a slot is one byte.
+        self.shm.as_ref().map_or(0, |shm| shm.membership.slot as u8)
+    }
+
+    fn listen_service(&self, service_id: u64) -> io::Result<()> {
+        match &self.shm {
+            Some(shm) => shm
+                .membership
+                .members
+                .claim_service(shm.membership.slot, service_id),
+            None => Ok(()),
+        }
+    }
+
+    fn unlisten_service(&self, service_id: u64) {
+        if let Some(shm) = &self.shm {
+            shm.membership.members.release_services(Some(service_id));
         }
     }
 
