@@ -160,6 +160,33 @@ struct HandedOver {
 /// Packets for devices of this process, in order.
 type LocalQueue = VecDeque<HandedOver>;
 
+/// [`Outgoing`]s a thread keeps (runs nest as deep as devices of this process hand
+/// packets to each other within one delivery; more than this are dropped when done).
+const SPARE_OUTGOING: usize = 8;
+
+/// Handed-over packet buffers a thread keeps.
+const SPARE_BUFFERS: usize = 64;
+
+/// A copy of `bytes` for a device of this process, in a buffer a receiver gave back.
+fn handed_copy(bytes: &[u8]) -> Vec<u8> {
+    let mut buffer = SPARE
+        .with(|spare| spare.borrow_mut().pop())
+        .unwrap_or_default();
+    buffer.clear();
+    buffer.extend_from_slice(bytes);
+    buffer
+}
+
+/// Gives a handed-over packet's buffer back for the next copy.
+fn give_back(buffer: Vec<u8>) {
+    SPARE.with(|spare| {
+        let mut spare = spare.borrow_mut();
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(buffer);
+        }
+    });
+}
+
 thread_local! {
     /// Packets for devices of this process, delivered in order by the outermost run on
     /// this thread (so no device lock is held while another device runs). The flag says
@@ -167,9 +194,14 @@ thread_local! {
     static LOCAL_DELIVERY: RefCell<(bool, LocalQueue)> =
         const { RefCell::new((false, VecDeque::new())) };
 
-    /// The packets of a run, kept for the next run on this thread (a run nested in
-    /// another, through local delivery, finds it taken and starts an empty one).
-    static OUTGOING: RefCell<Outgoing> = RefCell::new(Outgoing::default());
+    /// The packets of runs, kept for the next runs on this thread: a run takes one, and a
+    /// run nested in it (through local delivery) takes another, so a ping-pong between
+    /// devices of this process allocates nothing per run.
+    static OUTGOING: RefCell<Vec<Outgoing>> = const { RefCell::new(Vec::new()) };
+
+    /// Buffers of packets handed to devices of this process, back from their receiver
+    /// for the next hand-over on this thread (at most [`SPARE_BUFFERS`]).
+    static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 
     /// This thread's receive buffers (taken while in use, as `OUTGOING`).
     static RECEIVE_BUFFERS: RefCell<Option<ReceiveBuffers>> = const { RefCell::new(None) };
@@ -197,7 +229,9 @@ impl DeviceInner {
     /// them for the application's next post or poll ([`HeldAcks`]).
     fn run_holding<R>(self: &Arc<Self>, hold_acks: bool, f: impl FnOnce(&mut State) -> R) -> R {
         let now = DeviceClock::now();
-        let mut outgoing = OUTGOING.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        let mut outgoing = OUTGOING
+            .with(|cell| cell.borrow_mut().pop())
+            .unwrap_or_default();
         outgoing.clear();
         let (result, sending) = {
             // The device's span (module doc of `device`): not over the delivery below,
@@ -226,7 +260,12 @@ impl DeviceInner {
                 self.send_all(&mut outgoing, guard);
             }
         }
-        OUTGOING.with(|cell| *cell.borrow_mut() = outgoing);
+        OUTGOING.with(|cell| {
+            let mut spare = cell.borrow_mut();
+            if spare.len() < SPARE_OUTGOING {
+                spare.push(outgoing);
+            }
+        });
         result
     }
 
@@ -316,11 +355,27 @@ impl DeviceInner {
             send_through(&*tap.stack, outgoing, sending);
             return;
         }
-        let mut local = Vec::new();
-        let mut batch = Vec::with_capacity(outgoing.packets.len());
+        let mut batch = match self.transport {
+            Some(_) => Vec::with_capacity(outgoing.packets.len()),
+            None => Vec::new(),
+        };
+        let from = self.address;
         {
             let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
             let reg = shortcut.then(|| lock(registry()));
+            // Packets for devices of this process join the thread's delivery queue, in
+            // order; they are delivered below, once the send lock is released.
+            let hand = |to: Arc<DeviceInner>, dest: IpAddr, src_port: u16, bytes: &[u8]| {
+                let handed = HandedOver {
+                    to,
+                    from,
+                    dest,
+                    src_port,
+                    bytes: handed_copy(bytes),
+                    sent: None,
+                };
+                LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.push_back(handed));
+            };
             for (slot, bytes) in outgoing.split() {
                 let dest = slot.to.addr();
                 // A device of this process at that address, unless the address is shared
@@ -330,14 +385,14 @@ impl DeviceInner {
                     .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade))
                     .filter(|peer| peer.owns_packet(bytes));
                 match peer {
-                    Some(peer) => local.push((peer, dest, slot.src_port, bytes.to_vec())),
+                    Some(peer) => hand(peer, dest, slot.src_port, bytes),
                     // An in-process device's multicast: a copy to every device of this
                     // process in the group (a UDP device's goes to the socket, and the
                     // kernel hands a copy to every group socket of the host).
                     None if dest.is_multicast() && self.transport.is_none() => {
                         if let Some(reg) = &reg {
                             for member in group_members(reg, dest) {
-                                local.push((member, dest, slot.src_port, bytes.to_vec()));
+                                hand(member, dest, slot.src_port, bytes);
                             }
                         }
                     }
@@ -355,19 +410,8 @@ impl DeviceInner {
             transport.send_batch(&mut batch);
         }
         drop(batch);
-        let from = self.address;
         let drain_here = LOCAL_DELIVERY.with(|cell| {
             let mut q = cell.borrow_mut();
-            for (to, dest, src_port, bytes) in local {
-                q.1.push_back(HandedOver {
-                    to,
-                    from,
-                    dest,
-                    src_port,
-                    bytes,
-                    sent: None,
-                });
-            }
             if q.0 || q.1.is_empty() {
                 false
             } else {
@@ -395,14 +439,19 @@ impl DeviceInner {
         mut bytes: Vec<u8>,
         sent: Option<Box<Sent>>,
     ) {
-        if let Some(sent) = sent {
-            if !self.accept_framed(&sent, &bytes, from) {
-                return;
+        let accepted = match sent {
+            Some(sent) => self.accept_framed(&sent, &bytes, from),
+            None => {
+                if let Some(capture) = &self.capture {
+                    self.record_direct(capture, &mut bytes, from, dest, src_port);
+                }
+                true
             }
-        } else if let Some(capture) = &self.capture {
-            self.record_direct(capture, &mut bytes, from, dest, src_port);
+        };
+        if accepted {
+            self.receive(&bytes, from, dest);
         }
-        self.receive(&bytes, from, dest);
+        give_back(bytes);
     }
 
     /// Checks the ICRC of a packet a sender's link handed over (a bad one is dropped and
