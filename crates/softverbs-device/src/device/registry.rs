@@ -5,15 +5,19 @@
 //! devices, in turn.
 
 use super::DeviceInner;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+/// The devices of this process by address, looked up once per packet sent (so not
+/// SipHash: the keys are this process's own addresses).
+pub(super) type Registry = FxHashMap<IpAddr, Weak<DeviceInner>>;
+
 /// The devices of this process by address (weak: the registry keeps none alive).
-pub(super) fn registry() -> &'static Mutex<HashMap<IpAddr, Weak<DeviceInner>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceInner>>>> = OnceLock::new();
-    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+pub(super) fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(Registry::default()))
 }
 
 /// The next address in 127.1.0.0/16 for an in-process device (no socket uses it).
@@ -25,10 +29,7 @@ pub(super) fn next_in_process_address() -> IpAddr {
 
 /// The devices of this process in multicast group `group` (an in-process device's
 /// multicast goes to each of them; `ibv_attach_mcast(3)`).
-pub(super) fn group_members(
-    devices: &HashMap<IpAddr, Weak<DeviceInner>>,
-    group: IpAddr,
-) -> Vec<Arc<DeviceInner>> {
+pub(super) fn group_members(devices: &Registry, group: IpAddr) -> Vec<Arc<DeviceInner>> {
     devices
         .values()
         .filter_map(Weak::upgrade)

@@ -68,8 +68,8 @@ pub use shared::{copy_from_shared, copy_to_shared};
 
 use crate::guarded;
 use crate::mappings::{self, Pinned};
+use rustc_hash::FxHashMap;
 use softverbs_proto::{AccessFlags, MemError, MemKey, WindowBinding, WindowType};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One registered region.
@@ -150,11 +150,14 @@ impl Window {
 #[derive(Debug, Default)]
 pub struct MemoryTable {
     regions: Vec<Option<Slot>>,
-    by_lkey: HashMap<u32, usize>,
-    by_rkey: HashMap<u32, usize>,
+    // Looked up for every work request and every packet with an R_Key: FxHash, not
+    // SipHash. The keys are the device's own (a peer chooses which to look up, never
+    // what is inserted), so no peer can make the tables degrade.
+    by_lkey: FxHashMap<u32, usize>,
+    by_rkey: FxHashMap<u32, usize>,
     /// Memory windows by handle (the upper 24 bits of their R_Keys, which no region's
     /// R_Key shares).
-    windows: HashMap<u32, Window>,
+    windows: FxHashMap<u32, Window>,
     /// Accesses that faulted (the application unmapped registered memory).
     faulted_accesses: AtomicU64,
     /// Accesses to on-demand regions that met a page not mapped (with the access needed).

@@ -47,11 +47,11 @@ use crate::udp::{UdpConfig, UdpTransport};
 use inbox::{pid_alive, OwnInbox, PeerInbox, Refused, Scope, RINGS};
 use members::{ring_slot, Members};
 use ring::{Ring, CLOSING};
+use rustc_hash::FxHashMap;
 use rustix::event::epoll;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use softverbs_wire::icrc;
-use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -169,13 +169,14 @@ struct Shm {
     /// When the holder was last looked at (a member without the socket).
     holder_checked: Mutex<Option<Instant>>,
     /// The members this one forwards packets to, by slot (the holder of the socket).
-    forwards: Mutex<HashMap<usize, Forward>>,
+    forwards: Mutex<FxHashMap<usize, Forward>>,
     /// An abstract datagram socket: receives doorbells, and sends them to peers.
     doorbell: OwnedFd,
     /// The UDP socket and the doorbell, for [`Transport::readiness_fd`].
     epoll: OwnedFd,
-    /// By address and slot of the destination QPN.
-    routes: Mutex<HashMap<(Endpoint, usize), Route>>,
+    /// By address and slot of the destination QPN; looked up for every packet sent (so
+    /// FxHash: the keys are the peers this device sends to, not a peer's choice).
+    routes: Mutex<FxHashMap<(Endpoint, usize), Route>>,
     /// The consumer's state (one receiving thread at a time).
     consumer: Mutex<Consumer>,
     /// Set by a wait that saw the UDP socket readable: the next receive looks at it.
@@ -249,10 +250,10 @@ impl Shm {
             taken: OnceLock::new(),
             holds_socket: AtomicBool::new(holds_socket),
             holder_checked: Mutex::new(None),
-            forwards: Mutex::new(HashMap::new()),
+            forwards: Mutex::new(FxHashMap::default()),
             doorbell,
             epoll,
-            routes: Mutex::new(HashMap::new()),
+            routes: Mutex::new(FxHashMap::default()),
             consumer: Mutex::new(Consumer::default()),
             udp_ready: AtomicBool::new(false),
             receives: AtomicU64::new(0),
@@ -272,7 +273,7 @@ impl Shm {
     /// once per batch.
     fn route<'a>(
         &self,
-        routes: &'a mut HashMap<(Endpoint, usize), Route>,
+        routes: &'a mut FxHashMap<(Endpoint, usize), Route>,
         to: &Endpoint,
         slot: Option<usize>,
         from: Gid,
@@ -374,7 +375,7 @@ impl Shm {
     }
 
     /// What to do after a ring refused a packet: drop the route if the peer is gone.
-    fn full(&self, routes: &mut HashMap<(Endpoint, usize), Route>, key: (Endpoint, usize)) {
+    fn full(&self, routes: &mut FxHashMap<(Endpoint, usize), Route>, key: (Endpoint, usize)) {
         crate::transport::bump(&self.counters.dropped_undeliverable);
         if let Some(Route::Shared(peer)) = routes.get(&key) {
             if !peer.inbox.still_there() {
