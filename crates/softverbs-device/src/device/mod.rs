@@ -103,7 +103,6 @@ struct State {
     /// Completions a back-pressure CQ refused, retried in order on every run.
     held: VecDeque<Completion>,
     objects: objects::Objects,
-    scratch: Vec<u8>,
     /// Every CQ a QP of the device completes into, by id, until the CQ is destroyed
     /// ([`Device::cq_destroyed`]): for the statistics' high-water marks and overruns.
     cqs: HashMap<u64, CqProducer>,
@@ -334,7 +333,6 @@ impl Device {
                 routes: Routes::default(),
                 held: VecDeque::new(),
                 objects: objects::Objects::new(),
-                scratch: vec![0u8; 16 * 1024],
                 cqs: HashMap::new(),
                 retired_cqs: RetiredCqs::default(),
                 gsi_seen: 0,

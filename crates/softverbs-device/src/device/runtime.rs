@@ -64,11 +64,15 @@ const RECEIVE_ROUNDS: usize = 2;
 const RECEIVE_SLOT_LEN: usize = 8 * 1024;
 
 /// The packets a run produced, to send once the state lock is released: their bytes one
-/// after another in `bytes` (reused from run to run, so no allocation per packet).
+/// after another in `bytes[..used]` (reused from run to run, so no allocation per packet).
+/// The engine writes each packet straight into the room after them: no copy between its
+/// build and the transport.
 #[derive(Default)]
 struct Outgoing {
     packets: Vec<OutgoingSlot>,
+    /// The packets' bytes, then room already initialized (never zeroed again).
     bytes: Vec<u8>,
+    used: usize,
 }
 
 /// One packet of [`Outgoing`]: the next `len` bytes.
@@ -79,18 +83,43 @@ struct OutgoingSlot {
     len: usize,
 }
 
+/// The room the engine is given to build one packet in: a packet at the largest path MTU
+/// (4096) with every header fits, twice over.
+const PACKET_ROOM: usize = 16 * 1024;
+
 impl Outgoing {
     fn clear(&mut self) {
         self.packets.clear();
-        self.bytes.clear();
+        self.used = 0;
+    }
+
+    /// `len` bytes of room after the packets, for the next one.
+    fn room(&mut self, len: usize) -> &mut [u8] {
+        let end = self.used + len;
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
+        }
+        &mut self.bytes[self.used..end]
+    }
+
+    /// Takes the first `slot.len` bytes of the room as the next packet.
+    fn push(&mut self, slot: OutgoingSlot) {
+        self.used += slot.len;
+        self.packets.push(slot);
+    }
+
+    /// The packets' bytes.
+    fn filled(&self) -> &[u8] {
+        &self.bytes[..self.used]
     }
 
     /// Whether every packet is a plain RC ACKNOWLEDGE: BTH opcode 0x11 with an AETH
     /// syndrome of ACK, not a NAK or an RNR NAK (IBTA vol. 1 §9.7.5.2.1, table 44).
     fn only_acks(&self) -> bool {
         let mut at = 0;
+        let filled = self.filled();
         self.packets.iter().all(|slot| {
-            let bytes = &self.bytes[at..at + slot.len];
+            let bytes = &filled[at..at + slot.len];
             at += slot.len;
             bytes.len() > 12 && bytes[0] == RC_ACKNOWLEDGE && bytes[12] >> 5 == 0
         })
@@ -98,19 +127,21 @@ impl Outgoing {
 
     /// Appends `other`'s packets after these.
     fn append(&mut self, other: &Outgoing) {
+        self.room(other.used).copy_from_slice(other.filled());
+        self.used += other.used;
         self.packets.extend_from_slice(&other.packets);
-        self.bytes.extend_from_slice(&other.bytes);
     }
 
     /// Puts `first`'s packets before these.
     fn prepend(&mut self, first: &Outgoing) {
         self.packets.splice(0..0, first.packets.iter().copied());
-        self.bytes.splice(0..0, first.bytes.iter().copied());
+        self.bytes.splice(0..0, first.filled().iter().copied());
+        self.used += first.used;
     }
 
     /// The packets, each with its bytes.
     fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8])> {
-        let mut rest: &mut [u8] = &mut self.bytes;
+        let mut rest: &mut [u8] = &mut self.bytes[..self.used];
         self.packets.iter().map(move |slot| {
             let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(slot.len);
             rest = tail;
@@ -271,12 +302,7 @@ impl DeviceInner {
 
     /// Collects transmits, completions and events from the engine.
     fn drain(&self, st: &mut State, now: u64, outgoing: &mut Outgoing) {
-        let State {
-            engine,
-            memory,
-            scratch,
-            ..
-        } = st;
+        let State { engine, memory, .. } = st;
         // Local operations (binds, local invalidations) and packets in turn: a local
         // operation runs once it heads its send queue, and what follows it is sent only
         // after. Every round retires work requests or sends packets, so the send queues
@@ -284,16 +310,15 @@ impl DeviceInner {
         for _ in 0..MAX_DRAIN_ROUNDS {
             let ran = engine.execute_local_operations(memory);
             let mut sent = 0usize;
-            while let Some(tx) = engine.poll_transmit(now, scratch, memory) {
+            while let Some(tx) = engine.poll_transmit(now, outgoing.room(PACKET_ROOM), memory) {
                 // The peer's address as the path check reads it (a link-local GID is the
                 // address it was made from).
                 let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
-                outgoing.packets.push(OutgoingSlot {
+                outgoing.push(OutgoingSlot {
                     to,
                     src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
                     len: tx.len,
                 });
-                outgoing.bytes.extend_from_slice(&scratch[..tx.len]);
                 sent += 1;
             }
             if ran == 0 && sent == 0 {
