@@ -141,6 +141,9 @@ pub(crate) struct Qp {
     pub init: QpInit,
     pub state: QpState,
     pub attr: QpAttr,
+    /// Payload bytes per packet instead of the path MTU, for a peer no packet of which
+    /// crosses a wire ([`crate::Engine::set_segment_size`]).
+    pub segment: Option<u32>,
 
     pub sq: VecDeque<SendWqe>,
     pub rq: VecDeque<RecvWr>,
@@ -345,14 +348,16 @@ impl Qp {
             replays: VecDeque::new(),
             comm_est_raised: false,
             sq_drained_raised: false,
+            segment: None,
         }
     }
 
-    /// Payload bytes per packet for this QP.
+    /// Payload bytes per packet for this QP: the port MTU for UD, else the path MTU or the
+    /// segment size set in its place.
     pub fn mtu(&self, config: &EngineConfig) -> u32 {
         match self.init.qp_type {
             QpType::Ud => config.port_mtu.bytes(),
-            _ => self.attr.path_mtu.bytes(),
+            _ => self.segment.unwrap_or_else(|| self.attr.path_mtu.bytes()),
         }
     }
 

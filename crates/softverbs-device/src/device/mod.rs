@@ -224,7 +224,40 @@ impl DeviceInner {
         let qpn = u32::from_be_bytes([0, qpn[0], qpn[1], qpn[2]]);
         qpn == 0xFF_FFFF || (self.qpns.start..self.qpns.end).contains(&qpn)
     }
+
+    /// Whether this device hands its packets for other devices of this process over in
+    /// memory as they are: no capture or faults (whose packets are the wire's), the
+    /// in-process shortcut on.
+    fn hands_over_directly(&self) -> bool {
+        self.tap.is_none() && (self.transport.is_none() || self.shortcut.load(Ordering::Relaxed))
+    }
+
+    /// The segment size a connected QP entering RTR with `attr` (its path) uses:
+    /// [`DIRECT_SEGMENT`] when both ends hand packets over in memory — the peer QP is a
+    /// device's of this process (this one included) and neither device captures, injects
+    /// faults or has the shortcut off — so that neither side's packets ever meet a wire
+    /// or a socket's size limit; else the path MTU (`None`).
+    fn segment_for(&self, attr: &QpAttr) -> Option<std::num::NonZeroU32> {
+        if !self.hands_over_directly() {
+            return None;
+        }
+        let dest = Gid(attr.ah_attr.dgid).resolve(self.address);
+        let peer = lock(registry())
+            .get(&dest)
+            .and_then(std::sync::Weak::upgrade)?;
+        let owns = (peer.qpns.start..peer.qpns.end).contains(&attr.dest_qp_num);
+        (owns && peer.hands_over_directly()).then_some(DIRECT_SEGMENT)
+    }
 }
+
+/// The payload of a packet between two QPs of devices of this process (both handing
+/// packets over in memory): 64 KiB instead of the path MTU, a sixteenth of the packets —
+/// and of their headers, checks and hand-overs — for a large message
+/// (`Engine::set_segment_size`).
+const DIRECT_SEGMENT: std::num::NonZeroU32 = match std::num::NonZeroU32::new(64 * 1024) {
+    Some(size) => size,
+    None => unreachable!(),
+};
 
 /// Locks `m`, going on past poisoning (a thread that panicked while holding it).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -862,7 +895,18 @@ impl Device {
 
     /// Modifies a QP (`ibv_modify_qp(3)`).
     pub fn modify_qp(&self, qpn: u32, attr: &QpAttr, mask: AttrMask) -> Result<(), DeviceError> {
-        self.inner.run(|st| st.engine.modify_qp(qpn, attr, mask))?;
+        // A connected QP entering RTR learns its peer: one of a device of this process
+        // takes larger packets than the path MTU (both ends decide alike).
+        let to_rtr = mask.contains(AttrMask::STATE | AttrMask::AV) && attr.qp_state == QpState::Rtr;
+        let segment = to_rtr.then(|| self.inner.segment_for(attr));
+        self.inner.run(|st| {
+            st.engine.modify_qp(qpn, attr, mask)?;
+            if let Some(segment) = segment {
+                // A UD QP (no path MTU to replace) refuses; nothing to do then.
+                let _ = st.engine.set_segment_size(qpn, segment);
+            }
+            Ok::<(), VerbsError>(())
+        })?;
         Ok(())
     }
 

@@ -31,6 +31,7 @@ use softverbs_wire::icrc;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard, Weak};
 use std::time::Duration;
@@ -83,9 +84,9 @@ struct OutgoingSlot {
     len: usize,
 }
 
-/// The room the engine is given to build one packet in: a packet at the largest path MTU
-/// (4096) with every header fits, twice over.
-const PACKET_ROOM: usize = 16 * 1024;
+/// The room the engine is given to build one packet in: a packet of a direct segment
+/// (`DIRECT_SEGMENT`, 64 KiB, between devices of this process) with every header fits.
+const PACKET_ROOM: usize = 68 * 1024;
 
 impl Outgoing {
     fn clear(&mut self) {
@@ -182,38 +183,79 @@ struct HandedOver {
     dest: IpAddr,
     /// The UDP source port the sender's transport would have used.
     src_port: u16,
-    bytes: Vec<u8>,
+    bytes: Handed,
     /// The headers the sender's link prepared, its ICRC filled, when the sender captures
     /// or injects faults (`link.rs`); `None` for the direct hand-over (no ICRC).
     sent: Option<Box<Sent>>,
 }
 
+/// The bytes of a handed-over packet.
+enum Handed {
+    /// A copy of its own (a sender's link, `link.rs`).
+    Own(Vec<u8>),
+    /// `len` bytes at `at` of the sending run's packets, handed over as they were built:
+    /// no copy. The last packet of the run to be handled gives the buffer back to the
+    /// thread's spares.
+    Run {
+        run: Rc<Outgoing>,
+        at: usize,
+        len: usize,
+    },
+}
+
+impl Handed {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Handed::Own(bytes) => bytes,
+            Handed::Run { run, at, len } => &run.bytes[*at..*at + *len],
+        }
+    }
+
+    /// Done with: the run's buffer goes back to the thread's spares once its last packet
+    /// is handled.
+    fn release(self) {
+        if let Handed::Run { run, .. } = self {
+            if Rc::strong_count(&run) == 1 {
+                SPARE_RUNS.with(|cell| {
+                    let mut spare = cell.borrow_mut();
+                    if spare.len() < SPARE_OUTGOING {
+                        spare.push(run);
+                    }
+                });
+            }
+        }
+    }
+}
+
 /// Packets for devices of this process, in order.
 type LocalQueue = VecDeque<HandedOver>;
+
+/// A packet of a run for a device of this process: (device, address sent to, UDP source
+/// port, offset and length in the run's bytes).
+type LocalTarget = (Arc<DeviceInner>, IpAddr, u16, usize, usize);
 
 /// [`Outgoing`]s a thread keeps (runs nest as deep as devices of this process hand
 /// packets to each other within one delivery; more than this are dropped when done).
 const SPARE_OUTGOING: usize = 8;
 
-/// Handed-over packet buffers a thread keeps.
-const SPARE_BUFFERS: usize = 64;
-
-/// A copy of `bytes` for a device of this process, in a buffer a receiver gave back.
-fn handed_copy(bytes: &[u8]) -> Vec<u8> {
-    let mut buffer = SPARE
-        .with(|spare| spare.borrow_mut().pop())
-        .unwrap_or_default();
-    buffer.clear();
-    buffer.extend_from_slice(bytes);
-    buffer
+/// An [`Outgoing`] for a run: one of the thread's spares, or a new one.
+fn take_outgoing() -> Outgoing {
+    OUTGOING
+        .with(|cell| cell.borrow_mut().pop())
+        .unwrap_or_default()
 }
 
-/// Gives a handed-over packet's buffer back for the next copy.
-fn give_back(buffer: Vec<u8>) {
-    SPARE.with(|spare| {
-        let mut spare = spare.borrow_mut();
-        if spare.len() < SPARE_BUFFERS {
-            spare.push(buffer);
+/// Keeps `outgoing` for a later run on this thread (one whose buffer was handed over is
+/// empty: dropped, its buffer comes back when its packets are handled).
+fn spare_outgoing(mut outgoing: Outgoing) {
+    if outgoing.bytes.capacity() == 0 {
+        return;
+    }
+    outgoing.clear();
+    OUTGOING.with(|cell| {
+        let mut spare = cell.borrow_mut();
+        if spare.len() < SPARE_OUTGOING {
+            spare.push(outgoing);
         }
     });
 }
@@ -230,9 +272,13 @@ thread_local! {
     /// devices of this process allocates nothing per run.
     static OUTGOING: RefCell<Vec<Outgoing>> = const { RefCell::new(Vec::new()) };
 
-    /// Buffers of packets handed to devices of this process, back from their receiver
-    /// for the next hand-over on this thread (at most [`SPARE_BUFFERS`]).
-    static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    /// Where the packets of a run for devices of this process go, kept from run to run:
+    /// (device, address sent to, UDP source port, offset and length in the run's bytes).
+    static LOCAL_TARGETS: RefCell<Vec<LocalTarget>> = const { RefCell::new(Vec::new()) };
+
+    /// Buffers of runs whose packets were handed over and handled, for the next run to
+    /// hand over its own in (swapped, so neither allocates).
+    static SPARE_RUNS: RefCell<Vec<Rc<Outgoing>>> = const { RefCell::new(Vec::new()) };
 
     /// This thread's receive buffers (taken while in use, as `OUTGOING`).
     static RECEIVE_BUFFERS: RefCell<Option<ReceiveBuffers>> = const { RefCell::new(None) };
@@ -260,9 +306,7 @@ impl DeviceInner {
     /// them for the application's next post or poll ([`HeldAcks`]).
     fn run_holding<R>(self: &Arc<Self>, hold_acks: bool, f: impl FnOnce(&mut State) -> R) -> R {
         let now = DeviceClock::now();
-        let mut outgoing = OUTGOING
-            .with(|cell| cell.borrow_mut().pop())
-            .unwrap_or_default();
+        let mut outgoing = take_outgoing();
         outgoing.clear();
         let (result, sending) = {
             // The device's span (module doc of `device`): not over the delivery below,
@@ -291,12 +335,7 @@ impl DeviceInner {
                 self.send_all(&mut outgoing, guard);
             }
         }
-        OUTGOING.with(|cell| {
-            let mut spare = cell.borrow_mut();
-            if spare.len() < SPARE_OUTGOING {
-                spare.push(outgoing);
-            }
-        });
+        spare_outgoing(outgoing);
         result
     }
 
@@ -384,25 +423,14 @@ impl DeviceInner {
             Some(_) => Vec::with_capacity(outgoing.packets.len()),
             None => Vec::new(),
         };
-        let from = self.address;
+        let mut local = LOCAL_TARGETS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
         {
             let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
             let reg = shortcut.then(|| lock(registry()));
-            // Packets for devices of this process join the thread's delivery queue, in
-            // order; they are delivered below, once the send lock is released.
-            let hand = |to: Arc<DeviceInner>, dest: IpAddr, src_port: u16, bytes: &[u8]| {
-                let handed = HandedOver {
-                    to,
-                    from,
-                    dest,
-                    src_port,
-                    bytes: handed_copy(bytes),
-                    sent: None,
-                };
-                LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.push_back(handed));
-            };
+            let mut at = 0;
             for (slot, bytes) in outgoing.split() {
                 let dest = slot.to.addr();
+                let len = bytes.len();
                 // A device of this process at that address, unless the address is shared
                 // with other processes and the QPN is another one's.
                 let peer = reg
@@ -410,14 +438,14 @@ impl DeviceInner {
                     .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade))
                     .filter(|peer| peer.owns_packet(bytes));
                 match peer {
-                    Some(peer) => hand(peer, dest, slot.src_port, bytes),
+                    Some(peer) => local.push((peer, dest, slot.src_port, at, len)),
                     // An in-process device's multicast: a copy to every device of this
                     // process in the group (a UDP device's goes to the socket, and the
                     // kernel hands a copy to every group socket of the host).
                     None if dest.is_multicast() && self.transport.is_none() => {
                         if let Some(reg) = &reg {
                             for member in group_members(reg, dest) {
-                                hand(member, dest, slot.src_port, bytes);
+                                local.push((member, dest, slot.src_port, at, len));
                             }
                         }
                     }
@@ -428,6 +456,7 @@ impl DeviceInner {
                         tracing::debug!(to = %slot.to.addr(), "no route for in-process device");
                     }
                 }
+                at += len;
             }
         }
         if let (Some(transport), false) = (&self.transport, batch.is_empty()) {
@@ -435,6 +464,38 @@ impl DeviceInner {
             transport.send_batch(&mut batch);
         }
         drop(batch);
+        if !local.is_empty() {
+            // The run's packets are handed over as they were built: the buffer goes with
+            // them (the run continues with a spare one), and comes back to the thread's
+            // spares when the last is handled.
+            let from = self.address;
+            let mut run = SPARE_RUNS
+                .with(|cell| cell.borrow_mut().pop())
+                .unwrap_or_default();
+            match Rc::get_mut(&mut run) {
+                // The run keeps the spare's buffer (cleared before its next use).
+                Some(spare) => std::mem::swap(spare, outgoing),
+                None => run = Rc::new(std::mem::take(outgoing)),
+            }
+            LOCAL_DELIVERY.with(|cell| {
+                let mut queue = cell.borrow_mut();
+                for (to, dest, src_port, at, len) in local.drain(..) {
+                    queue.1.push_back(HandedOver {
+                        to,
+                        from,
+                        dest,
+                        src_port,
+                        bytes: Handed::Run {
+                            run: Rc::clone(&run),
+                            at,
+                            len,
+                        },
+                        sent: None,
+                    });
+                }
+            });
+        }
+        LOCAL_TARGETS.with(|cell| *cell.borrow_mut() = local);
         let drain_here = LOCAL_DELIVERY.with(|cell| {
             let mut q = cell.borrow_mut();
             if q.0 || q.1.is_empty() {
@@ -461,22 +522,24 @@ impl DeviceInner {
         from: IpAddr,
         dest: IpAddr,
         src_port: u16,
-        mut bytes: Vec<u8>,
+        bytes: Handed,
         sent: Option<Box<Sent>>,
     ) {
         let accepted = match sent {
-            Some(sent) => self.accept_framed(&sent, &bytes, from),
+            Some(sent) => self.accept_framed(&sent, bytes.bytes(), from),
             None => {
                 if let Some(capture) = &self.capture {
-                    self.record_direct(capture, &mut bytes, from, dest, src_port);
+                    // The capture fills the ICRC of its own copy.
+                    let mut copy = bytes.bytes().to_vec();
+                    self.record_direct(capture, &mut copy, from, dest, src_port);
                 }
                 true
             }
         };
         if accepted {
-            self.receive(&bytes, from, dest);
+            self.receive(bytes.bytes(), from, dest);
         }
-        give_back(bytes);
+        bytes.release();
     }
 
     /// Checks the ICRC of a packet a sender's link handed over (a bad one is dropped and
@@ -770,7 +833,7 @@ pub(super) fn hand_over(to: Arc<DeviceInner>, dest: IpAddr, sent: &Sent, bytes: 
         from: sent.from.addr(),
         dest,
         src_port: sent.udp.src_port,
-        bytes,
+        bytes: Handed::Own(bytes),
         sent: Some(Box::new(*sent)),
     };
     LOCAL_DELIVERY.with(|cell| cell.borrow_mut().1.push_back(handed));

@@ -1,0 +1,105 @@
+//! Between two devices of one process, whose packets are handed over in memory and never
+//! meet a wire, a connected QP cuts its messages into 64 KiB packets instead of path-MTU
+//! ones: a sixteenth of the packets of a large transfer at a 4096 MTU, each with its headers,
+//! checks and hand-over. Both QPs decide it alike as they enter RTR; the path MTU the
+//! application set is still what `ibv_query_qp(3)` reports, and the data, completions
+//! and PSN accounting (a READ's responses, IBTA vol. 1 §9.4.4) are the same. Devices that
+//! capture, inject faults or send through their sockets keep path-MTU packets: those are
+//! the wire's.
+
+mod common;
+
+use common::rc::{connect, side, wait_for, Side};
+use softverbs_cq::WcOpcode;
+use softverbs_device::{DeviceConfig, UdpConfig};
+use softverbs_proto::{Mtu, SendOp, SendWr, Sge};
+use std::net::{IpAddr, Ipv4Addr};
+
+/// The message: 60,000 bytes, 59 packets at `connect`'s path MTU of 1024.
+const LEN: u32 = 60_000;
+
+fn sge(side: &Side, offset: u64, len: u32) -> Sge {
+    Sge {
+        addr: side.buf.as_ptr() as u64 + offset,
+        length: len,
+        lkey: side.lkey,
+    }
+}
+
+/// Writes `LEN` bytes of a pattern from `a` into `b`, reads them back into `a`, checks
+/// both copies; returns the packets the WRITE took (A's) and the READ's responses (B's).
+fn write_then_read(a: &mut Side, b: &mut Side) -> (u64, u64) {
+    for (i, byte) in a.buf[..LEN as usize].iter_mut().enumerate() {
+        *byte = (i % 251) as u8;
+    }
+    let remote = b.buf.as_ptr() as u64;
+    let sent_before = a.device.counters().packets_sent;
+    let write = SendOp::RdmaWrite {
+        remote_addr: remote,
+        rkey: b.rkey,
+    };
+    a.device
+        .post_send(a.qpn, SendWr::new(1, write, vec![sge(a, 0, LEN)]))
+        .unwrap();
+    assert_eq!(
+        wait_for(a, 1)[0].result().unwrap().opcode(),
+        WcOpcode::RdmaWrite
+    );
+    let write_packets = a.device.counters().packets_sent - sent_before;
+    assert_eq!(&b.buf[..LEN as usize], &a.buf[..LEN as usize]);
+
+    a.buf[..LEN as usize].fill(0);
+    let answered_before = b.device.counters().packets_sent;
+    let read = SendOp::RdmaRead {
+        remote_addr: remote,
+        rkey: b.rkey,
+    };
+    a.device
+        .post_send(a.qpn, SendWr::new(2, read, vec![sge(a, 0, LEN)]))
+        .unwrap();
+    let completions = wait_for(a, 1);
+    let done = completions[0].result().unwrap();
+    assert_eq!((done.opcode(), done.byte_len()), (WcOpcode::RdmaRead, LEN));
+    let read_responses = b.device.counters().packets_sent - answered_before;
+    assert_eq!(&a.buf[..LEN as usize], &b.buf[..LEN as usize]);
+    (write_packets, read_responses)
+}
+
+#[test]
+fn qps_of_two_devices_of_one_process_send_64_kib_packets() {
+    let (mut a, mut b) = (
+        side(DeviceConfig::in_process()),
+        side(DeviceConfig::in_process()),
+    );
+    connect(&a, &b);
+    let (write, read) = write_then_read(&mut a, &mut b);
+    assert_eq!(
+        (write, read),
+        (1, 1),
+        "one packet each way for 60,000 bytes"
+    );
+    for side in [&a, &b] {
+        let (attr, _) = side.device.query_qp(side.qpn).unwrap();
+        assert_eq!(
+            attr.path_mtu,
+            Mtu::Mtu1024,
+            "the path MTU set stays reported"
+        );
+    }
+}
+
+#[test]
+fn qps_whose_packets_take_the_sockets_keep_path_mtu_packets() {
+    let udp = |last| {
+        DeviceConfig::udp(UdpConfig {
+            address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
+            ..UdpConfig::default()
+        })
+    };
+    let (mut a, mut b) = (side(udp(203)), side(udp(204)));
+    a.device.set_in_process_shortcut(false);
+    b.device.set_in_process_shortcut(false);
+    connect(&a, &b);
+    let (write, read) = write_then_read(&mut a, &mut b);
+    assert_eq!((write, read), (59, 59), "60,000 bytes at a 1024 MTU");
+}
