@@ -287,12 +287,12 @@ fn assert_every_qp_ran_every_iteration(doc: &serde_json::Value, what: &str) {
         "{what}: {bw} Gb/s, not {all}: {doc}"
     );
     // And the client's device carried them: the data of every message (one packet per
-    // 4096-byte MTU, or per 64 KiB segment between the in-process devices, which hand
+    // 4096-byte MTU, or per 32 KiB segment between the in-process devices, which hand
     // their packets over in memory) left it (send, write, atomic) or reached it (read).
     let in_process = doc["network"]
         .as_str()
         .is_some_and(|n| n.starts_with("in-process"));
-    let segment = if in_process { 64 * 1024 } else { 4096 };
+    let segment = if in_process { 32 * 1024 } else { 4096 };
     let packets = total * bytes.div_ceil(segment);
     let counters = &doc["client_counters"];
     let carried = if what.starts_with("read") {

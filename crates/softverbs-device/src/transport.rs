@@ -596,6 +596,21 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Says that the device takes packets of direct segments (larger than any path MTU)
+    /// from peers that send without a wire between them: it neither captures nor injects
+    /// faults. Middleware that needs the wire's packets (capture, faults) does not pass it
+    /// on. The default does nothing.
+    fn offer_direct_segments(&self) {}
+
+    /// Whether QP `dest_qpn` at `to` is reached without a wire, both ways, by a device
+    /// that takes direct segments — and this one offered them too: a QP connected to it
+    /// may send (and take) packets of a direct segment (`Engine::set_segment_size`). Both
+    /// ends answer alike. The default: false.
+    fn direct_segments_to(&self, to: &Endpoint, dest_qpn: u32) -> bool {
+        let _ = (to, dest_qpn);
+        false
+    }
+
     /// The share of its address this transport's device holds when devices of several
     /// processes share the address (their slot; QPNs `share << 16 ..`), which the high
     /// byte of its connection manager's communication IDs must carry
@@ -699,6 +714,12 @@ macro_rules! forward_transport {
             }
             fn in_memory(&self, to: &Endpoint) -> bool {
                 (**self).in_memory(to)
+            }
+            fn offer_direct_segments(&self) {
+                (**self).offer_direct_segments()
+            }
+            fn direct_segments_to(&self, to: &Endpoint, dest_qpn: u32) -> bool {
+                (**self).direct_segments_to(to, dest_qpn)
             }
             fn address_share(&self) -> u8 {
                 (**self).address_share()

@@ -1,6 +1,6 @@
 //! Between two devices of one process, whose packets are handed over in memory and never
-//! meet a wire, a connected QP cuts its messages into 64 KiB packets instead of path-MTU
-//! ones: a sixteenth of the packets of a large transfer at a 4096 MTU, each with its headers,
+//! meet a wire, a connected QP cuts its messages into 32 KiB packets instead of path-MTU
+//! ones: an eighth of the packets of a large transfer at a 4096 MTU, each with its headers,
 //! checks and hand-over. Both QPs decide it alike as they enter RTR; the path MTU the
 //! application set is still what `ibv_query_qp(3)` reports, and the data, completions
 //! and PSN accounting (a READ's responses, IBTA vol. 1 §9.4.4) are the same. Devices that
@@ -66,18 +66,14 @@ fn write_then_read(a: &mut Side, b: &mut Side) -> (u64, u64) {
 }
 
 #[test]
-fn qps_of_two_devices_of_one_process_send_64_kib_packets() {
+fn qps_of_two_devices_of_one_process_send_32_kib_packets() {
     let (mut a, mut b) = (
         side(DeviceConfig::in_process()),
         side(DeviceConfig::in_process()),
     );
     connect(&a, &b);
     let (write, read) = write_then_read(&mut a, &mut b);
-    assert_eq!(
-        (write, read),
-        (1, 1),
-        "one packet each way for 60,000 bytes"
-    );
+    assert_eq!((write, read), (2, 2), "60,000 bytes in 32 KiB packets");
     for side in [&a, &b] {
         let (attr, _) = side.device.query_qp(side.qpn).unwrap();
         assert_eq!(

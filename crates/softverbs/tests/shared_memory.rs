@@ -369,3 +369,145 @@ fn fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_share
     );
     drop(qps);
 }
+
+/// The child role of the direct-segment tests: its device's last address octet, the path
+/// (`shm` or `udp`), the target's QP and buffer.
+const SEGMENT_CHILD_ENV: &str = "SOFTVERBS_TEST_SHM_SEGMENT_CHILD";
+
+/// The message of the direct-segment tests: 60,000 bytes.
+const SEGMENT_LEN: usize = 60_000;
+
+/// A child: RDMA WRITEs [`SEGMENT_LEN`] bytes of a pattern into the target's buffer, READs
+/// them back, checks them, and prints the packets each took (the WRITE's it sent, the
+/// READ responses it received) and its path MTU.
+fn segment_child(spec: &str) {
+    let mut parts = spec.split(' ');
+    let last: u8 = parts.next().unwrap().parse().unwrap();
+    let shared_memory = parts.next() == Some("shm");
+    let target: RemoteInfo = parts.next().unwrap().parse().unwrap();
+    let buffer: RemoteAddr = parts.next().unwrap().parse().unwrap();
+    let me = side(host_device(last, shared_memory), QpType::Rc);
+    me.qp.to_init(AccessFlags::empty()).unwrap();
+    me.qp.to_rtr(target).unwrap();
+    me.qp.to_rts(RtsAttr::new(300)).unwrap();
+    println!("\ninfo {}", me.qp.local_info(300));
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).unwrap();
+    let pattern: Vec<u8> = (0..SEGMENT_LEN).map(|i| (i % 251) as u8).collect();
+    me.mr.write_at(0, &pattern).unwrap();
+    let counters = || me.ctx.device().counters();
+    let before = counters().packets_sent;
+    let local = [me.mr.slice(0..SEGMENT_LEN).unwrap()];
+    me.qp
+        .post_send(SendRequest::write(1, &local, buffer))
+        .unwrap();
+    wait_for(&me.cq, 1)[0]
+        .result()
+        .expect("the write completes");
+    let write_packets = counters().packets_sent - before;
+    me.mr.fill(.., 0).unwrap();
+    let before = counters().packets_received;
+    me.qp
+        .post_send(SendRequest::read(2, &local, buffer))
+        .unwrap();
+    wait_for(&me.cq, 1)[0].result().expect("the read completes");
+    let read_responses = counters().packets_received - before;
+    let mut back = vec![0u8; SEGMENT_LEN];
+    me.mr.read_at(0, &mut back).unwrap();
+    assert!(
+        back == pattern,
+        "the READ brought back what the WRITE wrote"
+    );
+    println!(
+        "\nresult {write_packets} {read_responses} {}",
+        target.mtu.bytes()
+    );
+}
+
+/// Devices of two processes of one host that reach each other through shared memory,
+/// neither capturing nor injecting faults, cut messages into 32 KiB packets instead of
+/// path-MTU ones (both decide so as their QPs enter RTR): 60,000 bytes are 2 packets each
+/// way, a WRITE's and a READ's responses (IBTA vol. 1 §9.4.4: the responder and the
+/// requester count the same PSNs), and the data arrives whole. Over UDP, the wire, they
+/// stay path-MTU packets.
+#[test]
+fn a_large_write_and_read_between_processes_through_shared_memory_take_32_kib_packets() {
+    segments_between_processes(
+        "a_large_write_and_read_between_processes_through_shared_memory_take_32_kib_packets",
+        true,
+    );
+}
+
+#[test]
+fn a_large_write_and_read_between_processes_over_udp_take_path_mtu_packets() {
+    segments_between_processes(
+        "a_large_write_and_read_between_processes_over_udp_take_path_mtu_packets",
+        false,
+    );
+}
+
+fn segments_between_processes(name: &str, shared_memory: bool) {
+    if let Ok(spec) = std::env::var(SEGMENT_CHILD_ENV) {
+        segment_child(&spec);
+        return;
+    }
+    let _alone = alone();
+    let (target_last, child_last) = if shared_memory {
+        (162, 163)
+    } else {
+        (164, 165)
+    };
+    let target = side(host_device(target_last, shared_memory), QpType::Rc);
+    target
+        .qp
+        .to_init(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+        .unwrap();
+    let path = if shared_memory { "shm" } else { "udp" };
+    let spec = format!(
+        "{child_last} {path} {} {}",
+        target.qp.local_info(7),
+        target.mr.slice(0..SEGMENT_LEN).unwrap().remote()
+    );
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env(SEGMENT_CHILD_ENV, spec)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let info: RemoteInfo = lines
+        .find_map(|l| {
+            l.ok()
+                .and_then(|l| l.strip_prefix("info ").map(str::to_owned))
+        })
+        .expect("the child's QP")
+        .parse()
+        .unwrap();
+    target.qp.to_rtr(info).unwrap();
+    target.qp.to_rts(RtsAttr::new(7)).unwrap();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    let out = finish(child, lines, Instant::now() + LIMIT, &|| ());
+    let result = out
+        .iter()
+        .find_map(|l| l.strip_prefix("result "))
+        .unwrap_or_else(|| panic!("no result: {out:?}"));
+    let fields: Vec<u64> = result.split(' ').map(|f| f.parse().unwrap()).collect();
+    let (write, read, mtu) = (fields[0], fields[1], fields[2]);
+    let expected = if shared_memory {
+        (SEGMENT_LEN as u64).div_ceil(32 * 1024)
+    } else {
+        (SEGMENT_LEN as u64).div_ceil(mtu)
+    };
+    assert_eq!((write, read), (expected, expected), "{result}");
+    let mut arrived = vec![0u8; SEGMENT_LEN];
+    target.mr.read_at(0, &mut arrived).unwrap();
+    assert!(
+        arrived
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8),
+        "the WRITE's bytes arrived"
+    );
+}

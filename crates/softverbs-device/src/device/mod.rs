@@ -233,28 +233,35 @@ impl DeviceInner {
     }
 
     /// The segment size a connected QP entering RTR with `attr` (its path) uses:
-    /// [`DIRECT_SEGMENT`] when both ends hand packets over in memory — the peer QP is a
-    /// device's of this process (this one included) and neither device captures, injects
-    /// faults or has the shortcut off — so that neither side's packets ever meet a wire
-    /// or a socket's size limit; else the path MTU (`None`).
+    /// [`DIRECT_SEGMENT`] when no packet of either end meets a wire or a socket's size
+    /// limit — the peer QP is a device's of this process (this one included) and neither
+    /// device captures, injects faults or has the shortcut off, or it is a device's of
+    /// another process of this host reached through shared memory both ways, neither
+    /// capturing nor injecting faults; else the path MTU (`None`). Both ends decide alike.
     fn segment_for(&self, attr: &QpAttr) -> Option<std::num::NonZeroU32> {
-        if !self.hands_over_directly() {
-            return None;
-        }
         let dest = Gid(attr.ah_attr.dgid).resolve(self.address);
         let peer = lock(registry())
             .get(&dest)
-            .and_then(std::sync::Weak::upgrade)?;
-        let owns = (peer.qpns.start..peer.qpns.end).contains(&attr.dest_qp_num);
-        (owns && peer.hands_over_directly()).then_some(DIRECT_SEGMENT)
+            .and_then(std::sync::Weak::upgrade)
+            .filter(|peer| (peer.qpns.start..peer.qpns.end).contains(&attr.dest_qp_num));
+        if let Some(peer) = peer {
+            let direct = self.hands_over_directly() && peer.hands_over_directly();
+            return direct.then_some(DIRECT_SEGMENT);
+        }
+        // A device of another process of this host, through shared memory both ways.
+        let transport = self.transport.as_ref()?;
+        let to = Endpoint::new(dest, self.port());
+        (self.tap.is_none() && transport.direct_segments_to(&to, attr.dest_qp_num))
+            .then_some(DIRECT_SEGMENT)
     }
 }
 
 /// The payload of a packet between two QPs of devices of this process (both handing
-/// packets over in memory): 64 KiB instead of the path MTU, a sixteenth of the packets —
-/// and of their headers, checks and hand-overs — for a large message
-/// (`Engine::set_segment_size`).
-const DIRECT_SEGMENT: std::num::NonZeroU32 = match std::num::NonZeroU32::new(64 * 1024) {
+/// packets over in memory): 32 KiB instead of the path MTU, an eighth of the packets —
+/// and of their headers, checks and hand-overs — of a large message at a 4096 MTU
+/// (`Engine::set_segment_size`). Not more: a packet's length must still fit the 16-bit
+/// length fields of the IP and UDP headers (and the GRH) its receiver is given.
+const DIRECT_SEGMENT: std::num::NonZeroU32 = match std::num::NonZeroU32::new(32 * 1024) {
     Some(size) => size,
     None => unreachable!(),
 };
@@ -307,6 +314,11 @@ impl Device {
             .map_or(crate::transport::DEFAULT_PORT, |u| u.local().port());
         let (mut transport, mut tap, mut fault_layer) = (None, None, None);
         if config.capture.is_none() && config.faults.is_none() {
+            // Its packets need not be the wire's: peers reaching it without a wire may
+            // send it packets of direct segments (`Device::modify_qp`).
+            if let Some(udp) = &udp {
+                udp.offer_direct_segments();
+            }
             transport = udp.map(|u| Box::new(u) as Box<dyn Transport>);
         } else {
             // The stack: faults decide what is sent, the capture records what really went

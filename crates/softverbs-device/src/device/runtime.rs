@@ -59,10 +59,11 @@ const RECEIVE_SLOTS: usize = 32;
 /// Batches one round of progress takes off the transport at most.
 const RECEIVE_ROUNDS: usize = 2;
 
-/// The size of a receive slot: an IB transport packet at the largest path MTU (4096,
-/// IBTA vol. 1 §9.6.1.1) with every header, twice over. A larger datagram cannot be an IB
-/// packet and is dropped as truncated.
-const RECEIVE_SLOT_LEN: usize = 8 * 1024;
+/// The size of a receive slot: a packet of a direct segment with every header (the
+/// shared-memory path between devices of this host that take them), which is more than
+/// any IB transport packet at the largest path MTU (4096, IBTA vol. 1 §9.6.1.1). A larger
+/// datagram is dropped as truncated.
+const RECEIVE_SLOT_LEN: usize = PACKET_ROOM;
 
 /// The packets a run produced, to send once the state lock is released: their bytes one
 /// after another in `bytes[..used]` (reused from run to run, so no allocation per packet).
@@ -85,8 +86,8 @@ struct OutgoingSlot {
 }
 
 /// The room the engine is given to build one packet in: a packet of a direct segment
-/// (`DIRECT_SEGMENT`, 64 KiB, between devices of this process) with every header fits.
-const PACKET_ROOM: usize = 68 * 1024;
+/// (`DIRECT_SEGMENT`, 32 KiB, between devices of this process) with every header fits.
+const PACKET_ROOM: usize = 36 * 1024;
 
 impl Outgoing {
     fn clear(&mut self) {
@@ -405,7 +406,7 @@ impl DeviceInner {
         }
     }
 
-    fn port(&self) -> u16 {
+    pub(super) fn port(&self) -> u16 {
         self.transport
             .as_ref()
             .map_or(crate::transport::DEFAULT_PORT, |t| t.local().port())

@@ -53,7 +53,11 @@ pub(crate) struct InboxHeader {
     magic: AtomicU64,
     pub(crate) owner: AtomicU32,
     pub(crate) closed: AtomicU32,
-    _pad0: [u8; 48],
+    /// 1 if the owning device takes packets of direct segments (it neither captures nor
+    /// injects faults: its packets need not be the wire's); 0 (an inbox of a version
+    /// without the field too) if not.
+    pub(crate) direct: AtomicU32,
+    _pad0: [u8; 44],
     pub(crate) waiters: AtomicU32,
     _pad1: [u8; 60],
     pub(crate) rung: AtomicU32,

@@ -1159,6 +1159,31 @@ impl Transport for HostTransport {
         }
     }
 
+    fn offer_direct_segments(&self) {
+        if let Some(shm) = &self.shm {
+            // Release: published with the inbox, read by a peer deciding at RTR.
+            shm.inbox
+                .mapping
+                .header()
+                .direct
+                .store(1, Ordering::Release);
+        }
+    }
+
+    fn direct_segments_to(&self, to: &Endpoint, dest_qpn: u32) -> bool {
+        let Some(shm) = &self.shm else {
+            return false;
+        };
+        if shm.inbox.mapping.header().direct.load(Ordering::Acquire) != 1 {
+            return false;
+        }
+        let mut routes = lock(&shm.routes);
+        let mut now = None;
+        let slot = members::slot_of(dest_qpn);
+        shm.route(&mut routes, to, slot, self.local.gid(), &mut now)
+            .is_some_and(|peer| peer.inbox.mapping.header().direct.load(Ordering::Acquire) == 1)
+    }
+
     fn address_share(&self) -> u8 {
         // SLOTS is 256: a slot is one byte.
         self.shm.as_ref().map_or(0, |shm| shm.membership.slot as u8)
