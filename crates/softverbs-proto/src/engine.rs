@@ -490,7 +490,7 @@ impl Engine {
         if let Some(qp) = self.qps.get_mut(&qpn) {
             if transmit {
                 // It gets a turn to send anyway: a window opening wakes others.
-                self.windows.unhold(qpn);
+                self.windows.unhold(qp);
             }
             self.windows
                 .sync(qp, &self.config, &mut self.counters, &mut self.woken);
@@ -548,9 +548,9 @@ impl Engine {
             self.windows
                 .sync(qp, &self.config, &mut self.counters, &mut self.woken);
             if held {
-                self.windows.hold(qpn, &mut self.counters, &mut self.woken);
+                self.windows.hold(qp, &mut self.counters, &mut self.woken);
             } else {
-                self.windows.unhold(qpn);
+                self.windows.unhold(qp);
             }
             // One that sent goes to the back if it may send more; one that sent nothing
             // waits for an input to list it again.
@@ -722,7 +722,7 @@ impl Engine {
                     local.contains(&qpn)
                 ));
             }
-            let held = self.windows.held(qpn);
+            let held = self.windows.held(qp);
             // A QP listed as held has not changed since it was held (every input that runs
             // it takes it off the list); with no more room than it had then, or none, it
             // would be held again (`Windows::held`): not worth a copy.
