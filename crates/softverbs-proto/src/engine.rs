@@ -211,6 +211,7 @@ impl Engine {
         }
         let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
         // Its entries in the schedule's lists go stale: they name a QP that is gone.
+        self.schedule.timers_changed();
         self.windows
             .release(qpn, &mut self.counters, &mut self.woken);
         self.wake_held();
@@ -510,6 +511,7 @@ impl Engine {
     }
 
     /// Drops stale entries off the top of the timer heap (`Schedule::tidy_timers`).
+    #[inline]
     fn tidy_timers(&mut self) {
         let qps = &self.qps;
         self.counters.qps_visited += self
@@ -648,6 +650,7 @@ impl Engine {
                 break;
             }
             self.schedule.timers.pop();
+            self.schedule.timers_changed();
             self.counters.qps_visited += 1;
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 if self.schedule.timer_taken(qp, at) {
