@@ -61,7 +61,7 @@ pub struct Engine {
     counters: Counters,
     /// The QPs the outputs visit: ready to send, local operations, timers (`sched.rs`).
     schedule: Schedule,
-    /// QPs a peer's window woke, to be listed as ready (scratch of `settle`).
+    /// QPs a peer's window woke, to be listed as ready (scratch of `settle!` and `poll_transmit`).
     woken: Vec<u32>,
     /// QP1: management datagrams in and out (`gsi.rs`).
     gsi: Gsi,
@@ -82,6 +82,24 @@ macro_rules! ctx {
             counters: &mut $self.counters,
         }
     };
+}
+
+/// After an entry point ran `$qp` (borrowed from `qps`, not looked up again): re-syncs its
+/// charge to its peer's window, lists it where it now has work (`settle_qp`), lists the
+/// QPs the window woke, and drops stale timers off the top.
+macro_rules! settle {
+    ($self:ident, $qp:expr) => {{
+        settle_qp(
+            $qp,
+            &mut $self.windows,
+            &mut $self.schedule,
+            &$self.config,
+            &mut $self.counters,
+            &mut $self.woken,
+        );
+        $self.wake_held();
+        $self.tidy_timers();
+    }};
 }
 
 /// The size of one scatter/gather entry in a send WQE (`struct ibv_sge`), the unit of the
@@ -280,7 +298,7 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let from = qp.state;
         let result = qp.modify(attr, mask, &mut ctx!(self));
-        self.settle(qpn, true);
+        settle!(self, qp);
         if let Err(error) = &result {
             let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
             tracing::debug!(qpn, ?from, ?to, %error, "modify_qp refused");
@@ -303,7 +321,7 @@ impl Engine {
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let result = qp.post_send(wr, &mut ctx!(self));
-        self.settle(qpn, true);
+        settle!(self, qp);
         result
     }
 
@@ -311,7 +329,7 @@ impl Engine {
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let result = qp.post_recv(wr, &mut ctx!(self));
-        self.settle(qpn, true);
+        settle!(self, qp);
         result
     }
 
@@ -452,7 +470,7 @@ impl Engine {
         } else {
             qp.on_request(now, &pkt, grh, mem, &mut ctx);
         }
-        self.settle(pkt.hdr.bth.dest_qp, true);
+        settle!(self, qp);
     }
 
     /// A multicast packet: a copy to every QP attached to the group its GRH names
@@ -480,25 +498,8 @@ impl Engine {
             };
             let mut ctx = ctx!(self);
             qp.on_request(now, pkt, grh, mem, &mut ctx);
-            self.settle(qpn, true);
+            settle!(self, qp);
         }
-    }
-
-    /// After an entry point ran QP `qpn`: re-syncs its charge to its peer's window, lists it
-    /// where it now has work (`transmit`: as ready to send too; see `Schedule::note`),
-    /// lists the QPs the window woke, and drops stale timers off the top.
-    fn settle(&mut self, qpn: u32, transmit: bool) {
-        if let Some(qp) = self.qps.get_mut(&qpn) {
-            if transmit {
-                // It gets a turn to send anyway: a window opening wakes others.
-                self.windows.unhold(qp);
-            }
-            self.windows
-                .sync(qp, &self.config, &mut self.counters, &mut self.woken);
-            self.schedule.note(qp, transmit);
-        }
-        self.wake_held();
-        self.tidy_timers();
     }
 
     /// Lists the QPs a peer's window woke as ready to send.
@@ -583,7 +584,7 @@ impl Engine {
             };
             qp.marks.local = false;
             ran += qp.execute_local_operations(mem, &mut ctx!(self));
-            self.settle(qpn, true);
+            settle!(self, qp);
         }
         ran
     }
@@ -660,12 +661,18 @@ impl Engine {
         }
         due.sort_unstable();
         for qpn in due {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
-                if qp.poll_timeout().is_some_and(|t| t <= now) {
-                    qp.handle_timeout(now, &mut ctx!(self));
+            match self.qps.get_mut(&qpn) {
+                Some(qp) => {
+                    if qp.poll_timeout().is_some_and(|t| t <= now) {
+                        qp.handle_timeout(now, &mut ctx!(self));
+                    }
+                    settle!(self, qp);
+                }
+                None => {
+                    self.wake_held();
+                    self.tidy_timers();
                 }
             }
-            self.settle(qpn, true);
         }
         self.tidy_timers();
     }
@@ -783,6 +790,23 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// After an entry point ran `qp` (then the engine lists the QPs the window woke and drops
+/// stale timers off the top: `settle!`): re-syncs its charge to its peer's window and
+/// lists it where it now has work, as ready to send too (see `Schedule::note`).
+fn settle_qp(
+    qp: &mut Qp,
+    windows: &mut Windows,
+    schedule: &mut Schedule,
+    config: &EngineConfig,
+    counters: &mut Counters,
+    woken: &mut Vec<u32>,
+) {
+    // It gets a turn to send anyway: a window opening wakes others.
+    windows.unhold(qp);
+    windows.sync(qp, config, counters, woken);
+    schedule.note(qp, true);
 }
 
 /// Whether the GRH area of a received packet (the form a UD receive gets: an IPv6 header,
