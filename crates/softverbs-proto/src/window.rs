@@ -236,7 +236,41 @@ impl Windows {
     /// acknowledged since the last sync (growth) and its pending loss signal (reduction)
     /// against the peer it was charged to. QPs held by a window that opened are pushed to
     /// `woken`.
+    #[inline]
     pub(crate) fn sync(
+        &mut self,
+        qp: &mut Qp,
+        config: &EngineConfig,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
+        // Most calls change nothing (a verb, a packet that moved no PSN): a QP the window
+        // does not govern and never did, or one whose charge is what it has in flight, with
+        // no loss to report. Checked inline; `sync_changed` does the rest.
+        if !qp.window_loss {
+            let charge = qp
+                .window_slot
+                .and_then(|slot| self.charges.get(slot as usize))
+                .and_then(Option::as_ref);
+            let unchanged = match charge {
+                None => !governed(qp),
+                Some(c) => {
+                    governed(qp)
+                        && c.dgid == qp.attr.ah_attr.dgid
+                        && c.psns == in_flight(qp)
+                        && c.comp_psn == qp.comp_psn
+                }
+            };
+            if unchanged {
+                return;
+            }
+        }
+        self.sync_changed(qp, config, counters, woken);
+    }
+
+    /// [`Windows::sync`] once something may have changed.
+    #[inline(never)]
+    fn sync_changed(
         &mut self,
         qp: &mut Qp,
         config: &EngineConfig,
