@@ -503,7 +503,11 @@ impl Engine {
     }
 
     /// Lists the QPs a peer's window woke as ready to send.
+    #[inline]
     fn wake_held(&mut self) {
+        if self.woken.is_empty() {
+            return;
+        }
         for qpn in self.woken.drain(..) {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 self.schedule.note(qp, true);
