@@ -819,8 +819,12 @@ fn settle_qp(
 /// the device the packet was sent to ([`gid_address`](crate::gid_address): a port's
 /// link-local GID names the address it was made from).
 fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
-    let (source, local) = crate::gsi::grh_addresses(grh);
-    &crate::gsi::grh_source_gid(grh) == dgid || crate::gid_address(dgid, local) == source
+    // The first test answers every packet of a path to an IP address; the addresses of
+    // the second are worked out only for a link-local path.
+    &crate::gsi::grh_source_gid(grh) == dgid || {
+        let (source, local) = crate::gsi::grh_addresses(grh);
+        crate::gid_address(dgid, local) == source
+    }
 }
 
 /// The error for a QP number the engine does not know.
