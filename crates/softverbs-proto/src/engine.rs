@@ -61,7 +61,7 @@ pub struct Engine {
     counters: Counters,
     /// The QPs the outputs visit: ready to send, local operations, timers (`sched.rs`).
     schedule: Schedule,
-    /// QPs a peer's window woke, to be listed as ready (scratch of `settle`).
+    /// QPs a peer's window woke, to be listed as ready (scratch of `settle!` and `poll_transmit`).
     woken: Vec<u32>,
     /// QP1: management datagrams in and out (`gsi.rs`).
     gsi: Gsi,
@@ -82,6 +82,24 @@ macro_rules! ctx {
             counters: &mut $self.counters,
         }
     };
+}
+
+/// After an entry point ran `$qp` (borrowed from `qps`, not looked up again): re-syncs its
+/// charge to its peer's window, lists it where it now has work (`settle_qp`), lists the
+/// QPs the window woke, and drops stale timers off the top.
+macro_rules! settle {
+    ($self:ident, $qp:expr) => {{
+        settle_qp(
+            $qp,
+            &mut $self.windows,
+            &mut $self.schedule,
+            &$self.config,
+            &mut $self.counters,
+            &mut $self.woken,
+        );
+        $self.wake_held();
+        $self.tidy_timers();
+    }};
 }
 
 /// The size of one scatter/gather entry in a send WQE (`struct ibv_sge`), the unit of the
@@ -211,6 +229,7 @@ impl Engine {
         }
         let qp = self.qps.remove(&qpn).ok_or(no_qp(qpn))?;
         // Its entries in the schedule's lists go stale: they name a QP that is gone.
+        self.schedule.timers_changed();
         self.windows
             .release(qpn, &mut self.counters, &mut self.woken);
         self.wake_held();
@@ -279,7 +298,7 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let from = qp.state;
         let result = qp.modify(attr, mask, &mut ctx!(self));
-        self.settle(qpn, true);
+        settle!(self, qp);
         if let Err(error) = &result {
             let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
             tracing::debug!(qpn, ?from, ?to, %error, "modify_qp refused");
@@ -327,7 +346,7 @@ impl Engine {
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let result = qp.post_send(wr, &mut ctx!(self));
-        self.settle(qpn, true);
+        settle!(self, qp);
         result
     }
 
@@ -335,7 +354,7 @@ impl Engine {
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let result = qp.post_recv(wr, &mut ctx!(self));
-        self.settle(qpn, true);
+        settle!(self, qp);
         result
     }
 
@@ -476,7 +495,7 @@ impl Engine {
         } else {
             qp.on_request(now, &pkt, grh, mem, &mut ctx);
         }
-        self.settle(pkt.hdr.bth.dest_qp, true);
+        settle!(self, qp);
     }
 
     /// A multicast packet: a copy to every QP attached to the group its GRH names
@@ -504,29 +523,16 @@ impl Engine {
             };
             let mut ctx = ctx!(self);
             qp.on_request(now, pkt, grh, mem, &mut ctx);
-            self.settle(qpn, true);
+            settle!(self, qp);
         }
-    }
-
-    /// After an entry point ran QP `qpn`: re-syncs its charge to its peer's window, lists it
-    /// where it now has work (`transmit`: as ready to send too; see `Schedule::note`),
-    /// lists the QPs the window woke, and drops stale timers off the top.
-    fn settle(&mut self, qpn: u32, transmit: bool) {
-        if let Some(qp) = self.qps.get_mut(&qpn) {
-            if transmit {
-                // It gets a turn to send anyway: a window opening wakes others.
-                self.windows.unhold(qpn);
-            }
-            self.windows
-                .sync(qp, &self.config, &mut self.counters, &mut self.woken);
-            self.schedule.note(qp, transmit);
-        }
-        self.wake_held();
-        self.tidy_timers();
     }
 
     /// Lists the QPs a peer's window woke as ready to send.
+    #[inline]
     fn wake_held(&mut self) {
+        if self.woken.is_empty() {
+            return;
+        }
         for qpn in self.woken.drain(..) {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 self.schedule.note(qp, true);
@@ -535,6 +541,7 @@ impl Engine {
     }
 
     /// Drops stale entries off the top of the timer heap (`Schedule::tidy_timers`).
+    #[inline]
     fn tidy_timers(&mut self) {
         let qps = &self.qps;
         self.counters.qps_visited += self
@@ -573,9 +580,9 @@ impl Engine {
             self.windows
                 .sync(qp, &self.config, &mut self.counters, &mut self.woken);
             if held {
-                self.windows.hold(qpn, &mut self.counters, &mut self.woken);
+                self.windows.hold(qp, &mut self.counters, &mut self.woken);
             } else {
-                self.windows.unhold(qpn);
+                self.windows.unhold(qp);
             }
             // One that sent goes to the back if it may send more; one that sent nothing
             // waits for an input to list it again.
@@ -606,7 +613,7 @@ impl Engine {
             };
             qp.marks.local = false;
             ran += qp.execute_local_operations(mem, &mut ctx!(self));
-            self.settle(qpn, true);
+            settle!(self, qp);
         }
         ran
     }
@@ -673,6 +680,7 @@ impl Engine {
                 break;
             }
             self.schedule.timers.pop();
+            self.schedule.timers_changed();
             self.counters.qps_visited += 1;
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 if self.schedule.timer_taken(qp, at) {
@@ -682,12 +690,18 @@ impl Engine {
         }
         due.sort_unstable();
         for qpn in due {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
-                if qp.poll_timeout().is_some_and(|t| t <= now) {
-                    qp.handle_timeout(now, &mut ctx!(self));
+            match self.qps.get_mut(&qpn) {
+                Some(qp) => {
+                    if qp.poll_timeout().is_some_and(|t| t <= now) {
+                        qp.handle_timeout(now, &mut ctx!(self));
+                    }
+                    settle!(self, qp);
+                }
+                None => {
+                    self.wake_held();
+                    self.tidy_timers();
                 }
             }
-            self.settle(qpn, true);
         }
         self.tidy_timers();
     }
@@ -747,7 +761,7 @@ impl Engine {
                     local.contains(&qpn)
                 ));
             }
-            let held = self.windows.held(qpn);
+            let held = self.windows.held(qp);
             // A QP listed as held has not changed since it was held (every input that runs
             // it takes it off the list); with no more room than it had then, or none, it
             // would be held again (`Windows::held`): not worth a copy.
@@ -807,14 +821,35 @@ impl Engine {
     }
 }
 
+/// After an entry point ran `qp` (then the engine lists the QPs the window woke and drops
+/// stale timers off the top: `settle!`): re-syncs its charge to its peer's window and
+/// lists it where it now has work, as ready to send too (see `Schedule::note`).
+fn settle_qp(
+    qp: &mut Qp,
+    windows: &mut Windows,
+    schedule: &mut Schedule,
+    config: &EngineConfig,
+    counters: &mut Counters,
+    woken: &mut Vec<u32>,
+) {
+    // It gets a turn to send anyway: a window opening wakes others.
+    windows.unhold(qp);
+    windows.sync(qp, config, counters, woken);
+    schedule.note(qp, true);
+}
+
 /// Whether the GRH area of a received packet (the form a UD receive gets: an IPv6 header,
 /// or 20 zero bytes then the IPv4 header) names `dgid` as its source: the source as a GID
 /// (an IPv4 source as `::ffff:a.b.c.d`) is `dgid`, or `dgid` names the source address for
 /// the device the packet was sent to ([`gid_address`](crate::gid_address): a port's
 /// link-local GID names the address it was made from).
 fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
-    let (source, local) = crate::gsi::grh_addresses(grh);
-    &crate::gsi::grh_source_gid(grh) == dgid || crate::gid_address(dgid, local) == source
+    // The first test answers every packet of a path to an IP address; the addresses of
+    // the second are worked out only for a link-local path.
+    &crate::gsi::grh_source_gid(grh) == dgid || {
+        let (source, local) = crate::gsi::grh_addresses(grh);
+        crate::gid_address(dgid, local) == source
+    }
 }
 
 /// The error for a QP number the engine does not know.

@@ -179,6 +179,9 @@ pub(crate) struct Qp {
     pub held_by_window: bool,
     /// Which of the engine's schedule lists hold this QP (`sched.rs`); kept across a reset.
     pub marks: Marks,
+    /// Where the peers' windows keep this QP's charge (`window.rs`), once they governed
+    /// it; kept across a reset, as the charge is until the next sync.
+    pub window_slot: Option<u32>,
     /// One past the last PSN sent that the responder answers for certain: a packet with
     /// AckReq, or a read or atomic (and ATOMIC WRITE, FLUSH), which get responses.
     pub answer_end: u32,
@@ -336,6 +339,7 @@ impl Qp {
             window_held: false,
             held_by_window: false,
             marks: Marks::default(),
+            window_slot: None,
             answer_end: 0,
             epsn: 0,
             msn: 0,
@@ -594,9 +598,10 @@ impl Qp {
 
     /// Modify to RESET: forget everything, no completions.
     fn reset(&mut self) {
-        let (qpn, init, marks) = (self.qpn, self.init, self.marks);
+        let (qpn, init, marks, window_slot) = (self.qpn, self.init, self.marks, self.window_slot);
         *self = Qp::new(qpn, init);
         self.marks = marks;
+        self.window_slot = window_slot;
     }
 
     /// `ibv_post_send`.

@@ -49,6 +49,11 @@ pub(crate) struct Schedule {
     pub timers: BinaryHeap<Reverse<(u64, u32)>>,
     /// QPs with a live timer entry.
     armed: usize,
+    /// The top of `timers` may be stale: an entry lost its QP's mark (`note`,
+    /// `timer_taken`, [`Schedule::timers_changed`]) since the last `tidy_timers`. When it
+    /// is not set, the top is the live entry the last tidy left there, and a tidy has
+    /// nothing to look at: most entry points change no timer, or only arm one.
+    maybe_stale: bool,
 }
 
 impl Schedule {
@@ -68,6 +73,7 @@ impl Schedule {
         if deadline != qp.marks.timer {
             if qp.marks.timer.is_some() {
                 self.armed -= 1;
+                self.maybe_stale = true;
             }
             if let Some(at) = deadline {
                 self.armed += 1;
@@ -85,18 +91,40 @@ impl Schedule {
         }
         qp.marks.timer = None;
         self.armed -= 1;
+        self.maybe_stale = true;
         true
+    }
+
+    /// Entries were taken off the heap, or QPs that had entries are gone, out of `note`'s
+    /// sight: the next `tidy_timers` looks at the top.
+    pub fn timers_changed(&mut self) {
+        self.maybe_stale = true;
     }
 
     /// Drops stale entries from the top of the timer heap (`live` says whether an entry is
     /// its QP's live one), and rebuilds the heap when stale entries outnumber live ones,
     /// so it stays within twice the QPs with a timer (amortised, a few entries per entry
     /// pushed). Returns the entries looked at besides the live top.
+    #[inline]
     pub fn tidy_timers(&mut self, live: impl Fn(u64, u32) -> bool) -> u64 {
+        // Every entry point ends here: the common case, nothing to do, costs no call.
+        if self.maybe_stale || self.timers.len() > 2 * self.armed + 64 {
+            self.tidy_timers_now(live)
+        } else {
+            0
+        }
+    }
+
+    /// [`Schedule::tidy_timers`] when there is something to look at.
+    #[inline(never)]
+    fn tidy_timers_now(&mut self, live: impl Fn(u64, u32) -> bool) -> u64 {
         let mut looked = 0;
         if self.timers.len() > 2 * self.armed + 64 {
             looked += self.timers.len() as u64;
             self.timers.retain(|&Reverse((at, qpn))| live(at, qpn));
+        }
+        if !std::mem::take(&mut self.maybe_stale) {
+            return looked;
         }
         while let Some(&Reverse((at, qpn))) = self.timers.peek() {
             if live(at, qpn) {

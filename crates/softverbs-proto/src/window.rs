@@ -96,6 +96,9 @@ struct Peer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Charge {
     dgid: [u8; 16],
+    /// The slot of the peer of `dgid` in [`Windows::peers`] (while the charge exists, the
+    /// peer has it as a member, so the slot stays its).
+    peer: u32,
     psns: u32,
     /// The QP's `comp_psn` when the charge was taken: how acknowledgments are counted.
     comp_psn: u32,
@@ -111,16 +114,28 @@ fn limits(config: &EngineConfig) -> (u32, u32, u32) {
 }
 
 /// Every peer's window and every QP's charge (module doc).
+///
+/// Every packet an RC QP sends or is acknowledged for, and every verb that runs one, looks
+/// at its charge and its peer (`sync`, `room`, `hold`, `unhold`): both are found by index,
+/// without hashing. A QP the window governed once keeps a slot in `charges`
+/// ([`Qp::window_slot`], kept across a reset) until it is destroyed; a charge keeps the
+/// slot of its peer in `peers`. The GID and QPN tables are looked up only when a QP joins
+/// or leaves a peer and when a held QP is woken.
 #[derive(Debug, Default)]
 pub(crate) struct Windows {
-    /// Every peer's window by its GID: looked up by every packet an RC QP sends or is
-    /// acknowledged for (`sync`, `room`), so a hash table, O(1) (as `charges`); walked
+    /// Every peer's window, by slot (`None`: a free slot, listed in `free_peers`). Walked
     /// only by `check`, in GID order.
-    peers: FxHashMap<[u8; 16], Peer>,
-    /// Every governed QP's charge, by QPN: looked up on every packet and verb that runs a
-    /// QP (`sync`, `room`, `hold`, `unhold`), so a hash table, O(1) (as the engine's QPs);
-    /// never walked in order.
-    charges: FxHashMap<u32, Charge>,
+    peers: Vec<Option<Peer>>,
+    free_peers: Vec<u32>,
+    /// The slot of every peer in `peers`, by GID.
+    peer_slots: FxHashMap<[u8; 16], u32>,
+    /// Every governed QP's charge, by the QP's slot (`None`: not governed now, or a free
+    /// slot, listed in `free_slots`).
+    charges: Vec<Option<Charge>>,
+    free_slots: Vec<u32>,
+    /// The slot of every QP that has one, by QPN: how a held list's entries (QPNs) find
+    /// their charge, and how a destroyed QP's slot is freed.
+    slots: FxHashMap<u32, u32>,
 }
 
 /// The peer a QP's requests count against and how many PSNs it has in flight; `None` for
@@ -143,7 +158,8 @@ fn in_flight(qp: &Qp) -> u32 {
 /// its last opening.
 fn wake(
     peer: &mut Peer,
-    charges: &mut FxHashMap<u32, Charge>,
+    charges: &mut [Option<Charge>],
+    slots: &FxHashMap<u32, u32>,
     dgid: &[u8; 16],
     mut n: usize,
     counters: &mut Counters,
@@ -157,7 +173,11 @@ fn wake(
         };
         peer.held.pop_front();
         counters.qps_visited += 1;
-        let Some(charge) = charges.get_mut(&qpn) else {
+        let charge = slots
+            .get(&qpn)
+            .and_then(|&slot| charges.get_mut(slot as usize))
+            .and_then(Option::as_mut);
+        let Some(charge) = charge else {
             continue;
         };
         if charge.dgid == *dgid && charge.held == Some(epoch) {
@@ -169,16 +189,44 @@ fn wake(
 }
 
 impl Windows {
+    /// `qp`'s charge, if it has one.
+    fn charge(&self, qp: &Qp) -> Option<&Charge> {
+        let slot = qp.window_slot?;
+        self.charges.get(slot as usize)?.as_ref()
+    }
+
+    /// `qp`'s charge, mutable.
+    fn charge_mut(&mut self, qp: &Qp) -> Option<&mut Charge> {
+        let slot = qp.window_slot?;
+        self.charges.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// The peer at `slot`.
+    fn peer(&self, slot: u32) -> Option<&Peer> {
+        self.peers.get(slot as usize)?.as_ref()
+    }
+
+    /// The peer of `dgid`: its slot and window.
+    fn peer_of(&mut self, dgid: &[u8; 16]) -> Option<(u32, &mut Peer)> {
+        let slot = *self.peer_slots.get(dgid)?;
+        Some((slot, self.peers.get_mut(slot as usize)?.as_mut()?))
+    }
+
     /// How many PSNs `qp` may have unacknowledged, its own included, before its peer's
     /// window is full; `None` when the window does not govern it.
     pub(crate) fn room(&self, qp: &Qp, config: &EngineConfig) -> Option<u32> {
-        let (dgid, _) = member_of(qp)?;
-        let own = self
-            .charges
-            .get(&qp.qpn)
-            .filter(|c| c.dgid == dgid)
-            .map_or(0, |c| c.psns);
-        Some(match self.peers.get(&dgid) {
+        if !governed(qp) {
+            return None;
+        }
+        let dgid = &qp.attr.ah_attr.dgid;
+        // A synced QP's charge names its peer (every entry point syncs the QPs it ran);
+        // the GID's table serves any other.
+        let (own, peer) = match self.charge(qp) {
+            Some(c) if c.dgid == *dgid => (c.psns, self.peer(c.peer)),
+            _ => (0, None),
+        };
+        let peer = peer.or_else(|| self.peer_slots.get(dgid).and_then(|&slot| self.peer(slot)));
+        Some(match peer {
             Some(peer) => peer.cwnd.saturating_sub(peer.in_flight.saturating_sub(own)),
             None => limits(config).1,
         })
@@ -188,6 +236,7 @@ impl Windows {
     /// acknowledged since the last sync (growth) and its pending loss signal (reduction)
     /// against the peer it was charged to. QPs held by a window that opened are pushed to
     /// `woken`.
+    #[inline]
     pub(crate) fn sync(
         &mut self,
         qp: &mut Qp,
@@ -195,20 +244,58 @@ impl Windows {
         counters: &mut Counters,
         woken: &mut Vec<u32>,
     ) {
+        // Most calls change nothing (a verb, a packet that moved no PSN): a QP the window
+        // does not govern and never did, or one whose charge is what it has in flight, with
+        // no loss to report. Checked inline; `sync_changed` does the rest.
+        if !qp.window_loss {
+            let charge = qp
+                .window_slot
+                .and_then(|slot| self.charges.get(slot as usize))
+                .and_then(Option::as_ref);
+            let unchanged = match charge {
+                None => !governed(qp),
+                Some(c) => {
+                    governed(qp)
+                        && c.dgid == qp.attr.ah_attr.dgid
+                        && c.psns == in_flight(qp)
+                        && c.comp_psn == qp.comp_psn
+                }
+            };
+            if unchanged {
+                return;
+            }
+        }
+        self.sync_changed(qp, config, counters, woken);
+    }
+
+    /// [`Windows::sync`] once something may have changed.
+    #[inline(never)]
+    fn sync_changed(
+        &mut self,
+        qp: &mut Qp,
+        config: &EngineConfig,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
         let loss = std::mem::take(&mut qp.window_loss);
-        // The common cases first, each with one lookup per table: a QP the window does not
-        // govern and never did, and a member that stays with the same peer (every packet
-        // an RC QP in RTS sends or is acknowledged for). They do what the general path
-        // below does for them, in the same order.
+        // The common cases first, without a lookup: a QP the window does not govern and
+        // never did, and a member that stays with the same peer (every packet an RC QP in
+        // RTS sends or is acknowledged for). They do what the general path below does for
+        // them, in the same order.
         let governed = governed(qp);
-        match self.charges.get_mut(&qp.qpn) {
+        let charge = match qp.window_slot {
+            Some(slot) => self.charges.get_mut(slot as usize).and_then(Option::as_mut),
+            None => None,
+        };
+        match charge {
             None if !governed => return,
             Some(c) if governed && c.dgid == qp.attr.ah_attr.dgid => {
                 let psns = in_flight(qp);
                 if c.psns == psns && c.comp_psn == qp.comp_psn && !loss {
                     return;
                 }
-                if let Some(peer) = self.peers.get_mut(&c.dgid) {
+                let peer = self.peers.get_mut(c.peer as usize).and_then(Option::as_mut);
+                if let Some(peer) = peer {
                     let old = *c;
                     c.psns = psns;
                     c.comp_psn = qp.comp_psn;
@@ -228,6 +315,7 @@ impl Windows {
                         wake(
                             peer,
                             &mut self.charges,
+                            &self.slots,
                             &old.dgid,
                             grown as usize,
                             counters,
@@ -246,14 +334,14 @@ impl Windows {
     /// charge names a peer without an entry.
     fn sync_general(
         &mut self,
-        qp: &Qp,
+        qp: &mut Qp,
         loss: bool,
         config: &EngineConfig,
         counters: &mut Counters,
         woken: &mut Vec<u32>,
     ) {
         let now = member_of(qp);
-        let old = self.charges.get(&qp.qpn).copied();
+        let old = self.charge(qp).copied();
         let unchanged = match (old, now) {
             (Some(c), Some((dgid, psns))) => {
                 c.dgid == dgid && c.psns == psns && c.comp_psn == qp.comp_psn
@@ -264,9 +352,9 @@ impl Windows {
         if unchanged && !loss {
             return;
         }
-        let old_room = old.and_then(|c| Some((c.dgid, self.peers.get(&c.dgid)?.room())));
+        let old_room = old.and_then(|c| Some((c.dgid, self.peer_of(&c.dgid)?.1.room())));
         if let Some(c) = old {
-            if let Some(peer) = self.peers.get_mut(&c.dgid) {
+            if let Some((slot, peer)) = self.peer_of(&c.dgid) {
                 let acked = psn::diff(qp.comp_psn, c.comp_psn);
                 if acked > 0 {
                     peer.on_acked(acked as u32, config);
@@ -277,39 +365,59 @@ impl Windows {
                 peer.in_flight = peer.in_flight.saturating_sub(c.psns);
                 peer.members = peer.members.saturating_sub(1);
                 if peer.members == 0 && now.is_none_or(|(dgid, _)| dgid != c.dgid) {
-                    self.peers.remove(&c.dgid);
+                    self.peers[slot as usize] = None;
+                    self.free_peers.push(slot);
+                    self.peer_slots.remove(&c.dgid);
                 }
             }
         }
         match now {
             Some((dgid, psns)) => {
-                let (_, initial, max) = limits(config);
-                let peer = self.peers.entry(dgid).or_insert(Peer {
-                    cwnd: initial,
-                    ssthresh: max,
-                    in_flight: 0,
-                    members: 0,
-                    acked_total: 0,
-                    avoidance_acked: 0,
-                    recover_at: 0,
-                    epoch: 0,
-                    held: VecDeque::new(),
-                });
-                peer.in_flight = peer.in_flight.saturating_add(psns);
-                peer.members += 1;
+                let slot = match self.peer_slots.get(&dgid) {
+                    Some(&slot) => slot,
+                    None => {
+                        let (_, initial, max) = limits(config);
+                        let peer = Peer {
+                            cwnd: initial,
+                            ssthresh: max,
+                            in_flight: 0,
+                            members: 0,
+                            acked_total: 0,
+                            avoidance_acked: 0,
+                            recover_at: 0,
+                            epoch: 0,
+                            held: VecDeque::new(),
+                        };
+                        let slot = put(&mut self.peers, &mut self.free_peers, peer);
+                        self.peer_slots.insert(dgid, slot);
+                        slot
+                    }
+                };
+                if let Some(peer) = self.peers[slot as usize].as_mut() {
+                    peer.in_flight = peer.in_flight.saturating_add(psns);
+                    peer.members += 1;
+                }
                 let held = old.filter(|c| c.dgid == dgid).and_then(|c| c.held);
-                self.charges.insert(
-                    qp.qpn,
-                    Charge {
-                        dgid,
-                        psns,
-                        comp_psn: qp.comp_psn,
-                        held,
-                    },
-                );
+                let charge = Charge {
+                    dgid,
+                    peer: slot,
+                    psns,
+                    comp_psn: qp.comp_psn,
+                    held,
+                };
+                match qp.window_slot {
+                    Some(own) => self.charges[own as usize] = Some(charge),
+                    None => {
+                        let own = put(&mut self.charges, &mut self.free_slots, charge);
+                        self.slots.insert(qp.qpn, own);
+                        qp.window_slot = Some(own);
+                    }
+                }
             }
             None => {
-                self.charges.remove(&qp.qpn);
+                if let Some(own) = qp.window_slot {
+                    self.charges[own as usize] = None;
+                }
             }
         }
         if let Some((dgid, before)) = old_room {
@@ -326,76 +434,113 @@ impl Windows {
         counters: &mut Counters,
         woken: &mut Vec<u32>,
     ) {
-        let Some(peer) = self.peers.get_mut(&dgid) else {
+        let Some((slot, peer)) = self.peer_of(&dgid) else {
             return;
         };
         let grown = peer.room() - before;
         if grown > 0 {
             peer.epoch += 1;
-            self.wake(dgid, grown as usize, counters, woken);
+            self.wake(slot, &dgid, grown as usize, counters, woken);
         }
     }
 
-    /// Wakes up to `n` QPs of `dgid`'s held list that were held before its last opening.
-    fn wake(&mut self, dgid: [u8; 16], n: usize, counters: &mut Counters, woken: &mut Vec<u32>) {
-        let Some(peer) = self.peers.get_mut(&dgid) else {
+    /// Wakes up to `n` QPs of the held list of the peer of `dgid` (at `slot`) that were
+    /// held before its last opening.
+    fn wake(
+        &mut self,
+        slot: u32,
+        dgid: &[u8; 16],
+        n: usize,
+        counters: &mut Counters,
+        woken: &mut Vec<u32>,
+    ) {
+        let Some(peer) = self.peers.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        wake(peer, &mut self.charges, &dgid, n, counters, woken);
+        wake(
+            peer,
+            &mut self.charges,
+            &self.slots,
+            dgid,
+            n,
+            counters,
+            woken,
+        );
     }
 
-    /// The window held `qpn`'s next request (its `poll_transmit` returned nothing for
+    /// The window held `qp`'s next request (its `poll_transmit` returned nothing for
     /// that reason, and its charge is synced): it is listed as held. If room is left (it
     /// needed more PSNs than are free), the next QP held before the last opening is woken.
-    pub(crate) fn hold(&mut self, qpn: u32, counters: &mut Counters, woken: &mut Vec<u32>) {
-        let Some(charge) = self.charges.get_mut(&qpn) else {
+    pub(crate) fn hold(&mut self, qp: &Qp, counters: &mut Counters, woken: &mut Vec<u32>) {
+        let Some(Some(charge)) = qp
+            .window_slot
+            .and_then(|slot| self.charges.get_mut(slot as usize))
+        else {
             return;
         };
         let dgid = charge.dgid;
-        let Some(peer) = self.peers.get_mut(&dgid) else {
+        let Some(peer) = self
+            .peers
+            .get_mut(charge.peer as usize)
+            .and_then(Option::as_mut)
+        else {
             return;
         };
         charge.held = Some(peer.epoch);
-        peer.held.push_back((qpn, peer.epoch));
+        peer.held.push_back((qp.qpn, peer.epoch));
         if peer.room() > 0 {
-            self.wake(dgid, 1, counters, woken);
+            wake(
+                peer,
+                &mut self.charges,
+                &self.slots,
+                &dgid,
+                1,
+                counters,
+                woken,
+            );
         }
     }
 
-    /// `qpn` is no longer held (it sent, or had nothing to send): its entry in the held
+    /// `qp` is no longer held (it sent, or had nothing to send): its entry in the held
     /// list goes stale.
-    pub(crate) fn unhold(&mut self, qpn: u32) {
-        if let Some(charge) = self.charges.get_mut(&qpn) {
+    pub(crate) fn unhold(&mut self, qp: &Qp) {
+        if let Some(charge) = self.charge_mut(qp) {
             charge.held = None;
         }
     }
 
-    /// Whether `qpn` is listed as held by its peer's window; `Some(true)` if it would be
+    /// Whether `qp` is listed as held by its peer's window; `Some(true)` if it would be
     /// held again: it was held since the window's last opening (with at least the room
     /// there is now), or the window has no room (and the QP, unchanged since it was held,
     /// still has an answer coming).
-    pub(crate) fn held(&self, qpn: u32) -> Option<bool> {
-        let charge = self.charges.get(&qpn)?;
+    pub(crate) fn held(&self, qp: &Qp) -> Option<bool> {
+        let charge = self.charge(qp)?;
         let epoch = charge.held?;
         Some(
-            self.peers
-                .get(&charge.dgid)
+            self.peer(charge.peer)
                 .is_some_and(|p| p.epoch == epoch || p.room() <= 0),
         )
     }
 
-    /// Forgets a destroyed QP's charge; QPs held by the room it frees are pushed to
-    /// `woken`.
+    /// Forgets a destroyed QP's charge and frees its slot; QPs held by the room it frees
+    /// are pushed to `woken`.
     pub(crate) fn release(&mut self, qpn: u32, counters: &mut Counters, woken: &mut Vec<u32>) {
-        let Some(c) = self.charges.remove(&qpn) else {
+        let Some(own) = self.slots.remove(&qpn) else {
             return;
         };
-        if let Some(peer) = self.peers.get_mut(&c.dgid) {
+        let charge = self.charges[own as usize].take();
+        self.free_slots.push(own);
+        let Some(c) = charge else {
+            return;
+        };
+        if let Some((slot, peer)) = self.peer_of(&c.dgid) {
             let before = peer.room();
             peer.in_flight = peer.in_flight.saturating_sub(c.psns);
             peer.members = peer.members.saturating_sub(1);
             if peer.members == 0 {
-                self.peers.remove(&c.dgid);
+                self.peers[slot as usize] = None;
+                self.free_peers.push(slot);
+                self.peer_slots.remove(&c.dgid);
             } else {
                 self.opened(c.dgid, before, counters, woken);
             }
@@ -404,7 +549,8 @@ impl Windows {
 
     /// The window towards `dgid`, if a QP of this engine is connected there.
     pub(crate) fn window(&self, dgid: &[u8; 16]) -> Option<PeerWindow> {
-        self.peers.get(dgid).map(|p| PeerWindow {
+        let p = self.peer(*self.peer_slots.get(dgid)?)?;
+        Some(PeerWindow {
             cwnd: p.cwnd,
             ssthresh: p.ssthresh,
             in_flight: p.in_flight,
@@ -412,17 +558,36 @@ impl Windows {
         })
     }
 
-    /// Recomputes every charge and sum from `qps` and compares.
+    /// Recomputes every charge and sum from `qps` and compares; checks the slots too.
     pub(crate) fn check<'a>(&self, qps: impl Iterator<Item = &'a Qp>) -> Result<(), String> {
         let mut sums: BTreeMap<[u8; 16], (u32, u32)> = BTreeMap::new();
         for qp in qps {
+            if qp.window_slot != self.slots.get(&qp.qpn).copied() {
+                return Err(format!(
+                    "QP {:#x}: window slot {:?}, the table says {:?}",
+                    qp.qpn,
+                    qp.window_slot,
+                    self.slots.get(&qp.qpn)
+                ));
+            }
             let now = member_of(qp);
-            let charged = self.charges.get(&qp.qpn).map(|c| (c.dgid, c.psns));
+            let charge = self.charge(qp);
+            let charged = charge.map(|c| (c.dgid, c.psns));
             if now != charged {
                 return Err(format!(
                     "QP {:#x}: charged {charged:?} to its peer window, has {now:?} in flight",
                     qp.qpn
                 ));
+            }
+            if let Some(c) = charge {
+                if self.peer_slots.get(&c.dgid) != Some(&c.peer) {
+                    return Err(format!(
+                        "QP {:#x}: charged to peer slot {}, its GID's is {:?}",
+                        qp.qpn,
+                        c.peer,
+                        self.peer_slots.get(&c.dgid)
+                    ));
+                }
             }
             if let Some((dgid, psns)) = now {
                 let sum = sums.entry(dgid).or_default();
@@ -430,10 +595,18 @@ impl Windows {
                 sum.1 += 1;
             }
         }
-        if self.charges.len() != sums.values().map(|s| s.1 as usize).sum::<usize>() {
+        let charged = self.charges.iter().flatten().count();
+        if charged != sums.values().map(|s| s.1 as usize).sum::<usize>() {
             return Err("a destroyed QP is still charged to a peer window".into());
         }
-        let mut peers: Vec<(&[u8; 16], &Peer)> = self.peers.iter().collect();
+        let mut peers: Vec<(&[u8; 16], &Peer)> = self
+            .peer_slots
+            .iter()
+            .filter_map(|(dgid, &slot)| Some((dgid, self.peer(slot)?)))
+            .collect();
+        if peers.len() != self.peers.iter().flatten().count() {
+            return Err("a peer window is not in the GID table".into());
+        }
         peers.sort_unstable_by_key(|&(dgid, _)| dgid);
         for (dgid, peer) in peers {
             let (in_flight, members) = sums.get(dgid).copied().unwrap_or_default();
@@ -444,10 +617,24 @@ impl Windows {
                 ));
             }
         }
-        if sums.keys().any(|dgid| !self.peers.contains_key(dgid)) {
+        if sums.keys().any(|dgid| !self.peer_slots.contains_key(dgid)) {
             return Err("a QP is charged to a peer without a window".into());
         }
         Ok(())
+    }
+}
+
+/// Puts `item` in a free slot of `table` (listed in `free`), or a new one; returns the slot.
+fn put<T>(table: &mut Vec<Option<T>>, free: &mut Vec<u32>, item: T) -> u32 {
+    match free.pop() {
+        Some(slot) => {
+            table[slot as usize] = Some(item);
+            slot
+        }
+        None => {
+            table.push(Some(item));
+            (table.len() - 1) as u32
+        }
     }
 }
 
