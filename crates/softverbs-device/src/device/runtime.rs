@@ -134,11 +134,15 @@ impl Outgoing {
         self.packets.extend_from_slice(&other.packets);
     }
 
-    /// Puts `first`'s packets before these.
+    /// Puts `first`'s packets before these (moving only the packets' bytes, not the room
+    /// after them).
     fn prepend(&mut self, first: &Outgoing) {
+        let n = first.used;
+        self.room(n);
+        self.bytes.copy_within(..self.used, n);
+        self.bytes[..n].copy_from_slice(first.filled());
+        self.used += n;
         self.packets.splice(0..0, first.packets.iter().copied());
-        self.bytes.splice(0..0, first.filled().iter().copied());
-        self.used += first.used;
     }
 
     /// The packets, each with its bytes.
@@ -883,4 +887,53 @@ fn next_deadline(st: &State) -> u64 {
         }
     }
     deadline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// A run with one packet per byte string, built as the engine builds them: into the
+    /// room after the packets before.
+    fn run_of(packets: &[&[u8]]) -> Outgoing {
+        let mut run = Outgoing::default();
+        for bytes in packets {
+            run.room(PACKET_ROOM)[..bytes.len()].copy_from_slice(bytes);
+            run.push(OutgoingSlot {
+                to: Endpoint::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4791),
+                src_port: bytes.len() as u16,
+                len: bytes.len(),
+            });
+        }
+        run
+    }
+
+    fn packets(run: &mut Outgoing) -> Vec<(u16, Vec<u8>)> {
+        run.split()
+            .map(|(slot, bytes)| (slot.src_port, bytes.to_vec()))
+            .collect()
+    }
+
+    /// Held ACKs go first, then the run's packets, each with its bytes; the room after the
+    /// packets is not part of them.
+    #[test]
+    fn held_packets_are_prepended_and_appended_whole_and_in_order() {
+        let mut run = run_of(&[b"third", b"fourth!"]);
+        let held = run_of(&[b"1", b"second"]);
+        run.prepend(&held);
+        let expected: Vec<(u16, Vec<u8>)> = [&b"1"[..], b"second", b"third", b"fourth!"]
+            .iter()
+            .map(|b| (b.len() as u16, b.to_vec()))
+            .collect();
+        assert_eq!(packets(&mut run), expected);
+        assert_eq!(run.filled(), b"1secondthirdfourth!");
+        let mut more = run_of(&[b"x"]);
+        more.append(&run);
+        assert_eq!(more.filled(), b"x1secondthirdfourth!");
+        assert_eq!(more.packets.len(), 5);
+        run.clear();
+        assert!(packets(&mut run).is_empty());
+        assert!(run.filled().is_empty());
+    }
 }
