@@ -1115,6 +1115,9 @@ impl Device {
 
     /// Whether packets for devices of this process are handed over directly (the
     /// default) or sent through the transport like any other (tests of the wire path).
+    /// Set it before connecting QPs: a QP whose peer is a device of this process decides
+    /// at RTR, with its peer, whether they exchange direct segments (larger than any path
+    /// MTU), which only the direct hand-over carries.
     pub fn set_in_process_shortcut(&self, on: bool) {
         self.inner.shortcut.store(on, Ordering::Relaxed);
         if let Some(tap) = &self.inner.tap {
