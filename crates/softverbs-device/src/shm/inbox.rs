@@ -292,34 +292,49 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// Opens the inbox at `path` of a live device of another process of this user: its
+/// mapping and owner.
+fn open_live(path: &Path) -> Result<(Mapping, u32), Refused> {
+    let fd = match rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Err(Refused::Absent),
+        Err(_) => return Err(Refused::Unusable("cannot open")),
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(|_| Refused::Unusable("cannot stat"))?;
+    if stat.st_uid != rustix::process::geteuid().as_raw()
+        || stat.st_mode & 0o077 != 0
+        || stat.st_size != INBOX_LEN as i64
+    {
+        return Err(Refused::Unusable("not this user's inbox"));
+    }
+    let mapping = Mapping::map(&fd).map_err(|_| Refused::Unusable("cannot map"))?;
+    let header = mapping.header();
+    if header.magic.load(Ordering::Acquire) != MAGIC {
+        return Err(Refused::Unusable("not an inbox"));
+    }
+    let owner = header.owner.load(Ordering::Relaxed);
+    if owner == std::process::id() {
+        return Err(Refused::Unusable("a device of this process"));
+    }
+    if header.closed.load(Ordering::Acquire) != 0 || !pid_alive(owner) {
+        return Err(Refused::Unusable("closed"));
+    }
+    Ok((mapping, owner))
+}
+
+/// Whether the inbox at `path` is a live device's of another process of this user that
+/// takes packets of direct segments (its header's flag): decided by each end of a
+/// connection from the other's inbox alone, claiming no ring, so both decide alike.
+pub(crate) fn offers_direct_segments(path: &Path) -> bool {
+    open_live(path).is_ok_and(|(mapping, _)| mapping.header().direct.load(Ordering::Acquire) == 1)
+}
+
 impl PeerInbox {
     /// Opens the inbox at `path` and claims a ring in it, writing `from` (the sender's
     /// GID) into it.
     pub(crate) fn open(path: &Path, from: [u8; 16]) -> Result<PeerInbox, Refused> {
-        let fd = match rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Err(Refused::Absent),
-            Err(_) => return Err(Refused::Unusable("cannot open")),
-        };
-        let stat = rustix::fs::fstat(&fd).map_err(|_| Refused::Unusable("cannot stat"))?;
-        if stat.st_uid != rustix::process::geteuid().as_raw()
-            || stat.st_mode & 0o077 != 0
-            || stat.st_size != INBOX_LEN as i64
-        {
-            return Err(Refused::Unusable("not this user's inbox"));
-        }
-        let mapping = Mapping::map(&fd).map_err(|_| Refused::Unusable("cannot map"))?;
+        let (mapping, owner) = open_live(path)?;
         let header = mapping.header();
-        if header.magic.load(Ordering::Acquire) != MAGIC {
-            return Err(Refused::Unusable("not an inbox"));
-        }
-        let owner = header.owner.load(Ordering::Relaxed);
-        if owner == std::process::id() {
-            return Err(Refused::Unusable("a device of this process"));
-        }
-        if header.closed.load(Ordering::Acquire) != 0 || !pid_alive(owner) {
-            return Err(Refused::Unusable("closed"));
-        }
         let me = std::process::id();
         for index in 0..RINGS {
             let ring = mapping.ring(index);
