@@ -1,0 +1,203 @@
+//! Instructions per device round trip, counted by valgrind's callgrind: what the device adds
+//! around the engine (locks, runs, the hand-over to the peer device, completions into the
+//! CQ, held ACKs) is pinned by a count, so a regression fails as a number, not as a time on
+//! a noisy machine. (The engine's own share is pinned by softverbs-proto's
+//! `tests/instruction_count.rs`.)
+//!
+//! One round trip is what an 8-byte RC SEND ping-pong between two devices of one process
+//! does per iteration, through the device API as the safe API calls it: A posts a signaled
+//! SEND, B's receive completes and B re-posts it, A's send completes; then the same from
+//! B to A; both busy-poll their CQs. Packets between the devices
+//! are handed over in memory on the posting thread, so every instruction of the exchange
+//! runs inside [`measured_round_trips`] on the test's thread.
+//!
+//! [`callgrind_counts_stay_within_bounds`] runs this binary again under
+//! `valgrind --tool=callgrind --toggle-collect` on [`measured_round_trips`] with
+//! [`DRIVER`] set; the instructions counted, divided by the round trips, are the cost of
+//! one. Fails loudly without valgrind. `cargo test --release -p softverbs-device --test
+//! instruction_count -- --nocapture` prints the count; `SOFTVERBS_DEVICE_COUNT_KEEP=1`
+//! keeps the callgrind output for `callgrind_annotate`.
+//!
+//! The bounds ([`BOUNDS`]) are about 1.1 times the optimised build's count and 1.12 times
+//! the dev profile's when they were set, so that a return to the device's per-packet
+//! allocations (16 per round trip, about 3,500 instructions) fails. History (instructions
+//! per round trip, the engine's share of about 11,200 included): 20,710 optimised, 32,304
+//! dev, when this test was written — after the device stopped allocating per packet,
+//! hashing its tables with SipHash and copying each packet from a scratch buffer.
+
+mod common;
+
+use common::rc::{connect, side, Side};
+use softverbs_cq::{WcStatus, WorkCompletion};
+use softverbs_device::DeviceConfig;
+use softverbs_proto::{RecvWr, SendOp, SendWr, Sge};
+use std::hint::black_box;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Round trips measured.
+const ROUNDS: u64 = 2_000;
+/// Round trips before the measured ones.
+const WARMUP: u64 = 200;
+
+/// The environment variable that makes a run of `count_driver` drive the devices.
+const DRIVER: &str = "SOFTVERBS_DEVICE_COUNT_DRIVER";
+
+fn recv_wr(side: &Side, wr_id: u64) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: vec![Sge {
+            addr: side.buf.as_ptr() as u64,
+            length: 64,
+            lkey: side.lkey,
+        }],
+    }
+}
+
+fn send_wr(side: &Side, wr_id: u64) -> SendWr {
+    let sge = Sge {
+        addr: side.buf.as_ptr() as u64 + 1024,
+        length: 8,
+        lkey: side.lkey,
+    };
+    SendWr::new(wr_id, SendOp::Send, vec![sge])
+}
+
+/// The next completion of `side`, polling as a busy-polling application does; bounded.
+fn wait_one(side: &Side) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wcs = [WorkCompletion::default(); 1];
+    loop {
+        if side.cq.poll(&mut wcs).unwrap() == 1 {
+            assert_eq!(wcs[0].status(), WcStatus::Success, "{:?}", wcs[0]);
+            return wcs[0];
+        }
+        side.device.progress();
+        assert!(Instant::now() < deadline, "no completion");
+    }
+}
+
+/// `rounds` round trips; the work requests are built before (they are the caller's).
+#[inline(never)]
+fn measured_round_trips(
+    a: &Side,
+    b: &Side,
+    rounds: u64,
+    requests: &mut Vec<[(SendWr, RecvWr); 2]>,
+) {
+    for _ in 0..rounds {
+        let [(a_send, b_recv), (b_send, a_recv)] = requests.pop().expect("built");
+        for (from, to, send, recv) in [(a, b, a_send, b_recv), (b, a, b_send, a_recv)] {
+            from.device.post_send(from.qpn, send).unwrap();
+            black_box(wait_one(to));
+            to.device.post_recv(to.qpn, recv).unwrap();
+            black_box(wait_one(from));
+        }
+    }
+}
+
+fn requests(a: &Side, b: &Side, rounds: u64) -> Vec<[(SendWr, RecvWr); 2]> {
+    (0..rounds)
+        .map(|n| {
+            [
+                (send_wr(a, n), recv_wr(b, n)),
+                (send_wr(b, n), recv_wr(a, n)),
+            ]
+        })
+        .collect()
+}
+
+/// The workload valgrind runs (with [`DRIVER`] set); a no-op otherwise.
+#[test]
+fn count_driver() {
+    if std::env::var_os(DRIVER).is_none() {
+        return;
+    }
+    let (a, b) = (
+        side(DeviceConfig::in_process()),
+        side(DeviceConfig::in_process()),
+    );
+    connect(&a, &b);
+    for side in [&a, &b] {
+        side.device.post_recv(side.qpn, recv_wr(side, 0)).unwrap();
+    }
+    let mut warmup = requests(&a, &b, WARMUP);
+    warm_up(&a, &b, &mut warmup);
+    let mut measured = requests(&a, &b, ROUNDS);
+    measured_round_trips(&a, &b, ROUNDS, &mut measured);
+}
+
+/// The warm-up, outside the measured function.
+fn warm_up(a: &Side, b: &Side, requests: &mut Vec<[(SendWr, RecvWr); 2]>) {
+    for _ in 0..requests.len() {
+        let [(a_send, b_recv), (b_send, a_recv)] = requests.pop().expect("built");
+        for (from, to, send, recv) in [(a, b, a_send, b_recv), (b, a, b_send, a_recv)] {
+            from.device.post_send(from.qpn, send).unwrap();
+            wait_one(to);
+            to.device.post_recv(to.qpn, recv).unwrap();
+            wait_one(from);
+        }
+    }
+}
+
+/// Instructions callgrind counted inside [`measured_round_trips`].
+fn count(dir: &Path) -> u64 {
+    let out_file = dir.join("callgrind.out");
+    let exe = std::env::current_exe().expect("test binary");
+    let status = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .arg("--toggle-collect=*measured_round_trips*")
+        .arg("--quiet")
+        .arg(exe)
+        .args(["--exact", "count_driver", "--test-threads=1", "--quiet"])
+        .env(DRIVER, "1")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("valgrind is needed to count the device's instructions (apt-get install valgrind): {e}")
+        });
+    assert!(status.success(), "valgrind run failed: {status}");
+    let text = std::fs::read_to_string(&out_file).expect("callgrind output");
+    let line = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .expect("callgrind totals");
+    line.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("callgrind instruction count")
+}
+
+/// The bound on instructions per round trip: optimised build, dev profile (module doc).
+const BOUNDS: (u64, u64) = (22_800, 36_200);
+
+#[test]
+fn callgrind_counts_stay_within_bounds() {
+    if std::env::var_os(DRIVER).is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("softverbs-device-icount-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let total = count(&dir);
+    let per_round = total as f64 / ROUNDS as f64;
+    let bound = if cfg!(debug_assertions) {
+        BOUNDS.1
+    } else {
+        BOUNDS.0
+    };
+    println!("{per_round:>10.1} instructions per round trip (bound {bound})");
+    if std::env::var_os("SOFTVERBS_DEVICE_COUNT_KEEP").is_some() {
+        println!("callgrind output kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(
+        per_round <= bound as f64,
+        "instructions per round trip over the bound: {per_round:.1} > {bound}"
+    );
+}
