@@ -11,14 +11,11 @@
 
 mod common;
 
-use common::rc::{connect, side, Side};
-use softverbs_cq::{WcStatus, WorkCompletion};
+use common::rc::{connect, recv_wr, send_wr, side, wait_one, Side};
 use softverbs_device::DeviceConfig;
-use softverbs_proto::{RecvWr, SendOp, SendWr, Sge};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 struct Counting;
 
@@ -58,40 +55,6 @@ const WARMUP: u64 = 200;
 /// Round trips counted.
 const ROUNDS: u64 = 1_000;
 
-fn recv_wr(side: &Side, wr_id: u64) -> RecvWr {
-    RecvWr {
-        wr_id,
-        sg_list: vec![Sge {
-            addr: side.buf.as_ptr() as u64,
-            length: 64,
-            lkey: side.lkey,
-        }],
-    }
-}
-
-fn send_wr(side: &Side, wr_id: u64) -> SendWr {
-    let sge = Sge {
-        addr: side.buf.as_ptr() as u64 + 1024,
-        length: 8,
-        lkey: side.lkey,
-    };
-    SendWr::new(wr_id, SendOp::Send, vec![sge])
-}
-
-/// The next completion of `side`, driving progress as a busy-polling application does
-/// (into an array: the harness allocates nothing either); bounded in time.
-fn wait_one(side: &Side) -> WorkCompletion {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wcs = [WorkCompletion::default(); 1];
-    loop {
-        if side.cq.poll(&mut wcs).unwrap() == 1 {
-            return wcs[0];
-        }
-        side.device.progress();
-        assert!(Instant::now() < deadline, "no completion");
-    }
-}
-
 /// One round trip: `a` sends 8 bytes to `b`, `b` answers; each reposts the receive its
 /// peer's message took. Only the verbs and the polls are counted.
 fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
@@ -99,12 +62,11 @@ fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
         let (send, recv) = (send_wr(from, n), recv_wr(to, n));
         COUNTING.with(|c| c.set(counted));
         from.device.post_send(from.qpn, send).unwrap();
-        let got = wait_one(to);
+        // Each a success (`wait_one` checks).
+        wait_one(to);
         to.device.post_recv(to.qpn, recv).unwrap();
-        let sent = wait_one(from);
+        wait_one(from);
         COUNTING.with(|c| c.set(false));
-        let ok = |wc: &WorkCompletion| wc.status() == WcStatus::Success;
-        assert!(ok(&got) && ok(&sent), "{got:?} {sent:?}");
     }
 }
 

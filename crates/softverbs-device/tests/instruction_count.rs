@@ -27,14 +27,12 @@
 
 mod common;
 
-use common::rc::{connect, side, Side};
-use softverbs_cq::{WcStatus, WorkCompletion};
+use common::rc::{connect, recv_wr, send_wr, side, wait_one, Side};
 use softverbs_device::DeviceConfig;
-use softverbs_proto::{RecvWr, SendOp, SendWr, Sge};
+use softverbs_proto::{RecvWr, SendWr};
 use std::hint::black_box;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// Round trips measured.
 const ROUNDS: u64 = 2_000;
@@ -43,40 +41,6 @@ const WARMUP: u64 = 200;
 
 /// The environment variable that makes a run of `count_driver` drive the devices.
 const DRIVER: &str = "SOFTVERBS_DEVICE_COUNT_DRIVER";
-
-fn recv_wr(side: &Side, wr_id: u64) -> RecvWr {
-    RecvWr {
-        wr_id,
-        sg_list: vec![Sge {
-            addr: side.buf.as_ptr() as u64,
-            length: 64,
-            lkey: side.lkey,
-        }],
-    }
-}
-
-fn send_wr(side: &Side, wr_id: u64) -> SendWr {
-    let sge = Sge {
-        addr: side.buf.as_ptr() as u64 + 1024,
-        length: 8,
-        lkey: side.lkey,
-    };
-    SendWr::new(wr_id, SendOp::Send, vec![sge])
-}
-
-/// The next completion of `side`, polling as a busy-polling application does; bounded.
-fn wait_one(side: &Side) -> WorkCompletion {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wcs = [WorkCompletion::default(); 1];
-    loop {
-        if side.cq.poll(&mut wcs).unwrap() == 1 {
-            assert_eq!(wcs[0].status(), WcStatus::Success, "{:?}", wcs[0]);
-            return wcs[0];
-        }
-        side.device.progress();
-        assert!(Instant::now() < deadline, "no completion");
-    }
-}
 
 /// `rounds` round trips; the work requests are built before (they are the caller's).
 #[inline(never)]

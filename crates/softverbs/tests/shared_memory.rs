@@ -370,14 +370,11 @@ fn fetch_and_adds_from_two_processes_on_one_counter_add_up_exactly_through_share
     drop(qps);
 }
 
-/// The child role of the direct-segment tests: its device's last address octet, the path
-/// (`shm` or `udp`), the target's QP and buffer.
-const SEGMENT_CHILD_ENV: &str = "SOFTVERBS_TEST_SHM_SEGMENT_CHILD";
-
 /// The message of the direct-segment tests: 60,000 bytes.
 const SEGMENT_LEN: usize = 60_000;
 
-/// A child: RDMA WRITEs [`SEGMENT_LEN`] bytes of a pattern into the target's buffer, READs
+/// A child (its spec: its device's last address octet, the path, `shm` or `udp`, the
+/// target's QP and buffer): RDMA WRITEs [`SEGMENT_LEN`] bytes of a pattern into the target's buffer, READs
 /// them back, checks them, and prints the packets each took (the WRITE's it sent, the
 /// READ responses it received) and its path MTU.
 fn segment_child(spec: &str) {
@@ -447,7 +444,7 @@ fn a_large_write_and_read_between_processes_over_udp_take_path_mtu_packets() {
 }
 
 fn segments_between_processes(name: &str, shared_memory: bool) {
-    if let Ok(spec) = std::env::var(SEGMENT_CHILD_ENV) {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
         segment_child(&spec);
         return;
     }
@@ -468,23 +465,7 @@ fn segments_between_processes(name: &str, shared_memory: bool) {
         target.qp.local_info(7),
         target.mr.slice(0..SEGMENT_LEN).unwrap().remote()
     );
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--test-threads=1", "--nocapture"])
-        .env(SEGMENT_CHILD_ENV, spec)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let info: RemoteInfo = lines
-        .find_map(|l| {
-            l.ok()
-                .and_then(|l| l.strip_prefix("info ").map(str::to_owned))
-        })
-        .expect("the child's QP")
-        .parse()
-        .unwrap();
+    let (mut child, lines, info) = spawn_child(name, spec);
     target.qp.to_rtr(info).unwrap();
     target.qp.to_rts(RtsAttr::new(7)).unwrap();
     writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();

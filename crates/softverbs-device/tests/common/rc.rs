@@ -3,9 +3,12 @@
 //! `ibv_rc_pingpong` connects (INIT, RTR, RTS; PSNs start at 100), and a bounded wait for
 //! completions that drives progress as a busy-polling application does.
 
-use softverbs_cq::{CompletionQueue, CqBuilder, WorkCompletion};
+use softverbs_cq::{CompletionQueue, CqBuilder, WcStatus, WorkCompletion};
 use softverbs_device::{Device, DeviceConfig};
-use softverbs_proto::{AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpInit, QpState, QpType};
+use softverbs_proto::{
+    AccessFlags, AddressVector, AttrMask, Mtu, QpAttr, QpInit, QpState, QpType, RecvWr, SendOp,
+    SendWr, Sge,
+};
 use std::time::{Duration, Instant};
 
 /// The first PSN of both directions.
@@ -179,4 +182,41 @@ pub fn wait_for(side: &Side, n: usize) -> Vec<WorkCompletion> {
         );
     }
     got
+}
+
+/// A receive of 64 bytes at the start of `side`'s buffer.
+pub fn recv_wr(side: &Side, wr_id: u64) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: vec![Sge {
+            addr: side.buf.as_ptr() as u64,
+            length: 64,
+            lkey: side.lkey,
+        }],
+    }
+}
+
+/// A SEND of 8 bytes at offset 1024 of `side`'s buffer.
+pub fn send_wr(side: &Side, wr_id: u64) -> SendWr {
+    let sge = Sge {
+        addr: side.buf.as_ptr() as u64 + 1024,
+        length: 8,
+        lkey: side.lkey,
+    };
+    SendWr::new(wr_id, SendOp::Send, vec![sge])
+}
+
+/// The next completion of `side`, which must be a success, polling as a busy-polling
+/// application does (into an array: nothing allocated); bounded in time.
+pub fn wait_one(side: &Side) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wcs = [WorkCompletion::default(); 1];
+    loop {
+        if side.cq.poll(&mut wcs).unwrap() == 1 {
+            assert_eq!(wcs[0].status(), WcStatus::Success, "{:?}", wcs[0]);
+            return wcs[0];
+        }
+        side.device.progress();
+        assert!(Instant::now() < deadline, "no completion");
+    }
 }
