@@ -72,7 +72,7 @@ step "packages (the library crates as a registry would take them)"
 # dependencies, every file inside the crate. --allow-dirty: a developer's uncommitted work
 # packages too (CI's clone is clean either way).
 limit 5 cargo package --locked --no-verify --allow-dirty \
-  -p softverbs-wire -p softverbs-cq -p softverbs-proto -p softverbs-device -p softverbs
+  -p softverbs-wire -p softverbs-cq -p softverbs-cm -p softverbs-proto -p softverbs-device -p softverbs
 
 step "tests"
 limit 30 cargo test --locked --workspace --all-features
