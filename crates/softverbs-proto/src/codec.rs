@@ -11,8 +11,8 @@
 
 use softverbs_wire::{
     aeth, atomic_ack_eth, atomic_eth, bth, deth, feth, ieth, immdt, reth, AethRepr, AethSyndrome,
-    AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, OpKind, Opcode, PacketRepr,
-    Position, Psn, Qpn, RethRepr,
+    AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, OpKind, Opcode, Position, Psn,
+    Qpn, RethRepr,
 };
 
 /// BTH length.
@@ -401,47 +401,6 @@ fn split<const N: usize>(data: &[u8]) -> Result<(&[u8; N], &[u8]), ParseError> {
     data.split_first_chunk::<N>().ok_or(ParseError::Truncated)
 }
 
-#[inline]
-fn to_repr(hdr: &Headers) -> PacketRepr {
-    PacketRepr {
-        bth: BthRepr {
-            opcode: Opcode(hdr.bth.opcode),
-            solicited: hdr.bth.solicited,
-            pkey: hdr.bth.pkey,
-            dest_qp: Qpn::new(hdr.bth.dest_qp),
-            ack_req: hdr.bth.ack_req,
-            psn: Psn::new(hdr.bth.psn),
-            ..BthRepr::default()
-        },
-        reth: hdr.reth.map(|r| RethRepr {
-            va: r.va,
-            rkey: r.rkey,
-            dma_len: r.dma_len,
-        }),
-        aeth: hdr.aeth.map(|a| AethRepr {
-            syndrome: AethSyndrome::decode(a.syndrome),
-            msn: a.msn,
-        }),
-        deth: hdr.deth.map(|d| DethRepr {
-            qkey: d.qkey,
-            src_qp: Qpn::new(d.src_qp),
-        }),
-        immdt: hdr.imm,
-        ieth: hdr.ieth,
-        atomic_eth: hdr.atomic_eth.map(|a| AtomicEthRepr {
-            va: a.va,
-            rkey: a.rkey,
-            swap_add: a.swap_add,
-            compare: a.compare,
-        }),
-        atomic_ack_eth: hdr.atomic_ack.map(|orig| AtomicAckEthRepr { orig }),
-        feth: hdr.feth.map(|f| FethRepr {
-            placement_type: f.placement,
-            selectivity_level: f.selectivity,
-        }),
-    }
-}
-
 /// Total bytes of a packet with these headers and `payload_len` bytes of payload.
 #[cfg(test)]
 pub(crate) fn packet_len(info: &OpInfo, payload_len: usize) -> usize {
@@ -452,30 +411,133 @@ pub(crate) fn packet_len(info: &OpInfo, payload_len: usize) -> usize {
 /// or `None` if `buf` is too small or the headers do not match the opcode.
 #[cfg(test)]
 pub(crate) fn emit(hdr: &Headers, payload: &[u8], buf: &mut [u8]) -> Option<usize> {
-    to_repr(hdr).emit(payload, buf).ok()
+    let (start, len) = emit_headers(hdr, payload.len(), buf)?;
+    buf.get_mut(start..start + payload.len())?
+        .copy_from_slice(payload);
+    Some(len)
 }
 
 /// Writes headers, zero pad and a zero ICRC for a packet with `payload_len` bytes of
 /// payload; returns `(payload offset, total length)`. The caller fills the payload bytes
 /// in place (so payload is gathered straight from memory into the packet).
+///
+/// Writes the bytes `PacketRepr::emit_headers` writes and refuses what it refuses (an
+/// unknown opcode, headers that are not exactly the opcode's, payload on an opcode without
+/// one, a short `buf`; nothing written then), each header with the wire crate's own
+/// `emit`; it writes straight from [`Headers`] instead of converting them into a
+/// `PacketRepr` first. The test `emit_headers_agrees_with_the_wire_crate` holds the two
+/// together.
+#[inline]
 pub(crate) fn emit_headers(
     hdr: &Headers,
     payload_len: usize,
     buf: &mut [u8],
 ) -> Option<(usize, usize)> {
-    let repr = to_repr(hdr);
-    let header_len = repr.emit_headers(payload_len, buf).ok()?;
-    // What `repr.buffer_len(payload_len)` says, and `emit_headers` checked it fits `buf`.
-    Some((
-        header_len,
-        header_len + payload_len + softverbs_wire::packet::pad_len(payload_len) + ICRC_LEN,
-    ))
+    let info = OpInfo::of(hdr.bth.opcode)?;
+    let matches = info.reth == hdr.reth.is_some()
+        && info.feth == hdr.feth.is_some()
+        && info.aeth == hdr.aeth.is_some()
+        && info.deth == hdr.deth.is_some()
+        && info.imm == hdr.imm.is_some()
+        && info.ieth == hdr.ieth.is_some()
+        && info.atomic_eth == hdr.atomic_eth.is_some()
+        && info.atomic_ack == hdr.atomic_ack.is_some();
+    if !matches || (!info.payload && payload_len != 0) {
+        return None;
+    }
+    let header_len = usize::from(info.header_len);
+    let pad = softverbs_wire::packet::pad_len(payload_len);
+    let len = header_len
+        .saturating_add(payload_len)
+        .saturating_add(pad)
+        .saturating_add(ICRC_LEN);
+    let (headers, rest) = buf.get_mut(..len)?.split_at_mut(header_len);
+    let (bth_bytes, mut ext) = headers.split_first_chunk_mut::<{ bth::HEADER_LEN }>()?;
+    BthRepr {
+        opcode: Opcode(hdr.bth.opcode),
+        solicited: hdr.bth.solicited,
+        pad_count: pad as u8,
+        pkey: hdr.bth.pkey,
+        dest_qp: Qpn::new(hdr.bth.dest_qp),
+        ack_req: hdr.bth.ack_req,
+        psn: Psn::new(hdr.bth.psn),
+        ..BthRepr::default()
+    }
+    .emit(&mut bth::Header::new_unchecked(bth_bytes));
+    // `header_len` is the sum of exactly these headers (checked above): each is cut off
+    // the front of `ext` in wire order (the `?`s are never taken).
+    if let Some(d) = hdr.deth {
+        let (header, tail) = ext.split_first_chunk_mut::<{ deth::HEADER_LEN }>()?;
+        DethRepr {
+            qkey: d.qkey,
+            src_qp: Qpn::new(d.src_qp),
+        }
+        .emit(&mut deth::Header::new_unchecked(header));
+        ext = tail;
+    }
+    if let Some(f) = hdr.feth {
+        let (header, tail) = ext.split_first_chunk_mut::<{ feth::HEADER_LEN }>()?;
+        FethRepr {
+            placement_type: f.placement,
+            selectivity_level: f.selectivity,
+        }
+        .emit(&mut feth::Header::new_unchecked(header));
+        ext = tail;
+    }
+    if let Some(r) = hdr.reth {
+        let (header, tail) = ext.split_first_chunk_mut::<{ reth::HEADER_LEN }>()?;
+        RethRepr {
+            va: r.va,
+            rkey: r.rkey,
+            dma_len: r.dma_len,
+        }
+        .emit(&mut reth::Header::new_unchecked(header));
+        ext = tail;
+    }
+    if let Some(a) = hdr.atomic_eth {
+        let (header, tail) = ext.split_first_chunk_mut::<{ atomic_eth::HEADER_LEN }>()?;
+        AtomicEthRepr {
+            va: a.va,
+            rkey: a.rkey,
+            swap_add: a.swap_add,
+            compare: a.compare,
+        }
+        .emit(&mut atomic_eth::Header::new_unchecked(header));
+        ext = tail;
+    }
+    if let Some(a) = hdr.aeth {
+        let (header, tail) = ext.split_first_chunk_mut::<{ aeth::HEADER_LEN }>()?;
+        AethRepr {
+            syndrome: AethSyndrome::decode(a.syndrome),
+            msn: a.msn,
+        }
+        .emit(&mut aeth::Header::new_unchecked(header));
+        ext = tail;
+    }
+    if let Some(orig) = hdr.atomic_ack {
+        let (header, tail) = ext.split_first_chunk_mut::<{ atomic_ack_eth::HEADER_LEN }>()?;
+        AtomicAckEthRepr { orig }.emit(&mut atomic_ack_eth::Header::new_unchecked(header));
+        ext = tail;
+    }
+    if let Some(imm_data) = hdr.imm {
+        let (header, tail) = ext.split_first_chunk_mut::<{ immdt::HEADER_LEN }>()?;
+        immdt::Header::new_unchecked(header).set_imm_data(imm_data);
+        ext = tail;
+    }
+    if let Some(rkey) = hdr.ieth {
+        let (header, _) = ext.split_first_chunk_mut::<{ ieth::HEADER_LEN }>()?;
+        ieth::Header::new_unchecked(header).set_rkey(rkey);
+    }
+    if let Some(trailer) = rest.get_mut(payload_len..) {
+        trailer.fill(0);
+    }
+    Some((header_len, len))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use softverbs_wire::WireError;
+    use softverbs_wire::{PacketRepr, WireError};
 
     #[test]
     fn round_trips_every_opcode() {
@@ -575,6 +637,48 @@ mod tests {
         }
     }
 
+    /// The wire-crate repr of the engine's headers (what `emit_headers` built before it
+    /// wrote the bytes itself).
+    fn to_repr(hdr: &Headers) -> PacketRepr {
+        PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode(hdr.bth.opcode),
+                solicited: hdr.bth.solicited,
+                pkey: hdr.bth.pkey,
+                dest_qp: Qpn::new(hdr.bth.dest_qp),
+                ack_req: hdr.bth.ack_req,
+                psn: Psn::new(hdr.bth.psn),
+                ..BthRepr::default()
+            },
+            reth: hdr.reth.map(|r| RethRepr {
+                va: r.va,
+                rkey: r.rkey,
+                dma_len: r.dma_len,
+            }),
+            aeth: hdr.aeth.map(|a| AethRepr {
+                syndrome: AethSyndrome::decode(a.syndrome),
+                msn: a.msn,
+            }),
+            deth: hdr.deth.map(|d| DethRepr {
+                qkey: d.qkey,
+                src_qp: Qpn::new(d.src_qp),
+            }),
+            immdt: hdr.imm,
+            ieth: hdr.ieth,
+            atomic_eth: hdr.atomic_eth.map(|a| AtomicEthRepr {
+                va: a.va,
+                rkey: a.rkey,
+                swap_add: a.swap_add,
+                compare: a.compare,
+            }),
+            atomic_ack_eth: hdr.atomic_ack.map(|orig| AtomicAckEthRepr { orig }),
+            feth: hdr.feth.map(|f| FethRepr {
+                placement_type: f.placement,
+                selectivity_level: f.selectivity,
+            }),
+        }
+    }
+
     /// A small deterministic generator (splitmix64), so the tests need no `rand`.
     struct Bits(u64);
 
@@ -627,6 +731,94 @@ mod tests {
             }
         }
         assert!(accepted > 1000, "only {accepted} packets parsed");
+    }
+
+    /// `emit_headers` writes the bytes `PacketRepr::emit_headers` writes, into the same
+    /// buffer, and refuses what it refuses: every opcode byte, headers mostly the opcode's
+    /// and sometimes not, random field values, payloads where there should be none, short
+    /// buffers.
+    #[test]
+    fn emit_headers_agrees_with_the_wire_crate() {
+        let mut bits = Bits(15);
+        let mut written = 0;
+        for opcode in 0..=255u8 {
+            let info = OpInfo::of(opcode);
+            for _ in 0..128 {
+                let mut present = |wanted: Option<bool>| {
+                    let wanted = wanted.unwrap_or(false);
+                    if bits.next().is_multiple_of(16) {
+                        !wanted
+                    } else {
+                        wanted
+                    }
+                };
+                let has = |f: fn(&OpInfo) -> bool| info.as_ref().map(f);
+                let (reth, aeth, deth, imm, ieth, atomic_eth, atomic_ack, feth) = (
+                    present(has(|i| i.reth)),
+                    present(has(|i| i.aeth)),
+                    present(has(|i| i.deth)),
+                    present(has(|i| i.imm)),
+                    present(has(|i| i.ieth)),
+                    present(has(|i| i.atomic_eth)),
+                    present(has(|i| i.atomic_ack)),
+                    present(has(|i| i.feth)),
+                );
+                let mut r = || bits.next();
+                let hdr = Headers {
+                    bth: Bth {
+                        opcode,
+                        solicited: r() & 1 == 1,
+                        pkey: r() as u16,
+                        dest_qp: r() as u32,
+                        ack_req: r() & 1 == 1,
+                        psn: r() as u32,
+                    },
+                    reth: reth.then(|| Reth {
+                        va: r(),
+                        rkey: r() as u32,
+                        dma_len: r() as u32,
+                    }),
+                    aeth: aeth.then(|| Aeth {
+                        syndrome: r() as u8,
+                        msn: r() as u32,
+                    }),
+                    deth: deth.then(|| Deth {
+                        qkey: r() as u32,
+                        src_qp: r() as u32,
+                    }),
+                    imm: imm.then(|| r() as u32),
+                    ieth: ieth.then(|| r() as u32),
+                    atomic_eth: atomic_eth.then(|| AtomicEth {
+                        va: r(),
+                        rkey: r() as u32,
+                        swap_add: r(),
+                        compare: r(),
+                    }),
+                    atomic_ack: atomic_ack.then(&mut r),
+                    feth: feth.then(|| Feth {
+                        placement: r() as u8,
+                        selectivity: r() as u8,
+                    }),
+                };
+                let payload_len = (r() % 12) as usize;
+                let buf_len = (r() % 80) as usize;
+                let fill = r() as u8;
+                let mut ours = vec![fill; buf_len];
+                let mut theirs = vec![fill; buf_len];
+                let wire = to_repr(&hdr)
+                    .emit_headers(payload_len, &mut theirs)
+                    .ok()
+                    .map(|start| (start, to_repr(&hdr).buffer_len(payload_len)));
+                assert_eq!(
+                    emit_headers(&hdr, payload_len, &mut ours),
+                    wire,
+                    "{hdr:?}, payload {payload_len}, buffer {buf_len}"
+                );
+                assert_eq!(ours, theirs, "{hdr:?}, payload {payload_len}");
+                written += usize::from(wire.is_some());
+            }
+        }
+        assert!(written > 1000, "only {written} packets written");
     }
 
     #[test]
