@@ -66,9 +66,11 @@ pub(crate) struct OpInfo {
 
 impl OpInfo {
     /// Facts for `opcode`, `None` for opcodes this engine does not implement (the wire
-    /// crate's opcode table, reference §1.5).
-    pub fn of(opcode: u8) -> Option<OpInfo> {
-        OP_INFO[usize::from(opcode)]
+    /// crate's opcode table, reference §1.5). A reference into the table: parsing and
+    /// emitting a packet look the opcode up once each, and the entry is not copied.
+    #[inline]
+    pub fn of(opcode: u8) -> Option<&'static OpInfo> {
+        OP_INFO[usize::from(opcode)].as_ref()
     }
 
     /// [`OpInfo::of`], worked out from the wire crate's table (at compile time, into
@@ -148,7 +150,7 @@ impl OpInfo {
 }
 
 /// [`OpInfo::of`] of every opcode byte: one load per packet parsed.
-const OP_INFO: [Option<OpInfo>; 256] = {
+static OP_INFO: [Option<OpInfo>; 256] = {
     let mut table = [None; 256];
     let mut opcode = 0;
     while opcode < 256 {
@@ -271,7 +273,7 @@ pub(crate) struct Headers {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Packet<'a> {
     pub hdr: Headers,
-    pub info: OpInfo,
+    pub info: &'static OpInfo,
     pub payload: &'a [u8],
 }
 
@@ -584,7 +586,7 @@ mod tests {
             let payload: &[u8] = if info.payload { b"abc" } else { b"" };
             let mut buf = [0u8; 128];
             let n = emit(&hdr, payload, &mut buf).unwrap();
-            assert_eq!(n, packet_len(&info, payload.len()));
+            assert_eq!(n, packet_len(info, payload.len()));
             let p = parse(&buf[..n]).unwrap();
             assert_eq!(p.hdr, hdr, "opcode {opcode:#x}");
             assert_eq!(p.payload, payload);
@@ -752,7 +754,7 @@ mod tests {
                         wanted
                     }
                 };
-                let has = |f: fn(&OpInfo) -> bool| info.as_ref().map(f);
+                let has = |f: fn(&OpInfo) -> bool| info.map(f);
                 let (reth, aeth, deth, imm, ieth, atomic_eth, atomic_ack, feth) = (
                     present(has(|i| i.reth)),
                     present(has(|i| i.aeth)),
