@@ -84,7 +84,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -173,9 +173,6 @@ pub(crate) struct DeviceInner {
     /// progress thread leaves the socket to it, so a packet is handled by the spinning
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
-    /// Threads asleep on [`Device::readiness_fd`] waiting for a completion event, which
-    /// receive for themselves when a packet comes (the progress thread then only naps).
-    readiness_sleepers: AtomicU32,
     port_mtu: Mtu,
     /// The figures of the last statistics report, if one was made (the drop, and the
     /// drop-in at exit, report only if something happened since: see
@@ -404,7 +401,6 @@ impl Device {
             sleeping_until: AtomicU64::new(0),
             next_deadline: AtomicU64::new(u64::MAX),
             last_app_progress: AtomicU64::new(0),
-            readiness_sleepers: AtomicU32::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
             last_report: Mutex::new(None),
@@ -1034,20 +1030,11 @@ impl Device {
     /// or woke (`false`). Peers on the shared-memory path write into memory, not into the
     /// fd: they ring the device's doorbell (which is in the fd's set) only for a thread
     /// that said it sleeps.
-    ///
-    /// While such a thread sleeps, the progress thread does not wait on the transport too
-    /// (it naps, for timers only): the thread that wants the completion receives the
-    /// packet, and nobody else is woken for it.
     pub fn readiness_sleeping(&self, before: bool) -> bool {
-        let Some(transport) = self.inner.transport.as_ref() else {
-            return false;
-        };
-        if before {
-            self.inner.readiness_sleepers.fetch_add(1, Ordering::SeqCst);
-        } else {
-            self.inner.readiness_sleepers.fetch_sub(1, Ordering::SeqCst);
-        }
-        transport.sleeping(before)
+        self.inner
+            .transport
+            .as_ref()
+            .is_some_and(|transport| transport.sleeping(before))
     }
 
     /// Sends a management datagram (a MAD, 1..=256 bytes) from QP1 of this port to QP1 of

@@ -662,12 +662,9 @@ impl DeviceInner {
             (None, Some(d)) => d.min(PROGRESS_TICK),
             (None, None) => PROGRESS_TICK,
         };
-        // The application receives for itself while it polls, or while a thread of it
-        // sleeps on the device's readiness fd for a completion event.
         let app_is_polling = wait.is_none()
-            && (now.saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
-                < APP_POLLING_WINDOW.as_nanos() as u64
-                || self.readiness_sleepers.load(Ordering::Relaxed) > 0);
+            && now.saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
+                < APP_POLLING_WINDOW.as_nanos() as u64;
         match &self.transport {
             Some(_) if app_is_polling => {
                 // The application receives for itself; only timers, and ACKs it held but
