@@ -344,6 +344,8 @@ impl<T: Transport> FaultTransport<T> {
 }
 
 impl<T: Transport> Transport for FaultTransport<T> {
+    crate::transport::pass_to_inner!();
+
     fn local(&self) -> Endpoint {
         self.inner.local()
     }
@@ -437,34 +439,6 @@ impl<T: Transport> Transport for FaultTransport<T> {
             timeout
         };
         self.inner.wait_readable(timeout)
-    }
-
-    fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
-        self.inner.join_multicast(group)
-    }
-
-    fn leave_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
-        self.inner.leave_multicast(group)
-    }
-
-    fn in_memory(&self, to: &Endpoint) -> bool {
-        self.inner.in_memory(to)
-    }
-
-    fn address_share(&self) -> u8 {
-        self.inner.address_share()
-    }
-
-    fn listen_service(&self, service_id: u64) -> io::Result<()> {
-        self.inner.listen_service(service_id)
-    }
-
-    fn unlisten_service(&self, service_id: u64) {
-        self.inner.unlisten_service(service_id)
-    }
-
-    fn sleeping(&self, before: bool) -> bool {
-        self.inner.sleeping(before)
     }
 
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {

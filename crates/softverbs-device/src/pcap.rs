@@ -662,6 +662,8 @@ impl<T: Transport> PcapTransport<T> {
 }
 
 impl<T: Transport> Transport for PcapTransport<T> {
+    crate::transport::pass_to_inner!();
+
     fn local(&self) -> Endpoint {
         self.inner.local()
     }
@@ -684,34 +686,6 @@ impl<T: Transport> Transport for PcapTransport<T> {
 
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
         self.inner.wait_readable(timeout)
-    }
-
-    fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
-        self.inner.join_multicast(group)
-    }
-
-    fn leave_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
-        self.inner.leave_multicast(group)
-    }
-
-    fn sleeping(&self, before: bool) -> bool {
-        self.inner.sleeping(before)
-    }
-
-    fn in_memory(&self, to: &Endpoint) -> bool {
-        self.inner.in_memory(to)
-    }
-
-    fn address_share(&self) -> u8 {
-        self.inner.address_share()
-    }
-
-    fn listen_service(&self, service_id: u64) -> io::Result<()> {
-        self.inner.listen_service(service_id)
-    }
-
-    fn unlisten_service(&self, service_id: u64) {
-        self.inner.unlisten_service(service_id)
     }
 
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {

@@ -746,6 +746,38 @@ macro_rules! forward_transport {
 forward_transport!(Arc);
 forward_transport!(Box);
 
+/// The [`Transport`] methods a middleware (fault injection, capture) passes to the
+/// transport below it, `self.inner`, unchanged: multicast membership, the sleeper count,
+/// the shared-memory questions and the address share. Expands inside its `impl Transport`.
+/// Not the direct-segment offer (`offer_direct_segments`, `direct_segments_to`): a
+/// middleware's packets must be the wire's, so it keeps the defaults.
+macro_rules! pass_to_inner {
+    () => {
+        fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+            self.inner.join_multicast(group)
+        }
+        fn leave_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {
+            self.inner.leave_multicast(group)
+        }
+        fn sleeping(&self, before: bool) -> bool {
+            self.inner.sleeping(before)
+        }
+        fn in_memory(&self, to: &Endpoint) -> bool {
+            self.inner.in_memory(to)
+        }
+        fn address_share(&self) -> u8 {
+            self.inner.address_share()
+        }
+        fn listen_service(&self, service_id: u64) -> io::Result<()> {
+            self.inner.listen_service(service_id)
+        }
+        fn unlisten_service(&self, service_id: u64) {
+            self.inner.unlisten_service(service_id)
+        }
+    };
+}
+pub(crate) use pass_to_inner;
+
 /// The IP header a packet of `ib_len` bytes from `from` to `to` carries when the sender
 /// writes it the way softverbs does: IPv4 as Linux writes it for an unconnected
 /// `IP_PMTUDISC_DO` socket (ID 0, DF; §5.2), IPv6 with flow label 0 (masked anyway).
