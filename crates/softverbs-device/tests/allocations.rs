@@ -11,8 +11,7 @@
 
 mod common;
 
-use common::rc::{connect, recv_wr, send_wr, side, wait_one, Side};
-use softverbs_device::DeviceConfig;
+use common::rc::{in_process_pair, recv_wr, send_wr, wait_one, Side};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,14 +71,7 @@ fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
 
 #[test]
 fn an_in_process_ping_pong_allocates_nothing_per_round_trip() {
-    let (a, b) = (
-        side(DeviceConfig::in_process()),
-        side(DeviceConfig::in_process()),
-    );
-    connect(&a, &b);
-    for side in [&a, &b] {
-        side.device.post_recv(side.qpn, recv_wr(side, 0)).unwrap();
-    }
+    let (a, b) = in_process_pair();
     for n in 0..WARMUP {
         round_trip(&a, &b, n, false);
     }

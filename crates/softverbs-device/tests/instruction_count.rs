@@ -29,8 +29,7 @@
 
 mod common;
 
-use common::rc::{connect, recv_wr, send_wr, side, wait_one, Side};
-use softverbs_device::DeviceConfig;
+use common::rc::{in_process_pair, recv_wr, send_wr, wait_one, Side};
 use softverbs_proto::{RecvWr, SendWr};
 use std::hint::black_box;
 use std::path::Path;
@@ -80,14 +79,7 @@ fn count_driver() {
     if std::env::var_os(DRIVER).is_none() {
         return;
     }
-    let (a, b) = (
-        side(DeviceConfig::in_process()),
-        side(DeviceConfig::in_process()),
-    );
-    connect(&a, &b);
-    for side in [&a, &b] {
-        side.device.post_recv(side.qpn, recv_wr(side, 0)).unwrap();
-    }
+    let (a, b) = in_process_pair();
     let mut warmup = requests(&a, &b, WARMUP);
     warm_up(&a, &b, &mut warmup);
     let mut measured = requests(&a, &b, ROUNDS);

@@ -220,3 +220,17 @@ pub fn wait_one(side: &Side) -> WorkCompletion {
         assert!(Instant::now() < deadline, "no completion");
     }
 }
+
+/// Two in-process devices with an RC QP each, connected, each with one receive posted: the
+/// ping-pong pair of the allocation and instruction-count tests.
+pub fn in_process_pair() -> (Side, Side) {
+    let (a, b) = (
+        side(DeviceConfig::in_process()),
+        side(DeviceConfig::in_process()),
+    );
+    connect(&a, &b);
+    for side in [&a, &b] {
+        side.device.post_recv(side.qpn, recv_wr(side, 0)).unwrap();
+    }
+    (a, b)
+}
