@@ -1480,6 +1480,51 @@ mod tests {
         assert_eq!(uc.peer_window(&[0; 16]), None);
     }
 
+    /// Many QPs to one peer posting at once put the window's packets on the wire, not one
+    /// each: a QP with nothing in flight waits while other QPs' packets to that peer are
+    /// unacknowledged, and each answer that opens the window wakes as many of the waiting
+    /// QPs, in the order they were held (RFC 5681 §3.1: the window bounds what is in
+    /// flight to the peer, whatever the number of QPs).
+    #[test]
+    fn idle_qps_wait_for_the_peer_window_while_other_qps_have_packets_in_flight() {
+        let config = EngineConfig {
+            initial_cwnd_packets: 4,
+            min_cwnd_packets: 4,
+            max_cwnd_packets: 4,
+            ..EngineConfig::default()
+        };
+        let mut ep = Engine::new(config);
+        let mut mem = Flat(vec![0; 64]);
+        let qpns: Vec<u32> = (0..12).map(|_| rts_rc_retrying(&mut ep)).collect();
+        for (i, &qpn) in qpns.iter().enumerate() {
+            ep.post_send(qpn, SendWr::new(i as u64, SendOp::Send, vec![]))
+                .unwrap();
+        }
+        let first = drain(&mut ep, &mem);
+        assert_eq!(first.len(), 4, "the window's packets, not one per QP");
+        assert_eq!(window(&ep).in_flight, 4);
+        ep.check_schedule(&mem).unwrap();
+
+        // Each QP's packet acknowledged opens the window by one: one waiting QP sends.
+        let mut sent = first.len();
+        for (t, qpn) in qpns.iter().enumerate().take(8) {
+            ep.handle_packet(
+                t as u64 + 1,
+                &aeth_packet(*qpn, 0, codec::SYNDROME_ACK),
+                None,
+                &mut mem,
+            );
+            let out = drain(&mut ep, &mem);
+            assert_eq!(out.len(), 1, "one QP woken per packet acknowledged");
+            sent += out.len();
+            assert_eq!(window(&ep).in_flight, 4);
+            ep.check_schedule(&mem).unwrap();
+            ep.check_peer_windows().unwrap();
+        }
+        assert_eq!(sent, qpns.len(), "every QP sent its request");
+        assert_eq!(ep.counters().retransmitted_packets, 0);
+    }
+
     /// Responses are never held by the requester's window (IBTA 9.7.5: the responder
     /// answers every request it accepts): with the window full of this engine's own
     /// requests, an incoming READ is answered with all its response packets and a WRITE

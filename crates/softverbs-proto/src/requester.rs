@@ -12,6 +12,7 @@ use crate::output::{AsyncEvent, Transmit};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, Qp, RespOut};
 use crate::types::{AccessFlags, QpState, QpType};
+use crate::window::Room;
 use crate::wr::{Gather, SendFlags, SendOp, Sge};
 
 /// Default P_Key (full member of the default partition).
@@ -119,14 +120,15 @@ impl Qp {
     ///
     /// `room` is how many PSNs this QP may have unacknowledged before its peer's congestion
     /// window is full (`window.rs`; `None`: not governed). It holds requests only, never
-    /// the responder's packets, and never a QP none of whose packets in flight will be
-    /// answered (that one sends a packet more, with AckReq).
+    /// the responder's packets, and never a QP no answer would wake: one whose packets in
+    /// flight all lack AckReq, or one with nothing in flight when no other QP has packets
+    /// out to the peer (that one sends a packet more, with AckReq).
     pub(crate) fn poll_transmit(
         &mut self,
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
-        room: Option<u32>,
+        room: Option<Room>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
         self.held_by_window = false;
@@ -301,7 +303,7 @@ impl Qp {
         now: u64,
         buf: &mut [u8],
         mem: &impl Memory,
-        room: Option<u32>,
+        room: Option<Room>,
         ctx: &mut Ctx<'_>,
     ) -> Option<Transmit> {
         loop {
@@ -360,13 +362,19 @@ impl Qp {
                 if inflight > 0 && inflight as u32 + consume > ctx.config.max_unacked_psns {
                     return None;
                 }
-                if room.is_some_and(|room| inflight.max(0) as u32 + consume > room) {
+                let window = room.filter(|r| inflight.max(0) as u32 + consume > r.psns);
+                if let Some(room) = window {
                     // Beyond the peer's window. A QP none of whose packets in flight will be
-                    // answered (nothing in flight, or only packets without AckReq) may send
-                    // one more, with AckReq: so no QP waits for a timeout to hear of the
-                    // packets it has out, and every QP progresses.
-                    let answer_coming = psn::diff(self.answer_end, self.comp_psn) > 0
-                        && psn::diff(self.answer_end, self.req_psn) <= 0;
+                    // answered (only packets without AckReq) may send one more, with
+                    // AckReq: so no QP waits for a timeout to hear of the packets it has
+                    // out. One with nothing in flight waits for the other QPs' answers to
+                    // wake it, unless there are none to wait for.
+                    let answer_coming = if inflight > 0 {
+                        psn::diff(self.answer_end, self.comp_psn) > 0
+                            && psn::diff(self.answer_end, self.req_psn) <= 0
+                    } else {
+                        room.others_in_flight
+                    };
                     if answer_coming {
                         self.held_by_window = true;
                         if !self.window_held {

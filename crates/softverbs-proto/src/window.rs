@@ -13,13 +13,18 @@
 //!   Responses (ACKs, NAKs, read responses, atomic ACKs) are never held: the responder
 //!   sends them before any request of its QP and they are not charged.
 //! - **The rule.** A request packet consuming `n` PSNs may leave a QP only if the peer's
-//!   charges plus `n` stay within `cwnd` — or if none of the QP's packets in flight will be
-//!   answered (nothing in flight, or only packets without AckReq): then it may send one
-//!   more, with AckReq set (the requester's `Qp::answer_end`). So a QP never starves and
-//!   never waits for a local ACK timeout to hear of packets the window stranded (a
-//!   WRITE FIRST without AckReq, behind a window other QPs filled), and the engine always
-//!   progresses, whatever the window. Each QP has at most one such packet (one READ)
-//!   unanswered, so the peer's sum stays within `cwnd` plus one packet per member.
+//!   charges plus `n` stay within `cwnd` — or if no answer is coming that would open it
+//!   for the QP: when the QP has packets in flight none of which will be answered (only
+//!   packets without AckReq), or when nothing is in flight to the peer at all (a READ
+//!   needing more PSNs than `cwnd`). Then it may send one more, with AckReq set (the
+//!   requester's `Qp::answer_end`). So a QP never waits for a local ACK timeout to hear of
+//!   packets the window stranded (a WRITE FIRST without AckReq, behind a window other QPs
+//!   filled), and the engine always progresses, whatever the window. A QP with nothing in
+//!   flight while other QPs have packets out waits for their answers to wake it (below):
+//!   so thousands of QPs posting at once put `cwnd` packets on the wire, not one each.
+//!   Only a QP already charged for packets sends beyond the window, at most one such
+//!   packet (one READ) unanswered each, so the peer's sum stays within about twice
+//!   `cwnd`, whatever the number of members.
 //! - **Growth** (RFC 5681 §3.1, counted in packets instead of bytes): every PSN newly
 //!   acknowledged (`comp_psn` moving forward) adds one to `cwnd` while `cwnd < ssthresh`
 //!   (slow start), and one per `cwnd` acknowledged PSNs above it (congestion avoidance),
@@ -46,9 +51,11 @@
 //!   back to the engine's schedule (`sched.rs`) to try again; one that is held again, while
 //!   room is left, hands over the next (a READ needing more PSNs than are free must not
 //!   keep a one-packet SEND waiting). A QP listed since the last opening was held with at
-//!   least as much room as there is now, so it is not woken until the room grows. No QP
-//!   depends on being woken to progress (the rule above lets it send once its own
-//!   packets are answered, and that answer runs it); waking keeps the window full.
+//!   least as much room as there is now, so it is not woken until the room grows. A QP
+//!   with packets of its own in flight does not depend on being woken (the rule above
+//!   lets it send once they are answered, and that answer runs it); one with nothing in
+//!   flight does, and is: it was held only while other QPs had packets out, and every
+//!   answer to them, or a timeout rewinding them, grows the room.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -90,6 +97,16 @@ struct Peer {
     /// The QPs held, in order, with the `epoch` they were held at; an entry whose QP's
     /// charge no longer names that epoch (woken, sent since, left) is stale and skipped.
     held: VecDeque<(u32, u64)>,
+}
+
+/// What [`Windows::room`] tells a QP about its peer's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Room {
+    /// How many PSNs the QP may have unacknowledged, its own included.
+    pub psns: u32,
+    /// Whether other QPs have packets unacknowledged towards the peer: their answers open
+    /// the window and wake the QPs it held.
+    pub others_in_flight: bool,
 }
 
 /// What a QP is charged to its peer.
@@ -213,8 +230,9 @@ impl Windows {
     }
 
     /// How many PSNs `qp` may have unacknowledged, its own included, before its peer's
-    /// window is full; `None` when the window does not govern it.
-    pub(crate) fn room(&self, qp: &Qp, config: &EngineConfig) -> Option<u32> {
+    /// window is full, and whether other QPs have packets in flight to that peer; `None`
+    /// when the window does not govern it.
+    pub(crate) fn room(&self, qp: &Qp, config: &EngineConfig) -> Option<Room> {
         if !governed(qp) {
             return None;
         }
@@ -227,8 +245,17 @@ impl Windows {
         };
         let peer = peer.or_else(|| self.peer_slots.get(dgid).and_then(|&slot| self.peer(slot)));
         Some(match peer {
-            Some(peer) => peer.cwnd.saturating_sub(peer.in_flight.saturating_sub(own)),
-            None => limits(config).1,
+            Some(peer) => {
+                let others = peer.in_flight.saturating_sub(own);
+                Room {
+                    psns: peer.cwnd.saturating_sub(others),
+                    others_in_flight: others > 0,
+                }
+            }
+            None => Room {
+                psns: limits(config).1,
+                others_in_flight: false,
+            },
         })
     }
 
