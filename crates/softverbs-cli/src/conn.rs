@@ -668,6 +668,13 @@ pub fn mtu_from_bytes(bytes: u32) -> Result<Mtu, Error> {
 pub struct DeviceCounters {
     /// Packets the engine sent.
     pub packets_sent: u64,
+    /// Of those, the ones that crossed the kernel's UDP stack.
+    pub udp_packets_sent: u64,
+    /// Of those, the ones put into the shared-memory inbox of a device of another process
+    /// of this host (no system call).
+    pub shm_packets_sent: u64,
+    /// Of those, the ones handed to a device of this process directly (no transport).
+    pub in_process_packets_sent: u64,
     /// Packets the engine received.
     pub packets_received: u64,
     /// Request packets sent again (go-back-N).
@@ -709,8 +716,16 @@ impl DeviceCounters {
     pub fn of(ctx: &Context) -> DeviceCounters {
         let device = ctx.device();
         let c = device.counters();
+        // Every packet the engine sent went through the transport (UDP, or the shared-memory
+        // inbox of another process's device) or was handed over within this process.
+        let (udp, shm) = device.stats().transport.map_or((0, 0), |t| {
+            (t.sent_packets - t.shm_sent_packets, t.shm_sent_packets)
+        });
         DeviceCounters {
             packets_sent: c.packets_sent,
+            udp_packets_sent: udp,
+            shm_packets_sent: shm,
+            in_process_packets_sent: c.packets_sent.saturating_sub(udp + shm),
             packets_received: c.packets_received,
             retransmitted_packets: c.retransmitted_packets,
             go_back_n_restarts: c.retries,
@@ -733,11 +748,26 @@ impl DeviceCounters {
 /// One line, `LABEL device: N packets sent, ...`, and the faults injected if any.
 impl std::fmt::Display for DeviceCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let paths = [
+            ("UDP", self.udp_packets_sent),
+            ("shared memory", self.shm_packets_sent),
+            ("in-process", self.in_process_packets_sent),
+        ];
+        let paths: Vec<String> = paths
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(path, n)| format!("{path} {n}"))
+            .collect();
         write!(
             f,
-            "{} packets sent, {} received, {} retransmitted ({} go-back-N restarts, {} ACK \
-             timeouts), {} NAKs and {} RNR NAKs received, {} duplicates, {} dropped",
+            "{} packets sent ({}), {} received, {} retransmitted ({} go-back-N restarts, {} \
+             ACK timeouts), {} NAKs and {} RNR NAKs received, {} duplicates, {} dropped",
             self.packets_sent,
+            if paths.is_empty() {
+                "none".to_owned()
+            } else {
+                paths.join(", ")
+            },
             self.packets_received,
             self.retransmitted_packets,
             self.go_back_n_restarts,

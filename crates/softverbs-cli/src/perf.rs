@@ -1543,7 +1543,9 @@ fn drive(args: &PerfArgs, mode: Mode, p: &Params) -> Result<(), Error> {
     let quiet = args.json || args.output.is_some();
     let (network, stream, served) = match (mode, server_ctx) {
         (Mode::Client(host), _) => {
-            let network = format!("UDP, {} -> server {host}", ctx.device().address());
+            // The device picks the path when the QPs connect (shared memory to a device of
+            // this host, UDP otherwise): the counters at the end say which carried the run.
+            let network = format!("RoCEv2, {} -> server {host}", ctx.device().address());
             let stream = conn::connect_tcp(
                 &host,
                 args.net.tcp_port,

@@ -57,6 +57,11 @@ fn devinfo_shows_an_active_ethernet_port_and_an_ipv4_mapped_gid() {
 fn pingpong_with_no_arguments_runs_both_sides_over_udp_loopback() {
     let out = run_ok(&["pingpong"]);
     assert!(out.contains("UDP loopback, 127.0.0."), "{out}");
+    let device = out
+        .lines()
+        .find(|l| l.starts_with("client device: "))
+        .unwrap();
+    assert!(device.contains(" packets sent (UDP "), "{device}");
     assert!(out.contains("local address:  LID 0x0000, QPN 0x"), "{out}");
     assert!(out.contains("remote address: LID 0x0000, QPN 0x"), "{out}");
     assert_pingpong_report(&out, 4096 * 1000 * 2, 1000);
@@ -101,6 +106,10 @@ fn pingpong_server_and_client_as_two_processes() {
         server_out.contains(&format!("{} bytes in ", 512 * 300 * 2)),
         "{server_out}"
     );
+    // Two processes of one host: every packet through shared memory, none over UDP.
+    let device = out.lines().find(|l| l.starts_with("device: ")).unwrap();
+    assert!(device.contains(" packets sent (shared memory "), "{device}");
+    assert!(!device.contains("UDP"), "{device}");
     // The two devices have distinct GIDs.
     let gid = |text: &str, label: &str| -> String {
         text.lines()
@@ -222,6 +231,14 @@ fn perf_server_and_client_as_two_processes() {
     assert_eq!(server_code, 0, "server:\n{server_out}");
     let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(doc["results"][0]["iterations"], 300);
+    // Two processes of one host: the devices talk through shared memory, and the report
+    // says so (the label is made before the path is chosen, so it names none).
+    let client = &doc["client_counters"];
+    let sent = client["packets_sent"].as_u64().unwrap();
+    assert!(sent > 0, "{doc}");
+    assert_eq!(client["shm_packets_sent"].as_u64(), Some(sent), "{doc}");
+    assert_eq!(client["udp_packets_sent"], 0, "{doc}");
+    assert!(!doc["network"].as_str().unwrap().contains("UDP"), "{doc}");
     assert!(
         server_out.contains("served Atomic FETCH_AND_ADD BW Test"),
         "{server_out}"
