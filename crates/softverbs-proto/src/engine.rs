@@ -1480,6 +1480,16 @@ mod tests {
         assert_eq!(uc.peer_window(&[0; 16]), None);
     }
 
+    /// An engine whose peer windows stay at `packets` (initial, least and most).
+    fn with_fixed_window(packets: u32) -> Engine {
+        Engine::new(EngineConfig {
+            initial_cwnd_packets: packets,
+            min_cwnd_packets: packets,
+            max_cwnd_packets: packets,
+            ..EngineConfig::default()
+        })
+    }
+
     /// Many QPs to one peer posting at once put the window's packets on the wire, not one
     /// each: a QP with nothing in flight waits while other QPs' packets to that peer are
     /// unacknowledged, and each answer that opens the window wakes as many of the waiting
@@ -1487,13 +1497,7 @@ mod tests {
     /// flight to the peer, whatever the number of QPs).
     #[test]
     fn idle_qps_wait_for_the_peer_window_while_other_qps_have_packets_in_flight() {
-        let config = EngineConfig {
-            initial_cwnd_packets: 4,
-            min_cwnd_packets: 4,
-            max_cwnd_packets: 4,
-            ..EngineConfig::default()
-        };
-        let mut ep = Engine::new(config);
+        let mut ep = with_fixed_window(4);
         let mut mem = Flat(vec![0; 64]);
         let qpns: Vec<u32> = (0..12).map(|_| rts_rc_retrying(&mut ep)).collect();
         for (i, &qpn) in qpns.iter().enumerate() {
@@ -1531,13 +1535,7 @@ mod tests {
     /// with its ACK, and no request slips out with them.
     #[test]
     fn acks_and_read_responses_leave_while_the_peer_window_is_full() {
-        let config = EngineConfig {
-            initial_cwnd_packets: 4,
-            min_cwnd_packets: 4,
-            max_cwnd_packets: 4,
-            ..EngineConfig::default()
-        };
-        let mut ep = Engine::new(config);
+        let mut ep = with_fixed_window(4);
         let mut mem = Flat(vec![7; 8192]);
         let qpn = rts_rc_retrying(&mut ep);
         for i in 0..10 {
