@@ -83,5 +83,7 @@ pub use memory::{
 };
 pub use pcap::{Capture, CaptureFormat, CaptureRecord, Direction, PcapTransport};
 pub use shm::HostTransport;
-pub use transport::{Endpoint, Gid, OutgoingPacket, Received, Sent, Transport, TransportCounters};
+pub use transport::{
+    Endpoint, Gid, OutgoingPacket, Received, Sent, Sharing, Transport, TransportCounters,
+};
 pub use udp::{UdpConfig, UdpTransport};

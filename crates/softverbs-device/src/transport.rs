@@ -619,6 +619,14 @@ pub trait Transport: Send + Sync {
         0
     }
 
+    /// How this transport's device uses an address that devices of several processes of
+    /// this host may share: its slot, whether it holds the address's socket, the other
+    /// members now. `None` for a transport that never shares its address. The default:
+    /// `None`.
+    fn sharing(&self) -> Option<Sharing> {
+        None
+    }
+
     /// Says that the device's connection manager listens on `service_id`, so that REQs and
     /// SIDR_REQs for it reach this device when its address is shared. `EADDRINUSE` when a
     /// device of another process on the address listens on it (one port space per
@@ -660,6 +668,48 @@ pub trait Transport: Send + Sync {
             io::ErrorKind::NotFound,
             format!("not in multicast group {group}"),
         ))
+    }
+}
+
+/// How a device uses its address when devices of several processes of this host may share
+/// it ([`Transport::sharing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sharing {
+    /// The device's slot among the address's members: its QP numbers are
+    /// `slot << 16 .. (slot + 1) << 16`.
+    pub slot: u8,
+    /// Whether this device holds the address's socket (it bound it first, or took it over
+    /// from a holder that went away) and forwards the other members' packets.
+    pub holds_socket: bool,
+    /// The process holding the socket (0: none said so).
+    pub holder: u32,
+    /// Devices of other live processes on the address now.
+    pub others: u32,
+}
+
+impl Sharing {
+    /// Whether the address is shared now, or was when the device joined it: a member (a
+    /// slot after the first, or no socket), or a holder with members.
+    pub fn is_shared(&self) -> bool {
+        self.slot != 0 || !self.holds_socket || self.others > 0
+    }
+}
+
+/// `shared: slot S, holds the socket, N other members`, or `… the socket held by pid P …`.
+impl fmt::Display for Sharing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shared: slot {}, ", self.slot)?;
+        match (self.holds_socket, self.holder) {
+            (true, _) => write!(f, "holds the socket")?,
+            (false, 0) => write!(f, "no process holds the socket")?,
+            (false, pid) => write!(f, "the socket held by pid {pid}")?,
+        }
+        let noun = if self.others == 1 {
+            "member"
+        } else {
+            "members"
+        };
+        write!(f, ", {} other {noun}", self.others)
     }
 }
 
@@ -724,6 +774,9 @@ macro_rules! forward_transport {
             fn address_share(&self) -> u8 {
                 (**self).address_share()
             }
+            fn sharing(&self) -> Option<Sharing> {
+                (**self).sharing()
+            }
             fn listen_service(&self, service_id: u64) -> io::Result<()> {
                 (**self).listen_service(service_id)
             }
@@ -767,6 +820,9 @@ macro_rules! pass_to_inner {
         }
         fn address_share(&self) -> u8 {
             self.inner.address_share()
+        }
+        fn sharing(&self) -> Option<crate::transport::Sharing> {
+            self.inner.sharing()
         }
         fn listen_service(&self, service_id: u64) -> io::Result<()> {
             self.inner.listen_service(service_id)

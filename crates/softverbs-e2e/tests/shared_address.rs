@@ -147,6 +147,16 @@ fn four_processes_on_one_address_run_two_verified_workloads_at_once() {
         sent.iter().zip(&shm).all(|(s, m)| *s > 0 && s == m),
         "{sent:?} {shm:?}"
     );
+    // The second server joined the address the first had bound: its line says it is a
+    // member, in the slot after the holder's.
+    let lines = std::fs::read_to_string(&stats).expect("the statistics lines");
+    assert!(
+        lines
+            .lines()
+            .any(|line| line.contains(&format!("address {address} (shared: slot 1, "))),
+        "{lines}"
+    );
+    let _ = std::fs::remove_file(&stats);
 }
 
 /// Polls `child` until it exits or `limit` passes; whether it exited.

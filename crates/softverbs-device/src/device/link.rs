@@ -161,6 +161,10 @@ impl Transport for Link {
         self.udp.as_ref().map_or(0, |udp| udp.address_share())
     }
 
+    fn sharing(&self) -> Option<crate::transport::Sharing> {
+        self.udp.as_ref().and_then(|udp| udp.sharing())
+    }
+
     fn listen_service(&self, service_id: u64) -> io::Result<()> {
         self.udp
             .as_ref()

@@ -14,7 +14,7 @@
 use super::{lock, Device};
 use crate::events::EventCounts;
 use crate::fault::FaultCounters;
-use crate::transport::TransportCounters;
+use crate::transport::{Sharing, TransportCounters};
 use softverbs_cq::CqStats;
 use softverbs_proto::Counters;
 use std::fmt;
@@ -229,14 +229,25 @@ impl Device {
         self.line_of(&self.stats().to_string())
     }
 
-    /// The statistics line with the figures `stats`.
+    /// The statistics line with the figures `stats`; an address shared with devices of
+    /// other processes says so, and how this device holds it ([`Sharing`]).
     fn line_of(&self, stats: &str) -> String {
+        let sharing = match self.sharing() {
+            Some(sharing) if sharing.is_shared() => format!(" ({sharing})"),
+            _ => String::new(),
+        };
         format!(
-            "softverbs stats: device {} address {} pid {}: {stats}",
+            "softverbs stats: device {} address {}{sharing} pid {}: {stats}",
             self.name(),
             self.address(),
             std::process::id(),
         )
+    }
+
+    /// How this device uses its address when devices of several processes of this host
+    /// share it (`None`: in-process, or an address only this device can have).
+    pub fn sharing(&self) -> Option<Sharing> {
+        self.inner.transport.as_ref().and_then(|t| t.sharing())
     }
 
     /// Reports the device's statistics: the line of [`Device::stats_line`] where

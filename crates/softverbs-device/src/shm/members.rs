@@ -260,6 +260,15 @@ impl Members {
         (others, mine)
     }
 
+    /// How many slots live processes other than this one hold.
+    pub(crate) fn other_members(&self) -> u32 {
+        let me = std::process::id();
+        let pids = self.file().slots.iter();
+        pids.map(|slot| slot.pid.load(Ordering::Acquire))
+            .filter(|&pid| pid != 0 && pid != me && pid_alive(pid))
+            .count() as u32
+    }
+
     /// The process holding the address's socket (0: none said so).
     pub(crate) fn holder(&self) -> u32 {
         // Only a process ID is published through it: Acquire / Release for symmetry, no

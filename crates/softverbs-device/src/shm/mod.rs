@@ -41,7 +41,7 @@ mod ring;
 
 use crate::transport::{
     path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Gid, OutgoingPacket,
-    Received, Sent, Transport, TransportCounters,
+    Received, Sent, Sharing, Transport, TransportCounters,
 };
 use crate::udp::{UdpConfig, UdpTransport};
 use inbox::{pid_alive, OwnInbox, PeerInbox, Refused, Scope, RINGS};
@@ -1188,6 +1188,17 @@ impl Transport for HostTransport {
     fn address_share(&self) -> u8 {
         // SLOTS is 256: a slot is one byte.
         self.shm.as_ref().map_or(0, |shm| shm.membership.slot as u8)
+    }
+
+    fn sharing(&self) -> Option<Sharing> {
+        let shm = self.shm.as_ref()?;
+        let members = &shm.membership.members;
+        Some(Sharing {
+            slot: shm.membership.slot as u8,
+            holds_socket: shm.holds_socket.load(Ordering::Relaxed),
+            holder: members.holder(),
+            others: members.other_members(),
+        })
     }
 
     fn listen_service(&self, service_id: u64) -> io::Result<()> {
