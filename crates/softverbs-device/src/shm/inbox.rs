@@ -172,13 +172,12 @@ impl Scope {
 
     /// `softverbs-UID-NETNS-ADDRESS-PORT`.
     fn name(&self, endpoint: &crate::transport::Endpoint) -> String {
-        format!(
-            "softverbs-{}-{}-{}-{}",
-            self.euid,
-            self.netns,
-            endpoint.addr(),
-            endpoint.port()
-        )
+        format!("{}{}-{}", self.prefix(), endpoint.addr(), endpoint.port())
+    }
+
+    /// `softverbs-UID-NETNS-`: what the name of every file of this scope starts with.
+    pub(crate) fn prefix(&self) -> String {
+        format!("softverbs-{}-{}-", self.euid, self.netns)
     }
 }
 
@@ -221,10 +220,13 @@ impl OwnInbox {
             Ok::<_, io::Error>(mapping)
         })();
         match made {
-            Ok(mapping) => Ok(OwnInbox {
-                mapping,
-                path: path.to_owned(),
-            }),
+            Ok(mapping) => {
+                at_exit::register(path, mapping.inode);
+                Ok(OwnInbox {
+                    mapping,
+                    path: path.to_owned(),
+                })
+            }
             Err(error) => {
                 let _ = rustix::fs::unlink(&temporary);
                 Err(error)
@@ -255,9 +257,55 @@ impl OwnInbox {
 impl Drop for OwnInbox {
     fn drop(&mut self) {
         self.mapping.header().closed.store(1, Ordering::Release);
-        // Only if the file there is still this one.
-        if rustix::fs::stat(&self.path).is_ok_and(|stat| stat.st_ino == self.mapping.inode) {
-            let _ = rustix::fs::unlink(&self.path);
+        at_exit::forget(&self.path);
+        unlink_if(&self.path, self.mapping.inode);
+    }
+}
+
+/// Removes the file at `path` if it is still the one with inode `inode`.
+fn unlink_if(path: &Path, inode: u64) {
+    if rustix::fs::stat(path).is_ok_and(|stat| stat.st_ino == inode) {
+        let _ = rustix::fs::unlink(path);
+    }
+}
+
+/// The inboxes of this process's devices, removed when the process exits with devices it
+/// never closed (a C program that returns from `main` with its context open, a Rust one
+/// that calls `std::process::exit`): their names go, and their pages with the last
+/// mapping. A process killed leaves them to the next process's sweep (`sweep.rs`).
+mod at_exit {
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, Once};
+
+    /// Each open inbox: its path, inode, and the process that made it (a child forked
+    /// since exits with the parent's list, and must leave the parent's inboxes alone).
+    static OPEN: Mutex<Vec<(PathBuf, u64, u32)>> = Mutex::new(Vec::new());
+
+    pub(super) fn register(path: &Path, inode: u64) {
+        static HOOK: Once = Once::new();
+        // SAFETY: registers a function without preconditions; if the table is full the
+        // inboxes are left to the sweep.
+        HOOK.call_once(|| unsafe {
+            libc::atexit(remove_all);
+        });
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        open.push((path.to_owned(), inode, std::process::id()));
+    }
+
+    pub(super) fn forget(path: &Path) {
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|(p, _, _)| p != path);
+    }
+
+    extern "C" fn remove_all() {
+        // A thread of the exiting process may hold the list (making an inbox): then the
+        // sweep gets these.
+        let Ok(open) = OPEN.try_lock() else {
+            return;
+        };
+        let me = std::process::id();
+        for (path, inode, _) in open.iter().filter(|(_, _, pid)| *pid == me) {
+            super::unlink_if(path, *inode);
         }
     }
 }

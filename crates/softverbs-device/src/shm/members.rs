@@ -219,6 +219,36 @@ impl Members {
         None
     }
 
+    /// Claims each slot whose member is gone, as [`Members::claim`] would, calls `remove`
+    /// with it (the sweep removes its inbox, `sweep.rs`) and frees it again: no device can
+    /// be making an inbox in a slot while it is claimed.
+    pub(crate) fn reclaim_dead(&self, mut remove: impl FnMut(usize)) {
+        let me = std::process::id();
+        for (index, slot) in self.file().slots.iter().enumerate() {
+            let pid = slot.pid.load(Ordering::Acquire);
+            if pid == 0 || pid == me || pid_alive(pid) {
+                continue;
+            }
+            if slot
+                .pid
+                .compare_exchange(pid, me, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                slot.state.store(JOINING, Ordering::Release);
+                remove(index);
+                self.release(index);
+            }
+        }
+    }
+
+    /// Writes `pid` into `slot` as its member, ready (tests: a member that died).
+    #[cfg(test)]
+    pub(crate) fn set_member(&self, slot: usize, pid: u32) {
+        let slot = &self.file().slots[slot];
+        slot.pid.store(pid, Ordering::Release);
+        slot.state.store(READY, Ordering::Release);
+    }
+
     /// Marks `slot` ready: the member's inbox exists.
     pub(crate) fn set_ready(&self, slot: usize) {
         // Release: after the inbox was created (renamed into place); a forwarder's Acquire

@@ -32,12 +32,16 @@
 //! address, and one of them takes the socket over when its holder is gone. Senders of this
 //! host route by address and slot of the destination QPN, straight to the member's inbox.
 //!
+//! Inboxes of dead processes (killed, or gone without closing their device) are removed by
+//! the next process's first device to make an inbox (`sweep.rs`).
+//!
 //! `SOFTVERBS_NETWORK=udp` ([`crate::NETWORK_ENV`]) turns the inbox off: every packet goes
 //! over UDP, as for tests of the wire.
 
 mod inbox;
 mod members;
 mod ring;
+mod sweep;
 
 use crate::transport::{
     path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Gid, OutgoingPacket,
@@ -213,6 +217,8 @@ impl Shm {
         holds_socket: bool,
         udp_fd: BorrowedFd<'_>,
     ) -> io::Result<Shm> {
+        // What devices of dead processes left goes first (and frees room for this inbox).
+        sweep::once(&scope);
         let slot = members.claim().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::AddrInUse,

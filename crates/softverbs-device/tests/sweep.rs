@@ -1,0 +1,82 @@
+//! A process that dies without closing its device (killed, crashed, or a C program that
+//! returns from `main` with its context open) leaves its shared-memory inbox in `/dev/shm`,
+//! with every page its peers wrote into it. The next process's first device to make an
+//! inbox removes it: `/dev/shm` does not fill up with the inboxes of programs that are
+//! gone (a nearly full one would make every new device UDP only).
+//!
+//! One test in this binary: the sweep runs once per process, at its first inbox.
+
+use softverbs_device::{Device, DeviceConfig, UdpConfig};
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Set in the child: the last byte of the address it opens its device on.
+const CHILD: &str = "SOFTVERBS_TEST_SWEEP_CHILD";
+
+fn device_at(last: u8) -> Device {
+    Device::open(DeviceConfig::udp(UdpConfig {
+        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
+        ..UdpConfig::default()
+    }))
+    .expect("open a UDP device with shared memory")
+}
+
+/// The inbox files in /dev/shm of the devices on 127.0.0.`last`, port 4791.
+fn inboxes_of(last: u8) -> Vec<String> {
+    let tail = format!("-127.0.0.{last}-4791-s");
+    std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| name.starts_with("softverbs-") && name.contains(&tail))
+        .collect()
+}
+
+#[test]
+fn the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device() {
+    if let Ok(last) = std::env::var(CHILD) {
+        // The child: a device, then nothing until it is killed (bounded all the same).
+        let _device = device_at(last.parse().unwrap());
+        println!("sweep-child-ready");
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    const ADDRESS: u8 = 209;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, ADDRESS.to_string())
+        .env_remove("SOFTVERBS_NETWORK")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the child");
+    let stdout = child.stdout.take().unwrap();
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.contains("sweep-child-ready"));
+    assert!(ready, "the child did not open its device");
+    assert!(
+        !inboxes_of(ADDRESS).is_empty(),
+        "the child's device has an inbox"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !inboxes_of(ADDRESS).is_empty(),
+        "a killed process cannot remove its inbox"
+    );
+
+    let _device = device_at(ADDRESS + 1);
+    assert_eq!(
+        inboxes_of(ADDRESS),
+        Vec::<String>::new(),
+        "the next device swept the dead process's inbox"
+    );
+}
