@@ -261,6 +261,13 @@ fn the_exports_refuse_bad_arguments_with_einval() {
 #[test]
 fn a_service_is_listened_on_once_per_address_and_a_lone_device_holds_share_0() {
     let ctx = context();
+    // The services table lives in the address's members file, in /dev/shm: a device
+    // without one (SOFTVERBS_NETWORK=udp, or /dev/shm full) has an address of its own.
+    assert!(
+        device(ctx).sharing().is_some(),
+        "the device has no shared-memory inbox: is /dev/shm full? ({})",
+        device(ctx).stats_line()
+    );
     let service = 0x0000_0000_0106_1D2F; // RDMA_PS_TCP, port 7471
     let null_ctx: *mut ibv_context = std::ptr::null_mut();
     // SAFETY: `ctx` is open; NULL is allowed and refused.
