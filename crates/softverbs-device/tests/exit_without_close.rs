@@ -5,33 +5,19 @@
 //!
 //! The parent here opens no device (one would sweep what the child left, `sweep.rs`).
 
-use softverbs_device::{Device, DeviceConfig, UdpConfig};
-use std::net::{IpAddr, Ipv4Addr};
+mod common;
+
+use common::{inboxes_of, shm_device_at};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Set in the child: the last byte of the address it opens its device on.
 const CHILD: &str = "SOFTVERBS_TEST_EXIT_CHILD";
 
-/// The inbox files in /dev/shm of the devices on 127.0.0.`last`, port 4791.
-fn inboxes_of(last: u8) -> Vec<String> {
-    let tail = format!("-127.0.0.{last}-4791-s");
-    std::fs::read_dir("/dev/shm")
-        .expect("/dev/shm")
-        .flatten()
-        .filter_map(|entry| entry.file_name().into_string().ok())
-        .filter(|name| name.starts_with("softverbs-") && name.contains(&tail))
-        .collect()
-}
-
 #[test]
 fn a_process_that_exits_without_closing_its_device_removes_its_inbox() {
     if let Ok(last) = std::env::var(CHILD) {
-        let device = Device::open(DeviceConfig::udp(UdpConfig {
-            address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last.parse().unwrap()))),
-            ..UdpConfig::default()
-        }))
-        .expect("open a UDP device with shared memory");
+        let device = shm_device_at(last.parse().unwrap());
         assert!(device.sharing().is_some(), "the device has an inbox");
         assert!(!inboxes_of(last.parse().unwrap()).is_empty());
         // Exit with the device open: no destructor runs.

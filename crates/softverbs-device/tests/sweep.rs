@@ -6,39 +6,21 @@
 //!
 //! One test in this binary: the sweep runs once per process, at its first inbox.
 
-use softverbs_device::{Device, DeviceConfig, UdpConfig};
+mod common;
+
+use common::{inboxes_of, shm_device_at};
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Set in the child: the last byte of the address it opens its device on.
 const CHILD: &str = "SOFTVERBS_TEST_SWEEP_CHILD";
 
-fn device_at(last: u8) -> Device {
-    Device::open(DeviceConfig::udp(UdpConfig {
-        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
-        ..UdpConfig::default()
-    }))
-    .expect("open a UDP device with shared memory")
-}
-
-/// The inbox files in /dev/shm of the devices on 127.0.0.`last`, port 4791.
-fn inboxes_of(last: u8) -> Vec<String> {
-    let tail = format!("-127.0.0.{last}-4791-s");
-    std::fs::read_dir("/dev/shm")
-        .expect("/dev/shm")
-        .flatten()
-        .filter_map(|entry| entry.file_name().into_string().ok())
-        .filter(|name| name.starts_with("softverbs-") && name.contains(&tail))
-        .collect()
-}
-
 #[test]
 fn the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device() {
     if let Ok(last) = std::env::var(CHILD) {
         // The child: a device, then nothing until it is killed (bounded all the same).
-        let _device = device_at(last.parse().unwrap());
+        let _device = shm_device_at(last.parse().unwrap());
         println!("sweep-child-ready");
         std::thread::sleep(Duration::from_secs(60));
         return;
@@ -73,7 +55,7 @@ fn the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device(
         "a killed process cannot remove its inbox"
     );
 
-    let _device = device_at(ADDRESS + 1);
+    let _device = shm_device_at(ADDRESS + 1);
     assert_eq!(
         inboxes_of(ADDRESS),
         Vec::<String>::new(),

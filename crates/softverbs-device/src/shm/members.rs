@@ -146,6 +146,19 @@ impl Drop for Members {
     }
 }
 
+/// Takes `slot` for process `me` if its member is still `pid` (free, or gone): it is then
+/// joining.
+fn take(slot: &Slot, pid: u32, me: u32) -> bool {
+    let taken = slot
+        .pid
+        .compare_exchange(pid, me, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok();
+    if taken {
+        slot.state.store(JOINING, Ordering::Release);
+    }
+    taken
+}
+
 impl Members {
     /// Opens the members file at `path`, making it if there is none.
     pub(crate) fn open(path: &Path) -> io::Result<Members> {
@@ -207,12 +220,7 @@ impl Members {
             if pid != 0 && pid_alive(pid) {
                 continue;
             }
-            if slot
-                .pid
-                .compare_exchange(pid, me, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                slot.state.store(JOINING, Ordering::Release);
+            if take(slot, pid, me) {
                 return Some(index);
             }
         }
@@ -229,12 +237,7 @@ impl Members {
             if pid == 0 || pid == me || pid_alive(pid) {
                 continue;
             }
-            if slot
-                .pid
-                .compare_exchange(pid, me, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                slot.state.store(JOINING, Ordering::Release);
+            if take(slot, pid, me) {
                 remove(index);
                 self.release(index);
             }

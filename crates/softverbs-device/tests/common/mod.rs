@@ -176,3 +176,25 @@ pub fn send(from: &impl Transport, to: &Endpoint, mut packet: Vec<u8>) -> Vec<u8
     from.send(to, 0xC000, &mut packet).expect("send");
     packet
 }
+
+/// A UDP device on 127.0.0.`last` (shared memory on, whatever the environment says).
+pub fn shm_device_at(last: u8) -> softverbs_device::Device {
+    use softverbs_device::{Device, DeviceConfig, UdpConfig};
+    use std::net::{IpAddr, Ipv4Addr};
+    Device::open(DeviceConfig::udp(UdpConfig {
+        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
+        ..UdpConfig::default()
+    }))
+    .expect("open a UDP device with shared memory")
+}
+
+/// The inbox files in /dev/shm of the devices on 127.0.0.`last`, port 4791.
+pub fn inboxes_of(last: u8) -> Vec<String> {
+    let tail = format!("-127.0.0.{last}-4791-s");
+    std::fs::read_dir("/dev/shm")
+        .expect("/dev/shm")
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| name.starts_with("softverbs-") && name.contains(&tail))
+        .collect()
+}
