@@ -177,7 +177,13 @@ impl Scope {
 
     /// `softverbs-UID-NETNS-`: what the name of every file of this scope starts with.
     pub(crate) fn prefix(&self) -> String {
-        format!("softverbs-{}-{}-", self.euid, self.netns)
+        format!("{}{}-", self.user_prefix(), self.netns)
+    }
+
+    /// `softverbs-UID-`: what the name of every file of this user starts with, in any
+    /// network namespace.
+    pub(crate) fn user_prefix(&self) -> String {
+        format!("softverbs-{}-", self.euid)
     }
 }
 
@@ -327,6 +333,19 @@ pub(crate) enum Refused {
     /// An inbox that is not usable now: full of senders, closed, of a dead process, of this
     /// process, or not of this user.
     Unusable(&'static str),
+}
+
+/// Whether the file at `path` is an inbox (its header's magic) whose owner is gone; read
+/// without mapping it. For the sweep of inboxes of an older layout (`sweep.rs`).
+pub(crate) fn owner_gone(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 12];
+    let read = std::fs::File::open(path).and_then(|mut file| file.read_exact(&mut head));
+    if read.is_err() || u64::from_le_bytes(head[..8].try_into().unwrap()) != MAGIC {
+        return false;
+    }
+    // `InboxHeader::owner`, right after the magic, in every layout so far.
+    !pid_alive(u32::from_ne_bytes(head[8..].try_into().unwrap()))
 }
 
 /// Whether process `pid` exists (`kill(pid, 0)` does not say ESRCH).

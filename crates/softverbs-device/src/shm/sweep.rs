@@ -8,20 +8,23 @@
 //! developer whose programs crash or are interrupted fills `/dev/shm` address by address
 //! (and a nearly full `/dev/shm` makes every new device UDP only, `inbox.rs`).
 //!
-//! So the first device of a process to make an inbox sweeps its scope (this user, this
-//! network namespace) first: in every address's members file, each slot whose member is
+//! So the first device of a process to make an inbox sweeps its user's files first (in
+//! every network namespace: one that is gone leaves files no device of it will sweep): in
+//! every address's members file, each slot whose member is
 //! gone is claimed as a joining device claims it — so no device can be making an inbox in
 //! that slot meanwhile — its inbox removed, and the slot freed. An inbox a dead process was
-//! still making (`…-sK.newPID`, renamed into place once made) goes too. A slot whose member
-//! is alive, or whose process ID was reused by an unrelated live process, is left as it is.
+//! still making (`…-sK.newPID`, renamed into place once made) goes too, and so does an
+//! inbox of the layout before shared addresses (`…-ADDRESS-PORT`, no slot), which no device
+//! of this version makes, once its owner (in its header) is gone. A slot whose member is
+//! alive, or whose process ID was reused by an unrelated live process, is left as it is.
 
 use std::path::Path;
 use std::sync::Once;
 
-use super::inbox::{pid_alive, Scope, SHM_DIR};
+use super::inbox::{owner_gone, pid_alive, Scope, SHM_DIR};
 use super::members::Members;
 
-/// Sweeps `scope` once per process (module doc).
+/// Sweeps the files of `scope`'s user once per process (module doc).
 pub(crate) fn once(scope: &Scope) {
     static SWEPT: Once = Once::new();
     SWEPT.call_once(|| {
@@ -35,13 +38,13 @@ pub(crate) fn once(scope: &Scope) {
     });
 }
 
-/// Removes from `dir` the inboxes of `scope`'s dead members (module doc); returns how
-/// many files went.
+/// Removes from `dir` the inboxes of the dead members of `scope`'s user (module doc);
+/// returns how many files went.
 pub(crate) fn sweep(scope: &Scope, dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
-    let prefix = scope.prefix();
+    let prefix = scope.user_prefix();
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -63,6 +66,14 @@ pub(crate) fn sweep(scope: &Scope, dir: &Path) -> usize {
             if dead && std::fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
             }
+        } else if name
+            .rsplit_once('-')
+            .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
+            && owner_gone(&entry.path())
+            && std::fs::remove_file(entry.path()).is_ok()
+        {
+            // The layout before shared addresses: `…-ADDRESS-PORT`.
+            removed += 1;
         }
     }
     removed
@@ -98,11 +109,41 @@ mod tests {
         for file in ["-s0", "-s1", "-s2", "-s1.new4194305", "-s3.new1"] {
             std::fs::write(name(file), b"inbox").unwrap();
         }
-        // Another user's or namespace's files are not looked at.
+        // Inboxes of the layout before shared addresses (no slot): one whose owner is
+        // gone, one whose owner is alive, one that is no inbox.
+        let old = |address: u8, owner: u32| {
+            let mut head = b"softvrb1".to_vec();
+            head.extend_from_slice(&owner.to_ne_bytes());
+            head.resize(4096, 0);
+            let path = dir.join(format!("{}127.0.0.{address}-4791", scope.prefix()));
+            std::fs::write(&path, head).unwrap();
+            path
+        };
+        let (old_gone, old_alive) = (old(98, GONE), old(97, std::process::id()));
+        let not_an_inbox = dir.join(format!("{}127.0.0.96-4791", scope.prefix()));
+        std::fs::write(&not_an_inbox, [0u8; 64]).unwrap();
+        // Another network namespace's files of this user are swept too; another user's
+        // are not looked at.
+        let elsewhere = Scope {
+            netns: scope.netns + 1,
+            ..scope
+        };
+        let there = elsewhere.path(&local, 0);
+        let there = dir.join(there.file_name().unwrap());
+        let there_members =
+            Members::open(&dir.join(elsewhere.members_path(&local).file_name().unwrap())).unwrap();
+        there_members.set_member(0, GONE);
+        std::fs::write(&there, b"inbox").unwrap();
         let foreign = dir.join("softverbs-99999-1-127.0.0.99-4791-s1");
         std::fs::write(&foreign, b"inbox").unwrap();
 
-        assert_eq!(sweep(&scope, &dir), 2);
+        assert_eq!(sweep(&scope, &dir), 4);
+        assert!(
+            !there.exists(),
+            "a dead member's inbox in another namespace goes"
+        );
+        assert!(!old_gone.exists(), "an old inbox whose owner is gone goes");
+        assert!(old_alive.exists() && not_an_inbox.exists());
         assert!(name("-s0").exists(), "a live member's inbox stays");
         assert!(!name("-s1").exists(), "a dead member's inbox goes");
         assert!(
