@@ -10,13 +10,13 @@
 //!
 //! So the first device of a process to make an inbox sweeps its user's files first (in
 //! every network namespace: one that is gone leaves files no device of it will sweep): in
-//! every address's members file, each slot whose member is
-//! gone is claimed as a joining device claims it — so no device can be making an inbox in
-//! that slot meanwhile — its inbox removed, and the slot freed. An inbox a dead process was
-//! still making (`…-sK.newPID`, renamed into place once made) goes too, and so does an
-//! inbox of the layout before shared addresses (`…-ADDRESS-PORT`, no slot), which no device
-//! of this version makes, once its owner (in its header) is gone. A slot whose member is
-//! alive, or whose process ID was reused by an unrelated live process, is left as it is.
+//! every address's members file, each slot whose member is gone is claimed as a joining
+//! device claims it — so no device can be making an inbox in that slot meanwhile — its
+//! inbox removed, and the slot freed. An inbox a dead process was still making
+//! (`…-sK.newPID`, renamed into place once made) goes too, and so does an inbox of the
+//! layout before shared addresses (`…-ADDRESS-PORT`, no slot), which no device of this
+//! version makes, once its owner (in its header) is gone. A slot whose member is alive, or
+//! whose process ID was reused by an unrelated live process, is left as it is.
 
 use std::path::Path;
 use std::sync::Once;
