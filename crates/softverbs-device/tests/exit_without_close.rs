@@ -7,8 +7,7 @@
 
 mod common;
 
-use common::{inboxes_of, shm_device_at};
-use std::process::Command;
+use common::{inboxes_of, shm_device_at, this_test_again};
 use std::time::{Duration, Instant};
 
 /// Set in the child: the last byte of the address it opens its device on.
@@ -24,16 +23,13 @@ fn a_process_that_exits_without_closing_its_device_removes_its_inbox() {
         std::process::exit(0);
     }
     const ADDRESS: u8 = 211;
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_process_that_exits_without_closing_its_device_removes_its_inbox",
-            "--nocapture",
-        ])
-        .env(CHILD, ADDRESS.to_string())
-        .env_remove("SOFTVERBS_NETWORK")
-        .spawn()
-        .expect("start the child");
+    let mut child = this_test_again(
+        "a_process_that_exits_without_closing_its_device_removes_its_inbox",
+        CHILD,
+        &ADDRESS.to_string(),
+    )
+    .spawn()
+    .expect("start the child");
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

@@ -8,9 +8,9 @@
 
 mod common;
 
-use common::{inboxes_of, shm_device_at};
+use common::{inboxes_of, shm_device_at, this_test_again};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 /// Set in the child: the last byte of the address it opens its device on.
@@ -26,18 +26,14 @@ fn the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device(
         return;
     }
     const ADDRESS: u8 = 209;
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, ADDRESS.to_string())
-        .env_remove("SOFTVERBS_NETWORK")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the child");
+    let mut child = this_test_again(
+        "the_inbox_of_a_killed_process_is_removed_when_another_process_opens_a_device",
+        CHILD,
+        &ADDRESS.to_string(),
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("start the child");
     let stdout = child.stdout.take().unwrap();
     let ready = BufReader::new(stdout)
         .lines()

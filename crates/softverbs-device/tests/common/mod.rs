@@ -198,3 +198,15 @@ pub fn inboxes_of(last: u8) -> Vec<String> {
         .filter(|name| name.starts_with("softverbs-") && name.contains(&tail))
         .collect()
 }
+
+/// This test binary again, running only `test`, with `var` set to `value` (how a test
+/// starts the child process it plays both sides of) and the device's network left to its
+/// default (shared memory on).
+pub fn this_test_again(test: &str, var: &str, value: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .env_remove("SOFTVERBS_NETWORK");
+    command
+}
