@@ -1189,6 +1189,79 @@ mod tests {
         assert_eq!(QpInit::new(QpType::Ud).pd, 0);
     }
 
+    /// A gather that fails part way — the second SGE's memory faults after the first was
+    /// read into the packet (the application unmapped it while registered) — completes
+    /// with `IBV_WC_LOC_PROT_ERR` and sends nothing. The engine says so to the memory
+    /// (`Memory::abandon_reads`), so that an implementation that leaves those reads for
+    /// when the packet is written (the device's shared-memory path) drops them instead of
+    /// writing them into the next packet built in the same room.
+    #[test]
+    fn a_gather_failing_part_way_abandons_the_reads_made_for_its_packet() {
+        use std::cell::Cell;
+        struct Counting {
+            flat: Flat,
+            reads: Cell<usize>,
+            abandoned: Cell<usize>,
+            /// The read (counting from 1) that faults.
+            faulting: usize,
+        }
+        impl Memory for Counting {
+            type Handle = ();
+            fn lookup(&self, key: MemKey) -> Result<((), RegionInfo), MemError> {
+                self.flat.lookup(key)
+            }
+            fn read_region(&self, h: (), at: usize, buf: &mut [u8]) -> Result<(), MemError> {
+                self.reads.set(self.reads.get() + 1);
+                if self.reads.get() == self.faulting {
+                    return Err(MemError::Fault);
+                }
+                self.flat.read_region(h, at, buf)
+            }
+            fn write_region(&mut self, h: (), at: usize, data: &[u8]) -> Result<(), MemError> {
+                self.flat.write_region(h, at, data)
+            }
+            fn atomic_region(&mut self, h: (), at: usize, op: AtomicOp) -> Result<u64, MemError> {
+                self.flat.atomic_region(h, at, op)
+            }
+            fn invalidate_region(&mut self, h: ()) -> Result<(), MemError> {
+                self.flat.invalidate_region(h)
+            }
+            fn abandon_reads(&self) {
+                self.abandoned.set(self.abandoned.get() + 1);
+            }
+        }
+        let mut ep = Engine::new(EngineConfig::default());
+        let mem = Counting {
+            flat: Flat(vec![9; 4096]),
+            reads: Cell::new(0),
+            abandoned: Cell::new(0),
+            faulting: 2,
+        };
+        let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0);
+        let good = Sge {
+            addr: 0,
+            length: 64,
+            lkey: 1,
+        };
+        ep.post_send(qpn, SendWr::new(1, SendOp::Send, vec![good, good]))
+            .unwrap();
+        let mut buf = vec![0u8; ep.max_packet_len()];
+        assert!(
+            ep.poll_transmit(0, &mut buf, &mem).is_none(),
+            "nothing sent"
+        );
+        let c = ep.poll_completion().expect("an error completion");
+        assert_eq!(c.wc.status(), softverbs_cq::WcStatus::LocProtErr);
+        assert_eq!((mem.reads.get(), mem.abandoned.get()), (2, 1));
+        // A gather that succeeds abandons nothing (on a QP of its own: the error
+        // completion put the first one in the error state).
+        let qpn = rts(&mut ep, QpType::Rc, Mtu::Mtu1024, 0);
+        ep.post_send(qpn, SendWr::new(2, SendOp::Send, vec![good, good]))
+            .unwrap();
+        assert!(ep.poll_transmit(0, &mut buf, &mem).is_some());
+        assert_eq!((mem.reads.get(), mem.abandoned.get()), (4, 1));
+    }
+
     /// IBTA vol. 1 ch. 10 (protection domains): an L_Key is valid for a QP only if its
     /// region is in the QP's PD. A SEND from a QP of PD 3 naming an L_Key of PD 0 fails
     /// with `LOC_PROT_ERR` (as a bad L_Key does) and sends nothing; the same WR from a QP

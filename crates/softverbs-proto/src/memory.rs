@@ -280,6 +280,12 @@ pub trait Memory {
 
     /// Copies `buf.len()` bytes at `offset` of the region into `buf`. Called by
     /// [`read`](Memory::read) once the range passed [`check_access`], never empty.
+    ///
+    /// `buf` is always (part of) the payload of a packet the engine is building. An
+    /// implementation may leave the bytes to be read when the packet is written where it
+    /// goes (one copy from the region to the peer instead of two); it then forgets those
+    /// it was asked for since the last packet when the engine calls
+    /// [`abandon_reads`](Memory::abandon_reads).
     fn read_region(
         &self,
         region: Self::Handle,
@@ -414,6 +420,11 @@ pub trait Memory {
         let (region, offset) = self.checked(by, key, addr, buf.len() as u64, need)?;
         self.read_region(region, offset, buf)
     }
+
+    /// The packet being built will not be sent: the reads into it since the last packet
+    /// sent are void (an implementation that leaves reads for later drops them). The
+    /// engine calls it when a gather fails part way. The default does nothing.
+    fn abandon_reads(&self) {}
 
     /// Copies `data` to `addr` (local write or remote write) in the region of `key` in
     /// `pd`.

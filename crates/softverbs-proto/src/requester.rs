@@ -41,7 +41,7 @@ pub(crate) fn gather(
         }
         Gather::Sges(sges) => {
             let mut pos = 0usize;
-            for_each_piece(sges, offset, dst.len(), |sge, at, n| {
+            let gathered = for_each_piece(sges, offset, dst.len(), |sge, at, n| {
                 let r = mem.read(
                     pd,
                     MemKey::Local(sge.lkey),
@@ -50,7 +50,12 @@ pub(crate) fn gather(
                 );
                 pos += n;
                 r
-            })
+            });
+            if gathered.is_err() {
+                // The pieces read before the failing one go nowhere.
+                mem.abandon_reads();
+            }
+            gathered
         }
     }
 }
