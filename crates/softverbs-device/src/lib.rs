@@ -55,6 +55,7 @@
 //! what the kernel really puts on the wire; and `tshark` (Debian package `tshark`) for the
 //! capture-decoding tests. A missing requirement fails the test, never skips it.
 
+mod deferred;
 pub mod device;
 pub mod events;
 pub mod fault;

@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::deferred::Deferred;
 use softverbs_wire::icrc::{IpHeaderInfo, UdpHeaderInfo, ROCEV2_PORT};
 
 /// The RoCEv2 UDP port, 4791 (reference §1.1): the default port of every endpoint.
@@ -322,6 +323,12 @@ pub struct TransportCounters {
     /// Packets taken from this device's shared-memory inbox (also counted in
     /// `received_packets`).
     pub shm_received_packets: u64,
+    /// Payload bytes read from this device's registered memory straight into the record
+    /// of a peer's ring (one copy on the sending side: no packet buffer between).
+    pub shm_direct_bytes: u64,
+    /// Packets of the inbox the device handled where they lay (no copy into a receive
+    /// buffer first; also counted in `shm_received_packets`).
+    pub shm_in_place_packets: u64,
 }
 
 impl fmt::Display for TransportCounters {
@@ -331,7 +338,8 @@ impl fmt::Display for TransportCounters {
             "sent {} pkts / {} B ({} errors) in {} calls, received {} pkts / {} B in {} calls, \
              dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
              {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments; shared memory: {} \
-             sent, {} received",
+             sent, {} received, {} payload bytes sent straight from registered memory, {} \
+             handled in place",
             self.sent_packets,
             self.sent_bytes,
             self.send_errors,
@@ -348,7 +356,9 @@ impl fmt::Display for TransportCounters {
             self.gso_sends,
             self.gro_segments,
             self.shm_sent_packets,
-            self.shm_received_packets
+            self.shm_received_packets,
+            self.shm_direct_bytes,
+            self.shm_in_place_packets
         )
     }
 }
@@ -412,6 +422,8 @@ impl AtomicCounters {
             gro_segments: load(&self.gro_segments),
             shm_sent_packets: 0,
             shm_received_packets: 0,
+            shm_direct_bytes: 0,
+            shm_in_place_packets: 0,
         }
     }
 
@@ -459,6 +471,11 @@ pub struct OutgoingPacket<'a> {
     /// handed to the path; `None` if it was not (the failure was logged and, for a socket
     /// error, counted in `send_errors`).
     pub sent: Option<Sent>,
+    /// Payload still to be read from registered memory into `bytes` (only for a transport
+    /// that [takes them](Transport::takes_deferred)); the pieces' offsets count from
+    /// `deferred_base` before `bytes`' first byte.
+    pub(crate) deferred: &'a [Deferred],
+    pub(crate) deferred_base: usize,
 }
 
 impl<'a> OutgoingPacket<'a> {
@@ -469,7 +486,32 @@ impl<'a> OutgoingPacket<'a> {
             src_port,
             bytes,
             sent: None,
+            deferred: &[],
+            deferred_base: 0,
         }
+    }
+
+    /// A packet part of whose payload is still to be read (`crate::deferred`): `pieces`,
+    /// with offsets counted from `base` before `bytes`' first byte.
+    pub(crate) fn with_deferred(
+        to: Endpoint,
+        src_port: u16,
+        bytes: &'a mut [u8],
+        base: usize,
+        pieces: &'a [Deferred],
+    ) -> OutgoingPacket<'a> {
+        OutgoingPacket {
+            deferred: pieces,
+            deferred_base: base,
+            ..OutgoingPacket::new(to, src_port, bytes)
+        }
+    }
+
+    /// Reads the payload still to be read into `bytes`; false if that faulted (the packet
+    /// must not be sent).
+    pub(crate) fn fill_deferred(&mut self) -> bool {
+        let pieces = std::mem::take(&mut self.deferred);
+        crate::deferred::fill(self.bytes, self.deferred_base, pieces)
     }
 }
 
@@ -570,6 +612,17 @@ pub trait Transport: Send + Sync {
         Ok(received.len())
     }
 
+    /// Hands up to `max` packets that wait in memory (a shared-memory ring) to `handle`
+    /// where they lie, without copying them into a buffer first, in arrival order, each
+    /// checked as [`Transport::recv`] checks it; returns how many it handed. What it
+    /// cannot hand in place (a socket's datagrams, packets with an ICRC to check, or
+    /// after one) stays for [`Transport::recv_batch`]. `handle` must not keep the bytes:
+    /// their memory is reused once it returns. The default hands none.
+    fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
+        let _ = (max, handle);
+        0
+    }
+
     /// Waits up to `timeout` until a packet may be there to receive, without receiving it
     /// (so a caller can wait without holding the lock that orders its receives). May
     /// return early; the default sleeps briefly.
@@ -593,6 +646,13 @@ pub trait Transport: Send + Sync {
     /// nothing and returns false.
     fn sleeping(&self, before: bool) -> bool {
         let _ = before;
+        false
+    }
+
+    /// Whether [`Transport::send_batch`] reads the payload a device left to be read as
+    /// packets leave (`crate::deferred`: one copy from the region into shared memory); if
+    /// not, the device reads it into the packets first. The default: false.
+    fn takes_deferred(&self) -> bool {
         false
     }
 
@@ -753,6 +813,9 @@ macro_rules! forward_transport {
             ) -> io::Result<usize> {
                 (**self).recv_batch(bufs, received, timeout)
             }
+            fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
+                (**self).take_in_place(max, handle)
+            }
             fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
                 (**self).wait_readable(timeout)
             }
@@ -767,6 +830,9 @@ macro_rules! forward_transport {
             }
             fn offer_direct_segments(&self) {
                 (**self).offer_direct_segments()
+            }
+            fn takes_deferred(&self) -> bool {
+                (**self).takes_deferred()
             }
             fn direct_segments_to(&self, to: &Endpoint, dest_qpn: u32) -> bool {
                 (**self).direct_segments_to(to, dest_qpn)

@@ -51,6 +51,14 @@ fn shm_packets(ctx: &Context) -> (u64, u64) {
     (transport.shm_sent_packets, transport.shm_received_packets)
 }
 
+/// The copies a device saved on the shared-memory path: payload bytes it read from its
+/// registered memory straight into a peer's ring, and packets it handled where they lay
+/// in its inbox.
+fn shm_copies_saved(ctx: &Context) -> (u64, u64) {
+    let transport = ctx.device().stats().transport.expect("a UDP device");
+    (transport.shm_direct_bytes, transport.shm_in_place_packets)
+}
+
 /// The child of the event test: connects an RC QP to the target's, waits for "go", then
 /// sends [`EVENTS`] messages [`EVENT_GAP`] apart, each completed before the next.
 fn event_child(spec: &str) {
@@ -394,6 +402,7 @@ fn segment_child(spec: &str) {
     me.mr.write_at(0, &pattern).unwrap();
     let counters = || me.ctx.device().counters();
     let before = counters().packets_sent;
+    let (direct_before, _) = shm_copies_saved(&me.ctx);
     let local = [me.mr.slice(0..SEGMENT_LEN).unwrap()];
     me.qp
         .post_send(SendRequest::write(1, &local, buffer))
@@ -402,13 +411,16 @@ fn segment_child(spec: &str) {
         .result()
         .expect("the write completes");
     let write_packets = counters().packets_sent - before;
+    let write_direct = shm_copies_saved(&me.ctx).0 - direct_before;
     me.mr.fill(.., 0).unwrap();
     let before = counters().packets_received;
+    let (_, in_place_before) = shm_copies_saved(&me.ctx);
     me.qp
         .post_send(SendRequest::read(2, &local, buffer))
         .unwrap();
     wait_for(&me.cq, 1)[0].result().expect("the read completes");
     let read_responses = counters().packets_received - before;
+    let read_in_place = shm_copies_saved(&me.ctx).1 - in_place_before;
     let mut back = vec![0u8; SEGMENT_LEN];
     me.mr.read_at(0, &mut back).unwrap();
     assert!(
@@ -416,7 +428,7 @@ fn segment_child(spec: &str) {
         "the READ brought back what the WRITE wrote"
     );
     println!(
-        "\nresult {write_packets} {read_responses} {}",
+        "\nresult {write_packets} {read_responses} {} {write_direct} {read_in_place}",
         target.mtu.bytes()
     );
 }
@@ -427,6 +439,12 @@ fn segment_child(spec: &str) {
 /// way, a WRITE's and a READ's responses (IBTA vol. 1 §9.4.4: the responder and the
 /// requester count the same PSNs), and the data arrives whole. Over UDP, the wire, they
 /// stay path-MTU packets.
+///
+/// Through shared memory the payload moves once on each side: the requester's WRITE and
+/// the responder's READ responses are read from the registered region straight into the
+/// peer's ring (every payload byte), and each side handles the packets where they lie in
+/// its inbox (every packet of the WRITE and of the READ's responses), no copy into a
+/// receive buffer between. Over UDP neither happens.
 #[test]
 fn a_large_write_and_read_between_processes_through_shared_memory_take_32_kib_packets() {
     segments_between_processes(
@@ -476,12 +494,39 @@ fn segments_between_processes(name: &str, shared_memory: bool) {
         .unwrap_or_else(|| panic!("no result: {out:?}"));
     let fields: Vec<u64> = result.split(' ').map(|f| f.parse().unwrap()).collect();
     let (write, read, mtu) = (fields[0], fields[1], fields[2]);
+    let (write_direct, read_in_place) = (fields[3], fields[4]);
     let expected = if shared_memory {
         (SEGMENT_LEN as u64).div_ceil(32 * 1024)
     } else {
         (SEGMENT_LEN as u64).div_ceil(mtu)
     };
     assert_eq!((write, read), (expected, expected), "{result}");
+    // The target: the READ's responses went straight from its region, the WRITE's
+    // packets (and the READ request) were handled in place.
+    let (target_direct, target_in_place) = shm_copies_saved(&target.ctx);
+    if shared_memory {
+        assert_eq!(
+            (write_direct, read_in_place),
+            (SEGMENT_LEN as u64, read),
+            "the requester: the WRITE's payload straight from its region, the READ's \
+             responses handled in place ({result})"
+        );
+        assert_eq!(
+            target_direct, SEGMENT_LEN as u64,
+            "the READ's responses' payload"
+        );
+        assert!(
+            target_in_place > write,
+            "the WRITE's {write} packets and the READ request handled in place: \
+             {target_in_place}"
+        );
+    } else {
+        assert_eq!(
+            (write_direct, read_in_place, target_direct, target_in_place),
+            (0, 0, 0, 0),
+            "no shared memory over UDP"
+        );
+    }
     let mut arrived = vec![0u8; SEGMENT_LEN];
     target.mr.read_at(0, &mut arrived).unwrap();
     assert!(

@@ -20,6 +20,7 @@ use super::grh::grh_bytes;
 use super::link::HOP_LIMIT;
 use super::registry::{group_members, registry};
 use super::{lock, DeviceInner, State};
+use crate::deferred::Deferred;
 use crate::pcap::{Capture, Direction};
 use crate::transport::{
     invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, OutgoingPacket, Received,
@@ -75,6 +76,9 @@ struct Outgoing {
     /// The packets' bytes, then room already initialized (never zeroed again).
     bytes: Vec<u8>,
     used: usize,
+    /// Payload left to be read from registered memory as the packets leave (offsets in
+    /// `bytes`, in order; `crate::deferred`): the bytes there are not the packet's yet.
+    deferred: Vec<Deferred>,
 }
 
 /// One packet of [`Outgoing`]: the next `len` bytes.
@@ -93,6 +97,7 @@ impl Outgoing {
     fn clear(&mut self) {
         self.packets.clear();
         self.used = 0;
+        self.deferred.clear();
     }
 
     /// `len` bytes of room after the packets, for the next one.
@@ -130,6 +135,9 @@ impl Outgoing {
     /// Appends `other`'s packets after these.
     fn append(&mut self, other: &Outgoing) {
         self.room(other.used).copy_from_slice(other.filled());
+        let shift = self.used;
+        self.deferred
+            .extend(other.deferred.iter().map(|piece| piece.shifted(shift)));
         self.used += other.used;
         self.packets.extend_from_slice(&other.packets);
     }
@@ -143,15 +151,27 @@ impl Outgoing {
         self.bytes[..n].copy_from_slice(first.filled());
         self.used += n;
         self.packets.splice(0..0, first.packets.iter().copied());
+        for piece in &mut self.deferred {
+            piece.at += n;
+        }
+        self.deferred.splice(0..0, first.deferred.iter().cloned());
     }
 
-    /// The packets, each with its bytes.
-    fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8])> {
+    /// The packets, each with its bytes, its offset in the run's bytes and its pieces
+    /// left to be read (offsets in the run's bytes).
+    fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8], usize, &[Deferred])> {
         let mut rest: &mut [u8] = &mut self.bytes[..self.used];
+        let mut pieces: &[Deferred] = &self.deferred;
+        let mut at = 0;
         self.packets.iter().map(move |slot| {
             let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(slot.len);
             rest = tail;
-            (slot, bytes)
+            let start = at;
+            at += slot.len;
+            let mine = pieces.iter().take_while(|piece| piece.at < at).count();
+            let (own, later) = pieces.split_at(mine);
+            pieces = later;
+            (slot, bytes, start, own)
         })
     }
 }
@@ -311,21 +331,33 @@ impl DeviceInner {
     /// them for the application's next post or poll ([`HeldAcks`]).
     fn run_holding<R>(self: &Arc<Self>, hold_acks: bool, f: impl FnOnce(&mut State) -> R) -> R {
         let now = DeviceClock::now();
+        // The device's span (module doc of `device`): not over the delivery at the end of
+        // the run, which runs other devices' engines.
+        let span = self.span.enter();
+        let mut st = lock(&self.state);
+        let result = f(&mut st);
+        self.end_run(st, span, now, hold_acks);
+        result
+    }
+
+    /// The end of a run of the engine under `st` (and in the device's `span`): collects
+    /// what it produced, releases the lock and the span, then delivers it (`run_holding`).
+    fn end_run(
+        self: &Arc<Self>,
+        mut st: MutexGuard<'_, State>,
+        span: tracing::span::Entered<'_>,
+        now: u64,
+        hold_acks: bool,
+    ) {
         let mut outgoing = take_outgoing();
         outgoing.clear();
-        let (result, sending) = {
-            // The device's span (module doc of `device`): not over the delivery below,
-            // which runs other devices' engines.
-            let _span = self.span.enter();
-            let mut st = lock(&self.state);
-            let result = f(&mut st);
-            self.drain(&mut st, now, &mut outgoing);
-            // Packets leave in the order the engine produced them, whichever thread ran
-            // it: the send lock is taken before the state lock is released (a reordered
-            // pair of packets costs the peer a NAK and a go-back-N).
-            let sending = (!outgoing.packets.is_empty()).then(|| lock(&self.tx));
-            (result, sending)
-        };
+        self.drain(&mut st, now, &mut outgoing);
+        // Packets leave in the order the engine produced them, whichever thread ran it:
+        // the send lock is taken before the state lock is released (a reordered pair of
+        // packets costs the peer a NAK and a go-back-N).
+        let sending = (!outgoing.packets.is_empty()).then(|| lock(&self.tx));
+        drop(st);
+        drop(span);
         if let Some(mut guard) = sending {
             if hold_acks && self.tap.is_none() && outgoing.only_acks() {
                 guard.0.append(&outgoing);
@@ -341,12 +373,18 @@ impl DeviceInner {
             }
         }
         spare_outgoing(outgoing);
-        result
     }
 
     /// Collects transmits, completions and events from the engine.
     fn drain(&self, st: &mut State, now: u64, outgoing: &mut Outgoing) {
         let State { engine, memory, .. } = st;
+        // Payload read as the packets leave, straight into a peer's ring, where the
+        // transport can (`crate::deferred`).
+        let defer = self.tap.is_none()
+            && self
+                .transport
+                .as_ref()
+                .is_some_and(|transport| transport.takes_deferred());
         // Local operations (binds, local invalidations) and packets in turn: a local
         // operation runs once it heads its send queue, and what follows it is sent only
         // after. Every round retires work requests or sends packets, so the send queues
@@ -354,7 +392,18 @@ impl DeviceInner {
         for _ in 0..MAX_DRAIN_ROUNDS {
             let ran = engine.execute_local_operations(memory);
             let mut sent = 0usize;
-            while let Some(tx) = engine.poll_transmit(now, outgoing.room(PACKET_ROOM), memory) {
+            loop {
+                let offset = outgoing.used;
+                let room = outgoing.room(PACKET_ROOM);
+                if defer {
+                    memory.defer_reads(room, offset);
+                }
+                let Some(tx) = engine.poll_transmit(now, room, memory) else {
+                    break;
+                };
+                if defer {
+                    memory.take_deferred(&mut outgoing.deferred);
+                }
                 // The peer's address as the path check reads it (a link-local GID is the
                 // address it was made from).
                 let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
@@ -368,6 +417,9 @@ impl DeviceInner {
             if ran == 0 && sent == 0 {
                 break;
             }
+        }
+        if defer {
+            memory.stop_deferring();
         }
         // Completions, each CQ's through one burst: what a back-pressure CQ refused goes
         // first, to keep order.
@@ -432,8 +484,7 @@ impl DeviceInner {
         {
             let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
             let reg = shortcut.then(|| lock(registry()));
-            let mut at = 0;
-            for (slot, bytes) in outgoing.split() {
+            for (slot, bytes, at, pieces) in outgoing.split() {
                 let dest = slot.to.addr();
                 let len = bytes.len();
                 // A device of this process at that address, unless the address is shared
@@ -443,7 +494,13 @@ impl DeviceInner {
                     .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade))
                     .filter(|peer| peer.owns_packet(bytes));
                 match peer {
-                    Some(peer) => local.push((peer, dest, slot.src_port, at, len)),
+                    // Its payload read now, if it was left for later (a packet whose
+                    // region faulted is lost).
+                    Some(peer) => {
+                        if crate::deferred::fill(bytes, at, pieces) {
+                            local.push((peer, dest, slot.src_port, at, len));
+                        }
+                    }
                     // An in-process device's multicast: a copy to every device of this
                     // process in the group (a UDP device's goes to the socket, and the
                     // kernel hands a copy to every group socket of the host).
@@ -455,13 +512,18 @@ impl DeviceInner {
                         }
                     }
                     None if self.transport.is_some() => {
-                        batch.push(OutgoingPacket::new(slot.to, slot.src_port, bytes));
+                        batch.push(OutgoingPacket::with_deferred(
+                            slot.to,
+                            slot.src_port,
+                            bytes,
+                            at,
+                            pieces,
+                        ));
                     }
                     None => {
                         tracing::debug!(to = %slot.to.addr(), "no route for in-process device");
                     }
                 }
-                at += len;
             }
         }
         if let (Some(transport), false) = (&self.transport, batch.is_empty()) {
@@ -608,6 +670,25 @@ impl DeviceInner {
             });
         let ReceiveBuffers { slots, received } = &mut buffers;
         let mut handled = 0;
+        // Packets in shared memory first, handled where they lie (no copy into a slot),
+        // a batch per run; the state lock is taken only if there is one.
+        for _ in 0..RECEIVE_ROUNDS {
+            let now = DeviceClock::now();
+            let mut run = None;
+            let count = transport.take_in_place(RECEIVE_SLOTS, &mut |packet, bytes| {
+                let (_, st) = run.get_or_insert_with(|| (self.span.enter(), lock(&self.state)));
+                let State { engine, memory, .. } = &mut **st;
+                let grh = grh_bytes(packet.from.addr(), packet.to.addr(), bytes.len());
+                engine.handle_packet(now, bytes, Some(&grh), memory);
+            });
+            if let Some((span, st)) = run {
+                self.end_run(st, span, now, hold_acks);
+            }
+            handled += count;
+            if count < RECEIVE_SLOTS {
+                break;
+            }
+        }
         for _ in 0..RECEIVE_ROUNDS {
             let mut bufs: [&mut [u8]; RECEIVE_SLOTS] = {
                 let mut chunks = slots.chunks_exact_mut(RECEIVE_SLOT_LEN);
@@ -822,7 +903,11 @@ impl DeviceInner {
 fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGuard<'_, HeldAcks>) {
     let mut batch: Vec<OutgoingPacket<'_>> = outgoing
         .split()
-        .map(|(slot, bytes)| OutgoingPacket::new(slot.to, slot.src_port, bytes))
+        // (A device with a stack reads no payload for later: `pieces` is empty.)
+        .filter_map(|(slot, bytes, at, pieces)| {
+            crate::deferred::fill(bytes, at, pieces)
+                .then(|| OutgoingPacket::new(slot.to, slot.src_port, bytes))
+        })
         .collect();
     stack.send_batch(&mut batch);
     drop(batch);
@@ -911,7 +996,7 @@ mod tests {
 
     fn packets(run: &mut Outgoing) -> Vec<(u16, Vec<u8>)> {
         run.split()
-            .map(|(slot, bytes)| (slot.src_port, bytes.to_vec()))
+            .map(|(slot, bytes, _, _)| (slot.src_port, bytes.to_vec()))
             .collect()
     }
 

@@ -139,7 +139,8 @@ impl fmt::Display for DeviceStats {
                  received_packets={} received_bytes={} recv_calls={} dropped_bad_icrc={} \
                  dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
                  socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={} \
-                 shm_sent_packets={} shm_received_packets={}",
+                 shm_sent_packets={} shm_received_packets={} shm_direct_bytes={} \
+                 shm_in_place_packets={}",
                 t.sent_packets,
                 t.sent_bytes,
                 t.send_errors,
@@ -156,7 +157,9 @@ impl fmt::Display for DeviceStats {
                 t.gso_sends,
                 t.gro_segments,
                 t.shm_sent_packets,
-                t.shm_received_packets
+                t.shm_received_packets,
+                t.shm_direct_bytes,
+                t.shm_in_place_packets
             )?;
         }
         if let Some(faults) = &self.faults {

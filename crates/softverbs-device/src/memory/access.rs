@@ -118,6 +118,10 @@ impl Memory for MemoryTable {
         Ok(((index, 0), info))
     }
 
+    fn abandon_reads(&self) {
+        self.abandon_deferred();
+    }
+
     fn window(&self, rkey: u32) -> Option<WindowInfo> {
         let window = self
             .window_by_handle(rkey >> 8)
@@ -148,6 +152,9 @@ impl Memory for MemoryTable {
     ) -> Result<(), MemError> {
         let offset = offset.checked_add(base).ok_or(MemError::OutOfBounds)?;
         let (slot, src) = self.target(index, offset, buf.len())?;
+        if self.defer(slot, src, buf) {
+            return Ok(());
+        }
         // SAFETY: `target` proved `[offset, offset + buf.len())` lies inside the region,
         // whose memory the registration contract keeps readable and accessed only
         // atomically, through these copies or by the application outside Rust's view; if

@@ -52,7 +52,7 @@
 mod access;
 mod advice;
 mod registration;
-mod shared;
+pub(crate) mod shared;
 #[cfg(test)]
 mod tests;
 
@@ -66,11 +66,14 @@ pub const ON_DEMAND_PAGING: bool = cfg!(target_arch = "x86_64");
 
 pub use shared::{copy_from_shared, copy_to_shared};
 
+use crate::deferred::Deferred;
 use crate::guarded;
 use crate::mappings::{self, Pinned};
 use rustc_hash::FxHashMap;
 use softverbs_proto::{AccessFlags, MemError, MemKey, WindowBinding, WindowType};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// One registered region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +120,9 @@ impl Rereg {
 struct Slot {
     region: Region,
     /// An access faulted: the memory is gone, refuse every access without touching it.
-    faulted: AtomicBool,
+    /// Shared with the payload reads left for later (`crate::deferred`), which mark it
+    /// when they fault; a new translation (`ibv_rereg_mr`) gets a new mark.
+    faulted: Arc<AtomicBool>,
     /// Its pages in the process's pinned count.
     pinned: Pinned,
     /// Memory windows bound to it: it cannot be deregistered while any is
@@ -162,6 +167,85 @@ pub struct MemoryTable {
     faulted_accesses: AtomicU64,
     /// Accesses to on-demand regions that met a page not mapped (with the access needed).
     unresolved_page_faults: AtomicU64,
+    /// Payload reads left for when the packet is written (`crate::deferred`), while
+    /// [`MemoryTable::defer_reads`] is on.
+    deferral: RefCell<Deferral>,
+}
+
+/// The reads [`MemoryTable`] leaves for later while a packet is built.
+#[derive(Debug, Default)]
+struct Deferral {
+    /// Whether reads are left for later now.
+    on: bool,
+    /// The address of the packet buffer being built, and its offset in the run's bytes.
+    base: usize,
+    offset: usize,
+    /// The pieces of the packet being built (offsets in the run's bytes).
+    pieces: Vec<Deferred>,
+}
+
+/// Reads shorter than this are made at once (their copy costs less than keeping them).
+#[cfg(target_arch = "x86_64")]
+const DEFER_AT_LEAST: usize = 1024;
+
+impl MemoryTable {
+    /// Leaves the payload reads of the packet about to be built in `buf` (at `offset` of
+    /// the run's bytes) for when it is written where it goes: until
+    /// [`stop_deferring`](Self::stop_deferring), a read of [`DEFER_AT_LEAST`] bytes or more
+    /// of a region that is not on-demand is kept as a [`Deferred`] piece instead of being
+    /// copied (x86-64 only: elsewhere every read is made at once, module `deferred`).
+    pub(crate) fn defer_reads(&self, buf: &[u8], offset: usize) {
+        let mut deferral = self.deferral.borrow_mut();
+        deferral.on = cfg!(target_arch = "x86_64");
+        deferral.base = buf.as_ptr() as usize;
+        deferral.offset = offset;
+        deferral.pieces.clear();
+    }
+
+    /// Moves the pieces of the packet just built to `into`.
+    pub(crate) fn take_deferred(&self, into: &mut Vec<Deferred>) {
+        into.append(&mut self.deferral.borrow_mut().pieces);
+    }
+
+    /// Every read is made at once again; pieces not taken are dropped.
+    pub(crate) fn stop_deferring(&self) {
+        let mut deferral = self.deferral.borrow_mut();
+        deferral.on = false;
+        deferral.pieces.clear();
+    }
+
+    /// Keeps the read of `len` bytes at `src` into `dst` for later if reads are deferred
+    /// now and it qualifies; true if kept.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn defer(&self, slot: &Slot, src: usize, dst: &[u8]) -> bool {
+        if dst.len() < DEFER_AT_LEAST || slot.region.access.contains(AccessFlags::ON_DEMAND) {
+            return false;
+        }
+        let mut deferral = self.deferral.borrow_mut();
+        if !deferral.on {
+            return false;
+        }
+        let at = deferral.offset + (dst.as_ptr() as usize).wrapping_sub(deferral.base);
+        deferral.pieces.push(Deferred {
+            at,
+            len: dst.len(),
+            src,
+            faulted: Arc::clone(&slot.faulted),
+        });
+        true
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline]
+    fn defer(&self, _slot: &Slot, _src: usize, _dst: &[u8]) -> bool {
+        false
+    }
+
+    /// Drops the pieces of the packet being built (the engine gave it up).
+    fn abandon_deferred(&self) {
+        self.deferral.borrow_mut().pieces.clear();
+    }
 }
 
 impl Drop for MemoryTable {
@@ -241,7 +325,7 @@ impl MemoryTable {
         };
         let slot = Slot {
             region,
-            faulted: AtomicBool::new(false),
+            faulted: Arc::new(AtomicBool::new(false)),
             pinned,
             windows: 0,
         };
@@ -343,8 +427,9 @@ impl MemoryTable {
             Some((addr, len, iova)) => {
                 let pinned = registration::check_registration(addr, len, iova, access)?;
                 mappings::release_pages(std::mem::replace(&mut slot.pinned, pinned));
-                // New memory: the old range's faults say nothing about it.
-                slot.faulted.store(false, Ordering::Relaxed);
+                // New memory: the old range's faults say nothing about it (and a read of
+                // the old range left for later marks the old range's mark).
+                slot.faulted = Arc::new(AtomicBool::new(false));
                 region.addr = addr;
                 region.len = len;
                 region.iova = iova;

@@ -805,3 +805,61 @@ fn rereg_access_off_demand_checks_the_pages_as_a_registration() {
     assert_eq!(t.by_lkey(r.lkey).unwrap().access, ODP_ALL);
     t.deregister(r.lkey).unwrap();
 }
+
+/// Reads left for when the packet is written (`crate::deferred`): a read of 1 KiB or more
+/// while a packet is built is kept as a piece (its place in the run's bytes and the
+/// region's address), not copied; a shorter one is copied at once; a packet the engine
+/// gives up (a gather failing part way: `Memory::abandon_reads`) leaves no piece behind to
+/// overwrite the next packet built in the same room; after `stop_deferring` every read is
+/// made at once again. Only x86-64 leaves reads for later (elsewhere a region unmapped
+/// before the packet leaves would not be a fault but a crash).
+#[test]
+fn reads_of_a_packet_being_built_are_left_for_later_and_a_given_up_packet_leaves_none() {
+    let mut buf: Vec<u8> = (0..4096).map(|i| i as u8).collect();
+    let base = buf.as_ptr() as usize;
+    let (t, r) = table_with(&mut buf, AccessFlags::LOCAL_WRITE);
+    // The room of a packet at offset 100 of its run's bytes.
+    let mut room = vec![0u8; 8192];
+    t.defer_reads(&room, 100);
+    t.read(
+        1,
+        MemKey::Local(r.lkey),
+        0x1000 + 8,
+        &mut room[12..12 + 2048],
+    )
+    .unwrap();
+    t.read(1, MemKey::Local(r.lkey), 0x1000, &mut room[2060..2060 + 16])
+        .unwrap();
+    assert_eq!(
+        &room[2060..2076],
+        &buf[..16],
+        "a short read is copied at once"
+    );
+    let mut pieces = Vec::new();
+    t.take_deferred(&mut pieces);
+    if cfg!(target_arch = "x86_64") {
+        assert!(room[12..2060].iter().all(|&b| b == 0), "not copied");
+        let found: Vec<_> = pieces.iter().map(|p| (p.at, p.len, p.src)).collect();
+        assert_eq!(found, [(100 + 12, 2048, base + 8)]);
+        assert!(crate::deferred::fill(&mut room, 100, &pieces));
+    } else {
+        assert!(pieces.is_empty());
+    }
+    assert_eq!(&room[12..2060], &buf[8..2056], "the bytes are the region's");
+    // A packet given up: its pieces go.
+    t.defer_reads(&room, 0);
+    t.read(1, MemKey::Local(r.lkey), 0x1000, &mut room[0..1024])
+        .unwrap();
+    t.abandon_reads();
+    let mut pieces = Vec::new();
+    t.take_deferred(&mut pieces);
+    assert!(pieces.is_empty(), "a given-up packet leaves no piece");
+    // Deferring off: copied at once.
+    t.stop_deferring();
+    let mut plain = vec![0u8; 1024];
+    t.read(1, MemKey::Local(r.lkey), 0x1000, &mut plain)
+        .unwrap();
+    assert_eq!(plain, buf[..1024]);
+    t.take_deferred(&mut pieces);
+    assert!(pieces.is_empty());
+}

@@ -20,6 +20,12 @@
 //! prepared as for the wire, ICRC filled, and the receiver checks it, so injected corruption
 //! is caught as on UDP and a capture records the RoCEv2 packets the exchange stands for.
 //!
+//! One copy each side: the sender's engine leaves the payload of a packet in its registered
+//! region (`crate::deferred`) and the record is written from the packet's headers and
+//! straight from the region; the receiver hands each record to its engine where it lies
+//! ([`Transport::take_in_place`]), which writes the payload into the target region. Records
+//! that need a buffer (an ICRC to check, a forwarded datagram) are copied out as before.
+//!
 //! Sleeping receivers: a thread about to wait counts itself in the inbox's `waiters`; a
 //! sender that finds waiters after publishing sends a one-byte datagram to the receiver's
 //! doorbell, an abstract Unix socket that polls readable with the UDP socket
@@ -43,6 +49,7 @@ mod members;
 mod ring;
 mod sweep;
 
+use crate::deferred::Deferred;
 use crate::transport::{
     path_headers, plausible_packet_len, AtomicCounters, DropReason, Endpoint, Gid, OutgoingPacket,
     Received, Sent, Sharing, Transport, TransportCounters,
@@ -50,7 +57,7 @@ use crate::transport::{
 use crate::udp::{UdpConfig, UdpTransport};
 use inbox::{pid_alive, OwnInbox, PeerInbox, Refused, Scope, RINGS};
 use members::{ring_slot, Members};
-use ring::{Ring, CLOSING};
+use ring::{Pushed, Ring, CLOSING};
 use rustc_hash::FxHashMap;
 use rustix::event::epoll;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -185,6 +192,14 @@ struct Shm {
     consumer: Mutex<Consumer>,
     /// Set by a wait that saw the UDP socket readable: the next receive looks at it.
     udp_ready: AtomicBool,
+    /// Set once the device takes packets in place ([`Shm::take_in_place`]): from then on
+    /// [`Shm::take`] copies out only the records that cannot be taken so (a packet that
+    /// arrives between the two is left for the next in-place take, not copied).
+    in_place: AtomicBool,
+    /// [`TransportCounters::shm_direct_bytes`] and
+    /// [`TransportCounters::shm_in_place_packets`].
+    direct_bytes: AtomicU64,
+    in_place_packets: AtomicU64,
     /// Receives so far, and the receive until which UDP is looked at every time.
     receives: AtomicU64,
     udp_until: AtomicU64,
@@ -262,6 +277,9 @@ impl Shm {
             routes: Mutex::new(FxHashMap::default()),
             consumer: Mutex::new(Consumer::default()),
             udp_ready: AtomicBool::new(false),
+            in_place: AtomicBool::new(false),
+            direct_bytes: AtomicU64::new(0),
+            in_place_packets: AtomicU64::new(0),
             receives: AtomicU64::new(0),
             udp_until: AtomicU64::new(0),
             counters: AtomicCounters::default(),
@@ -349,21 +367,26 @@ impl Shm {
         }
     }
 
-    /// Pushes a packet into `peer`'s ring; if the ring is full, publishes what was pushed,
-    /// wakes the receiver and waits for room, up to [`FULL_WAIT`]. False if there was none.
+    /// Pushes a packet into `peer`'s ring, its payload left for later (`pieces`, offsets
+    /// counted from `base` before `bytes`) read straight from its region into the record;
+    /// if the ring is full, publishes what was pushed, wakes the receiver and waits for
+    /// room, up to [`FULL_WAIT`]. [`Pushed::Full`] if there was none, [`Pushed::Refused`]
+    /// if a piece's region faulted (the packet is lost).
     fn push(
         &self,
         peer: &Peer,
         producer: &mut ring::Producer<'_>,
         src_port: u16,
         flags: u16,
-        bytes: &[u8],
-    ) -> bool {
-        if producer.push(src_port, flags, bytes) {
-            return true;
+        (bytes, base, pieces): (&[u8], usize, &[Deferred]),
+    ) -> Pushed {
+        let write = |record: &mut [u8]| crate::deferred::write_packet(bytes, base, pieces, record);
+        let pushed = producer.push_with(src_port, flags, bytes.len(), write);
+        if pushed != Pushed::Full {
+            return pushed;
         }
         if !peer.inbox.ring().fits(bytes.len()) {
-            return false;
+            return Pushed::Full;
         }
         if producer.publish() > 0 {
             self.ring_doorbell(peer);
@@ -371,11 +394,9 @@ impl Shm {
         let deadline = Instant::now() + FULL_WAIT;
         loop {
             std::thread::yield_now();
-            if producer.push(src_port, flags, bytes) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
+            let pushed = producer.push_with(src_port, flags, bytes.len(), write);
+            if pushed != Pushed::Full || Instant::now() >= deadline {
+                return pushed;
             }
         }
     }
@@ -426,6 +447,7 @@ impl Shm {
         };
         let start = consumer.next;
         let mut filled = 0;
+        let in_place = self.in_place.load(Ordering::Relaxed);
         for step in 0..RINGS {
             let index = (start + step) % RINGS;
             if active & (1 << index) == 0 {
@@ -434,6 +456,9 @@ impl Shm {
             let ring = self.inbox.mapping.ring(index);
             let from = ring_sender(&ring);
             let taken = ring.consume(|record, bytes| {
+                if in_place && record.flags == 0 {
+                    return false;
+                }
                 let Some(buf) = bufs.get_mut(filled) else {
                     return false;
                 };
@@ -444,16 +469,7 @@ impl Shm {
                 true
             });
             if taken.is_err() {
-                tracing::warn!(
-                    ring = index,
-                    "a shared-memory ring is inconsistent: dropped"
-                );
-                crate::transport::bump(&self.counters.dropped_malformed);
-                // Skip what is in it; the sender's next records start clean.
-                let header = ring.header();
-                header
-                    .head
-                    .store(header.tail.load(Ordering::Acquire), Ordering::Release);
+                self.broken(&ring, index);
             }
             if ring.header().state.load(Ordering::Acquire) == CLOSING {
                 self.inbox.free_closed(1 << index);
@@ -464,6 +480,106 @@ impl Shm {
             }
         }
         filled
+    }
+
+    /// Hands up to `max` packets of the rings to `handle` where they lie (no copy), up to
+    /// the first of a ring that needs a buffer (forwarded, or with an ICRC to check: left
+    /// for [`Shm::take`]); returns how many. The bytes are the producer's memory: each
+    /// header field is read once (`softverbs_proto`'s parse reads them into values), and
+    /// the payload is moved only by guarded copies, so a producer writing into a record
+    /// it published changes values the engine reads, never what it checked against what it
+    /// uses.
+    fn take_in_place(
+        &self,
+        local: Endpoint,
+        max: usize,
+        handle: &mut dyn FnMut(&Received, &[u8]),
+    ) -> usize {
+        let active = self.inbox.mapping.header().active.load(Ordering::Acquire);
+        if active == 0 || max == 0 || self.complete_icrc {
+            return 0;
+        }
+        let Ok(mut consumer) = self.consumer.try_lock() else {
+            return 0;
+        };
+        if !self.in_place.load(Ordering::Relaxed) {
+            self.in_place.store(true, Ordering::Relaxed);
+        }
+        let start = consumer.next;
+        let mut handed = 0;
+        for step in 0..RINGS {
+            let index = (start + step) % RINGS;
+            if active & (1 << index) == 0 {
+                continue;
+            }
+            let ring = self.inbox.mapping.ring(index);
+            let from = ring_sender(&ring);
+            let taken = ring.consume(|record, bytes| {
+                if handed == max || record.flags != 0 {
+                    return false;
+                }
+                if let Some(packet) = self.check(local, from, record, bytes) {
+                    handle(&packet, bytes);
+                    handed += 1;
+                }
+                true
+            });
+            if taken.is_err() {
+                self.broken(&ring, index);
+            }
+            if ring.header().state.load(Ordering::Acquire) == CLOSING {
+                self.inbox.free_closed(1 << index);
+            }
+            if handed == max {
+                consumer.next = (index + 1) % RINGS;
+                break;
+            }
+        }
+        crate::transport::add(&self.in_place_packets, handed);
+        handed
+    }
+
+    /// Drops what is left in a ring found inconsistent (counted); the sender's next
+    /// records start clean.
+    fn broken(&self, ring: &Ring, index: usize) {
+        tracing::warn!(
+            ring = index,
+            "a shared-memory ring is inconsistent: dropped"
+        );
+        crate::transport::bump(&self.counters.dropped_malformed);
+        let header = ring.header();
+        header
+            .head
+            .store(header.tail.load(Ordering::Acquire), Ordering::Release);
+    }
+
+    /// Checks a packet from a ring sent without an ICRC: its length, and the headers the
+    /// receiver derives for it; `None` (counted) if dropped.
+    fn check(
+        &self,
+        local: Endpoint,
+        from: IpAddr,
+        record: ring::Record,
+        bytes: &[u8],
+    ) -> Option<Received> {
+        if !plausible_packet_len(bytes.len()) {
+            self.counters.count_drop(DropReason::Malformed);
+            return None;
+        }
+        let from = Endpoint::new(from, record.src_port);
+        let (ip, udp) = path_headers(&from, &local, record.src_port, 0, HOP_LIMIT, bytes.len())
+            .map_err(|_| self.counters.count_drop(DropReason::Malformed))
+            .ok()?;
+        self.counters.count_received(bytes.len());
+        Some(Received {
+            from,
+            to: local,
+            len: bytes.len(),
+            ip,
+            udp,
+            icrc_checked: false,
+            shared_memory: true,
+        })
     }
 
     /// Checks a packet from a ring and copies it into `buf`; `None` (counted) if dropped.
@@ -662,7 +778,14 @@ impl Shm {
         record.extend_from_slice(bytes);
         let ring = peer.inbox.ring();
         let mut producer = ring.producer();
-        if self.push(peer, &mut producer, packet.from.port(), FORWARDED, record) {
+        if self.push(
+            peer,
+            &mut producer,
+            packet.from.port(),
+            FORWARDED,
+            (record, 0, &[]),
+        ) == Pushed::Yes
+        {
             producer.publish();
             self.counters.count_sent(bytes.len());
             self.ring_doorbell(peer);
@@ -844,6 +967,39 @@ impl HostTransport {
         &self.udp
     }
 
+    /// Sends `packets` over UDP, their payload left for later read first (one whose
+    /// region faulted is lost, `crate::deferred`); returns how many were sent.
+    fn send_wire(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+        // Collects nothing (allocates nothing) unless a region faulted.
+        let lost: Vec<usize> = packets
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, packet)| (!packet.fill_deferred()).then_some(index))
+            .collect();
+        if lost.is_empty() {
+            return self.udp.send_batch(packets);
+        }
+        let mut kept: Vec<OutgoingPacket<'_>> = Vec::with_capacity(packets.len());
+        let mut indices = Vec::with_capacity(packets.len());
+        for (index, packet) in packets.iter_mut().enumerate() {
+            packet.sent = None;
+            if !lost.contains(&index) {
+                indices.push(index);
+                kept.push(OutgoingPacket::new(
+                    packet.to,
+                    packet.src_port,
+                    &mut *packet.bytes,
+                ));
+            }
+        }
+        let sent = self.udp.send_batch(&mut kept);
+        let results: Vec<Option<Sent>> = kept.into_iter().map(|packet| packet.sent).collect();
+        for (index, result) in indices.into_iter().zip(results) {
+            packets[index].sent = result;
+        }
+        sent
+    }
+
     /// Receives from the rings and the socket; `Ok(0)` if neither had a packet.
     fn receive_now(
         &self,
@@ -948,12 +1104,17 @@ impl HostTransport {
         };
         let ring = peer.inbox.ring();
         let mut producer = ring.producer();
-        if shm.push(peer, &mut producer, src_port, flags, bytes) {
-            producer.publish();
-            shm.counters.count_sent(bytes.len());
-            shm.ring_doorbell(peer);
-        } else if let Some(slot) = slot {
-            shm.full(&mut routes, (*to, slot));
+        match shm.push(peer, &mut producer, src_port, flags, (bytes, 0, &[])) {
+            Pushed::Yes => {
+                producer.publish();
+                shm.counters.count_sent(bytes.len());
+                shm.ring_doorbell(peer);
+            }
+            Pushed::Full | Pushed::Refused => {
+                if let Some(slot) = slot {
+                    shm.full(&mut routes, (*to, slot));
+                }
+            }
         }
         true
     }
@@ -1016,17 +1177,16 @@ impl Transport for HostTransport {
                             HOP_LIMIT,
                             packet.bytes.len(),
                         );
-                        match headers {
-                            Ok((ip, udp))
-                                if shm.push(
-                                    peer,
-                                    &mut producer,
-                                    packet.src_port,
-                                    0,
-                                    packet.bytes,
-                                ) =>
-                            {
+                        let contents = (&*packet.bytes, packet.deferred_base, packet.deferred);
+                        match headers.map(|headers| {
+                            let pushed =
+                                shm.push(peer, &mut producer, packet.src_port, 0, contents);
+                            (headers, pushed)
+                        }) {
+                            Ok(((ip, udp), Pushed::Yes)) => {
                                 shm.counters.count_sent(packet.bytes.len());
+                                let direct = packet.deferred.iter().map(|piece| piece.len).sum();
+                                crate::transport::add(&shm.direct_bytes, direct);
                                 packet.sent = Some(Sent {
                                     from: local,
                                     ip,
@@ -1035,10 +1195,12 @@ impl Transport for HostTransport {
                                 });
                                 pushed += 1;
                             }
-                            Ok(_) => {
+                            Ok((_, Pushed::Full)) => {
                                 packet.sent = None;
                                 refused = true;
                             }
+                            // Its region faulted: lost (`crate::deferred`).
+                            Ok((_, Pushed::Refused)) => packet.sent = None,
                             Err(error) => {
                                 tracing::debug!(%error, to = %to, "send failed");
                                 packet.sent = None;
@@ -1063,7 +1225,7 @@ impl Transport for HostTransport {
             return sent;
         }
         if wire.len() == 1 && wire[0] == (0..packets.len()) {
-            return self.udp.send_batch(packets);
+            return sent + self.send_wire(packets);
         }
         // The packets for UDP, in order, as one batch.
         let mut batch: Vec<OutgoingPacket<'_>> = Vec::new();
@@ -1075,16 +1237,18 @@ impl Transport for HostTransport {
             let (run, tail) = tail.split_at_mut(range.len());
             for (offset, packet) in run.iter_mut().enumerate() {
                 wire_indices.push(range.start + offset);
-                batch.push(OutgoingPacket::new(
+                batch.push(OutgoingPacket::with_deferred(
                     packet.to,
                     packet.src_port,
                     packet.bytes,
+                    packet.deferred_base,
+                    packet.deferred,
                 ));
             }
             rest = tail;
             at = range.end;
         }
-        sent += self.udp.send_batch(&mut batch);
+        sent += self.send_wire(&mut batch);
         let results: Vec<Option<Sent>> = batch.into_iter().map(|packet| packet.sent).collect();
         for (index, result) in wire_indices.into_iter().zip(results) {
             packets[index].sent = result;
@@ -1139,6 +1303,15 @@ impl Transport for HostTransport {
         }
     }
 
+    /// Packets of the rings sent without an ICRC (a device of another process that
+    /// neither captures nor injects faults), handed where they lie.
+    fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
+        match &self.shm {
+            Some(shm) => shm.take_in_place(self.local, max, handle),
+            None => 0,
+        }
+    }
+
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
         match &self.shm {
             Some(shm) => self.wait(shm, Some(timeout)),
@@ -1163,6 +1336,12 @@ impl Transport for HostTransport {
             shm.clear_doorbell();
             false
         }
+    }
+
+    /// With an inbox: the payload of a packet for a ring is read from its region into
+    /// the record (one copy), that of a packet for the socket into the packet first.
+    fn takes_deferred(&self) -> bool {
+        self.shm.is_some()
     }
 
     fn offer_direct_segments(&self) {
@@ -1263,6 +1442,8 @@ impl Transport for HostTransport {
             counters.dropped_undeliverable += shared.dropped_undeliverable;
             counters.shm_sent_packets = shared.sent_packets;
             counters.shm_received_packets = shared.received_packets;
+            counters.shm_direct_bytes = shm.direct_bytes.load(Ordering::Relaxed);
+            counters.shm_in_place_packets = shm.in_place_packets.load(Ordering::Relaxed);
         }
         counters
     }

@@ -189,6 +189,17 @@ impl Ring {
     }
 }
 
+/// What [`Producer::push_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// The record is appended.
+    Yes,
+    /// No room (or too long, or the ring is inconsistent).
+    Full,
+    /// The writer refused: nothing appended.
+    Refused,
+}
+
 /// Records being written into a [`Ring`]; [`Producer::publish`] makes them visible.
 pub(crate) struct Producer<'a> {
     ring: &'a Ring,
@@ -200,16 +211,34 @@ pub(crate) struct Producer<'a> {
 impl Producer<'_> {
     /// Appends a packet; false if the ring has no room for it (or the packet is too long
     /// for a record), or if the ring is inconsistent.
+    #[cfg(test)]
     pub(crate) fn push(&mut self, src_port: u16, flags: u16, packet: &[u8]) -> bool {
+        self.push_with(src_port, flags, packet.len(), |record| {
+            record.copy_from_slice(packet);
+            true
+        }) == Pushed::Yes
+    }
+
+    /// Appends a packet of `len` bytes that `write` writes into the record (all of it);
+    /// [`Pushed::Full`] if the ring has no room for it (or it is too long for a record, or
+    /// the ring is inconsistent), [`Pushed::Refused`] if `write` returned false (nothing
+    /// was appended).
+    pub(crate) fn push_with(
+        &mut self,
+        src_port: u16,
+        flags: u16,
+        len: usize,
+        write: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Pushed {
         let cap = self.ring.cap;
-        if packet.len() > self.ring.max_packet() {
-            return false;
+        if len > self.ring.max_packet() {
+            return Pushed::Full;
         }
         let used = self.tail.wrapping_sub(self.head);
         if used > cap as u64 {
-            return false;
+            return Pushed::Full;
         }
-        let record = padded(packet.len());
+        let record = padded(len);
         let mut offset = (self.tail % cap as u64) as usize;
         let to_end = cap - offset;
         let need = if record <= to_end {
@@ -222,7 +251,7 @@ impl Producer<'_> {
             self.head = self.ring.header().head.load(Ordering::Acquire);
             let used = self.tail.wrapping_sub(self.head);
             if used > cap as u64 || (cap as u64 - used) < need as u64 {
-                return false;
+                return Pushed::Full;
             }
         }
         if record > to_end {
@@ -231,20 +260,23 @@ impl Producer<'_> {
             self.tail += to_end as u64;
             offset = 0;
         }
-        let word = packet.len() as u64 | (u64::from(src_port) << 32) | (u64::from(flags) << 48);
+        let word = len as u64 | (u64::from(src_port) << 32) | (u64::from(flags) << 48);
         // SAFETY: `offset + record <= cap` (room checked above), in the data area, and not
-        // visible to the consumer before `publish`.
-        unsafe {
+        // visible to the consumer before `publish` (nor read by it: it stops at `tail`),
+        // so this producer's alone.
+        let written = unsafe {
             ptr::write(self.ring.data.add(offset) as *mut u64, word);
-            ptr::copy_nonoverlapping(
-                packet.as_ptr(),
+            write(std::slice::from_raw_parts_mut(
                 self.ring.data.add(offset + RECORD_HEADER),
-                packet.len(),
-            );
+                len,
+            ))
+        };
+        if !written {
+            return Pushed::Refused;
         }
         self.tail += record as u64;
         self.written += 1;
-        true
+        Pushed::Yes
     }
 
     /// Makes every record pushed so far visible to the consumer; returns how many. More
