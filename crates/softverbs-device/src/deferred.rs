@@ -1,26 +1,33 @@
-//! Payload read where the packet is written: one copy from a registered region to a peer's
-//! ring instead of two.
+//! Payload read where it goes: one copy from a registered region to the peer instead of
+//! two.
 //!
-//! A device whose packets may go into the shared-memory inbox of a device of another
-//! process (`shm`) lets its memory table leave the engine's reads of payload for later
-//! (`MemoryTable::defer_reads`): the engine builds each packet as always — headers, and a
-//! payload whose region, bounds, key and access it checked — but the payload bytes are
-//! not copied into the packet buffer. Each such read is a [`Deferred`] piece: its place in
-//! the packet and the address of the bytes in the region. Where the packet goes decides
-//! what happens to it:
+//! A device whose packets go to devices of this process, or (through its transport) into
+//! the shared-memory inbox of a device of another process (`shm`), lets its memory table
+//! leave the engine's reads of payload for later (`MemoryTable::defer_reads`): the engine
+//! builds each packet as always — headers, and a payload whose region, bounds, key and
+//! access it checked — but the payload bytes are not copied into the packet buffer. Each
+//! such read is a [`Deferred`] piece: its place in the packet and the address of the bytes
+//! in the region. Where the packet goes decides what happens to it:
 //!
-//! - into a ring: the record is written from the packet buffer and, for the pieces, straight
-//!   from the region ([`write_packet`]) — the payload moves once on the sending side;
-//! - anywhere else (the socket, a device of this process): the pieces are read into the
-//!   packet buffer first ([`fill`]), which is the copy the engine would have made.
+//! - into a ring: the record is written from the packet buffer and, for the pieces,
+//!   straight from the region ([`write_packet`]) — the payload moves once on the sending
+//!   side;
+//! - to a device of this process: the packet is handed over with its pieces, and the
+//!   receiver's writes of its payload into a region take the pieces' bytes straight from
+//!   the sender's region (`MemoryTable::supply_from`) — the payload moves once in all;
+//! - anywhere else (the socket, a capture): the pieces are read into the packet buffer
+//!   first ([`fill`]), which is the copy the engine would have made.
 //!
-//! The reads happen after the device's state lock is released, as the packet leaves: a
-//! region deregistered (and unmapped) meanwhile is read through the guarded copy
-//! ([`crate::guarded`]), so a page that is gone is a fault, never a crash. A piece that
-//! faults marks its region as a read at build time would have (later accesses fail; the
-//! requester's retransmission then completes with `IBV_WC_LOC_PROT_ERR`) and the packet is
-//! not sent: it is lost, never sent with bytes that are not the region's. Only on x86-64,
-//! where the guarded copy tolerates faults (elsewhere reads are never left for later).
+//! The reads happen after the sending device's state lock is released, as the packet
+//! leaves or is handled: a region deregistered (and unmapped) meanwhile is read through
+//! the guarded copy ([`crate::guarded`]), so a page that is gone is a fault, never a crash.
+//! A piece that faults marks its region as a read at build time would have (later accesses
+//! fail; the requester's retransmission then completes with `IBV_WC_LOC_PROT_ERR`) and the
+//! packet is lost, never delivered with bytes that are not the region's (a receiver of
+//! this process checks the pieces' pages before it handles the packet, [`readable_all`];
+//! a page unmapped after that check fails the write as a fault of the packet, without
+//! marking the receiver's region). Only on x86-64, where the guarded copy tolerates faults
+//! (elsewhere reads are never left for later).
 
 use crate::memory::shared::copy_from_shared;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,6 +57,20 @@ impl Deferred {
         }
     }
 
+    /// Marks the piece's region: reading it faulted.
+    pub(crate) fn mark_faulted(&self, fault: crate::guarded::Faulted) {
+        if !self.faulted.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                addr = format_args!("{:#x}", self.src),
+                len = self.len,
+                moved = fault.moved,
+                "registered memory is no longer mapped (unmapped or freed while \
+                     registered): the packet carrying its bytes is lost, and every later \
+                     access to the region fails"
+            );
+        }
+    }
+
     /// Reads the piece into `dst` (`len` bytes); false if the region faulted (marked).
     fn read_into(&self, dst: &mut [u8]) -> bool {
         debug_assert_eq!(dst.len(), self.len);
@@ -61,20 +82,42 @@ impl Deferred {
         match unsafe { copy_from_shared(self.src as *const u8, dst) } {
             Ok(()) => true,
             Err(fault) => {
-                if !self.faulted.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        addr = format_args!("{:#x}", self.src),
-                        len = self.len,
-                        moved = fault.moved,
-                        "registered memory is no longer mapped (unmapped or freed while \
-                         registered): the packet is not sent, and every later access to the \
-                         region fails"
-                    );
-                }
+                self.mark_faulted(fault);
                 false
             }
         }
     }
+}
+
+/// Whether the byte at `addr` can be read now (a guarded read of it does not fault).
+pub(crate) fn readable(addr: usize) -> bool {
+    let mut byte = [0u8; 1];
+    // SAFETY: one byte, read through the guarded copy: a page that is not mapped is a
+    // fault reported, never a crash; `byte` is this function's.
+    unsafe { copy_from_shared(addr as *const u8, &mut byte) }.is_ok()
+}
+
+/// Whether every page of every piece can be read now; a piece with a page that cannot
+/// is marked (its region faulted). A device of this process handed a packet with pieces
+/// checks this before handling it: a packet whose sender's memory is gone is lost, as a
+/// packet whose gather faulted is never sent (the requester's retransmission reports it),
+/// and the receiver's engine never meets the sender's fault.
+pub(crate) fn readable_all(pieces: &[Deferred]) -> bool {
+    const PAGE: usize = 4096;
+    pieces.iter().all(|piece| {
+        let end = piece.src.saturating_add(piece.len);
+        let mut at = piece.src;
+        while at < end {
+            if !readable(at) {
+                piece.mark_faulted(crate::guarded::Faulted {
+                    moved: at - piece.src,
+                });
+                return false;
+            }
+            at = (at / PAGE + 1) * PAGE;
+        }
+        true
+    })
 }
 
 /// Reads `pieces` into the packet `bytes`, whose first byte is at offset `base` of the
@@ -201,5 +244,18 @@ mod tests {
         assert!(!write_packet(&bytes, 0, &pieces, &mut dst));
         assert!(mark.load(Ordering::Relaxed), "the region is marked");
         assert!(!fill(&mut [0u8; 72], 0, &pieces));
+        // A receiver of this process checks the pages first.
+        let other = Arc::new(AtomicBool::new(false));
+        let here = [0u8; 16];
+        assert!(readable_all(&[piece(0, &here, &other)]));
+        let gone_piece = Deferred {
+            faulted: other.clone(),
+            ..pieces[0].clone()
+        };
+        assert!(!readable_all(&[piece(0, &here, &other), gone_piece]));
+        assert!(
+            other.load(Ordering::Relaxed),
+            "the gone piece's region is marked"
+        );
     }
 }

@@ -6,13 +6,18 @@
 //! and PSN accounting (a READ's responses, IBTA vol. 1 §9.4.4) are the same. Devices that
 //! capture, inject faults or send through their sockets keep path-MTU packets: those are
 //! the wire's.
+//!
+//! Between two devices of one process a payload moves once, from the sender's registered
+//! region straight into the receiver's (the sender leaves its reads for later, the
+//! receiver's writes take the bytes from the sender's region), for a WRITE, a READ's
+//! responses and a SEND scattered across receive SGEs alike.
 
 mod common;
 
 use common::rc::{connect, side, wait_for, Side};
 use softverbs_cq::WcOpcode;
 use softverbs_device::{DeviceConfig, UdpConfig};
-use softverbs_proto::{Mtu, SendOp, SendWr, Sge};
+use softverbs_proto::{Mtu, RecvWr, SendOp, SendWr, Sge};
 use std::net::{IpAddr, Ipv4Addr};
 
 /// The message: 60,000 bytes, 59 packets at `connect`'s path MTU of 1024.
@@ -65,6 +70,44 @@ fn write_then_read(a: &mut Side, b: &mut Side) -> (u64, u64) {
     (write_packets, read_responses)
 }
 
+/// The SEND: 40,000 bytes, two 32 KiB packets.
+const SEND_LEN: u32 = 40_000;
+
+/// A SEND of [`SEND_LEN`] bytes of a pattern from `a` at offset 0, scattered by `b` across
+/// two receive SGEs (at 0 and 20,000 of its buffer); checks the bytes that arrived.
+fn send_across_two_sges(a: &mut Side, b: &mut Side) {
+    for (i, byte) in a.buf[..SEND_LEN as usize].iter_mut().enumerate() {
+        *byte = (i % 241) as u8;
+    }
+    let first = 10_000;
+    let recv = RecvWr {
+        wr_id: 7,
+        sg_list: vec![sge(b, 0, first), sge(b, 20_000, SEND_LEN - first)],
+    };
+    b.device.post_recv(b.qpn, recv).unwrap();
+    a.device
+        .post_send(
+            a.qpn,
+            SendWr::new(3, SendOp::Send, vec![sge(a, 0, SEND_LEN)]),
+        )
+        .unwrap();
+    wait_for(a, 1)[0].result().expect("the send completes");
+    let received = wait_for(b, 1);
+    let got = received[0].result().expect("the receive completes");
+    assert_eq!(got.byte_len(), SEND_LEN);
+    let (head, tail) = a.buf[..SEND_LEN as usize].split_at(first as usize);
+    assert_eq!(&b.buf[..first as usize], head);
+    assert_eq!(&b.buf[20_000..20_000 + tail.len()], tail);
+}
+
+/// The payload bytes each of `a` and `b` wrote straight from the other's region.
+fn direct(a: &Side, b: &Side) -> (u64, u64) {
+    (
+        a.device.stats().direct_payload_bytes,
+        b.device.stats().direct_payload_bytes,
+    )
+}
+
 #[test]
 fn qps_of_two_devices_of_one_process_send_32_kib_packets() {
     let (mut a, mut b) = (
@@ -74,6 +117,15 @@ fn qps_of_two_devices_of_one_process_send_32_kib_packets() {
     connect(&a, &b);
     let (write, read) = write_then_read(&mut a, &mut b);
     assert_eq!((write, read), (2, 2), "60,000 bytes in 32 KiB packets");
+    // One copy, from region to region: B wrote the WRITE's bytes straight from A's
+    // region, A the READ's responses straight from B's (no packet buffer between).
+    assert_eq!(direct(&a, &b), (u64::from(LEN), u64::from(LEN)));
+    send_across_two_sges(&mut a, &mut b);
+    assert_eq!(
+        direct(&a, &b),
+        (u64::from(LEN), u64::from(LEN + SEND_LEN)),
+        "the SEND's bytes too, into both receive SGEs"
+    );
     for side in [&a, &b] {
         let (attr, _) = side.device.query_qp(side.qpn).unwrap();
         assert_eq!(
@@ -98,4 +150,10 @@ fn qps_whose_packets_take_the_sockets_keep_path_mtu_packets() {
     connect(&a, &b);
     let (write, read) = write_then_read(&mut a, &mut b);
     assert_eq!((write, read), (59, 59), "60,000 bytes at a 1024 MTU");
+    send_across_two_sges(&mut a, &mut b);
+    assert_eq!(
+        direct(&a, &b),
+        (0, 0),
+        "through the sockets: packets carry the bytes"
+    );
 }

@@ -81,6 +81,13 @@ struct Outgoing {
     deferred: Vec<Deferred>,
 }
 
+/// The payload pieces of one packet of [`Outgoing`] left to be read, and their range in
+/// its `deferred`.
+struct Pieces<'a> {
+    own: &'a [Deferred],
+    range: std::ops::Range<usize>,
+}
+
 /// One packet of [`Outgoing`]: the next `len` bytes.
 #[derive(Clone, Copy)]
 struct OutgoingSlot {
@@ -158,10 +165,11 @@ impl Outgoing {
     }
 
     /// The packets, each with its bytes, its offset in the run's bytes and its pieces
-    /// left to be read (offsets in the run's bytes).
-    fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8], usize, &[Deferred])> {
+    /// left to be read (offsets in the run's bytes; their range in `deferred`).
+    fn split(&mut self) -> impl Iterator<Item = (&OutgoingSlot, &mut [u8], usize, Pieces<'_>)> {
         let mut rest: &mut [u8] = &mut self.bytes[..self.used];
         let mut pieces: &[Deferred] = &self.deferred;
+        let mut first = 0;
         let mut at = 0;
         self.packets.iter().map(move |slot| {
             let (bytes, tail) = std::mem::take(&mut rest).split_at_mut(slot.len);
@@ -171,7 +179,9 @@ impl Outgoing {
             let mine = pieces.iter().take_while(|piece| piece.at < at).count();
             let (own, later) = pieces.split_at(mine);
             pieces = later;
-            (slot, bytes, start, own)
+            let range = first..first + mine;
+            first += mine;
+            (slot, bytes, start, Pieces { own, range })
         })
     }
 }
@@ -220,11 +230,13 @@ enum Handed {
     Own(Vec<u8>),
     /// `len` bytes at `at` of the sending run's packets, handed over as they were built:
     /// no copy. The last packet of the run to be handled gives the buffer back to the
-    /// thread's spares.
+    /// thread's spares. `pieces` (a range of the run's `deferred`): its payload left in
+    /// the sender's regions, which the receiver writes straight into its own.
     Run {
         run: Rc<Outgoing>,
         at: usize,
         len: usize,
+        pieces: std::ops::Range<usize>,
     },
 }
 
@@ -232,7 +244,18 @@ impl Handed {
     fn bytes(&self) -> &[u8] {
         match self {
             Handed::Own(bytes) => bytes,
-            Handed::Run { run, at, len } => &run.bytes[*at..*at + *len],
+            Handed::Run { run, at, len, .. } => &run.bytes[*at..*at + *len],
+        }
+    }
+
+    /// The payload left in the sender's regions, and where the packet starts in the buffer
+    /// their offsets count in.
+    fn pieces(&self) -> (&[Deferred], usize) {
+        match self {
+            Handed::Own(_) => (&[], 0),
+            Handed::Run {
+                run, at, pieces, ..
+            } => (run.deferred.get(pieces.clone()).unwrap_or_default(), *at),
         }
     }
 
@@ -257,7 +280,14 @@ type LocalQueue = VecDeque<HandedOver>;
 
 /// A packet of a run for a device of this process: (device, address sent to, UDP source
 /// port, offset and length in the run's bytes).
-type LocalTarget = (Arc<DeviceInner>, IpAddr, u16, usize, usize);
+type LocalTarget = (
+    Arc<DeviceInner>,
+    IpAddr,
+    u16,
+    usize,
+    usize,
+    std::ops::Range<usize>,
+);
 
 /// [`Outgoing`]s a thread keeps (runs nest as deep as devices of this process hand
 /// packets to each other within one delivery; more than this are dropped when done).
@@ -298,7 +328,8 @@ thread_local! {
     static OUTGOING: RefCell<Vec<Outgoing>> = const { RefCell::new(Vec::new()) };
 
     /// Where the packets of a run for devices of this process go, kept from run to run:
-    /// (device, address sent to, UDP source port, offset and length in the run's bytes).
+    /// (device, address sent to, UDP source port, offset and length in the run's bytes,
+    /// its pieces in the run's `deferred`).
     static LOCAL_TARGETS: RefCell<Vec<LocalTarget>> = const { RefCell::new(Vec::new()) };
 
     /// Buffers of runs whose packets were handed over and handled, for the next run to
@@ -378,13 +409,13 @@ impl DeviceInner {
     /// Collects transmits, completions and events from the engine.
     fn drain(&self, st: &mut State, now: u64, outgoing: &mut Outgoing) {
         let State { engine, memory, .. } = st;
-        // Payload read as the packets leave, straight into a peer's ring, where the
-        // transport can (`crate::deferred`).
+        // Payload read as the packets leave, straight into a peer's ring or region, where
+        // the transport can or no transport is in between (`crate::deferred`).
         let defer = self.tap.is_none()
             && self
                 .transport
                 .as_ref()
-                .is_some_and(|transport| transport.takes_deferred());
+                .is_none_or(|transport| transport.takes_deferred());
         // Local operations (binds, local invalidations) and packets in turn: a local
         // operation runs once it heads its send queue, and what follows it is sent only
         // after. Every round retires work requests or sends packets, so the send queues
@@ -494,20 +525,23 @@ impl DeviceInner {
                     .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade))
                     .filter(|peer| peer.owns_packet(bytes));
                 match peer {
-                    // Its payload read now, if it was left for later (a packet whose
-                    // region faulted is lost).
-                    Some(peer) => {
-                        if crate::deferred::fill(bytes, at, pieces) {
-                            local.push((peer, dest, slot.src_port, at, len));
-                        }
-                    }
+                    // Its payload, if left for later, read by the receiver straight into
+                    // its region (one copy).
+                    Some(peer) => local.push((peer, dest, slot.src_port, at, len, pieces.range)),
                     // An in-process device's multicast: a copy to every device of this
                     // process in the group (a UDP device's goes to the socket, and the
                     // kernel hands a copy to every group socket of the host).
                     None if dest.is_multicast() && self.transport.is_none() => {
                         if let Some(reg) = &reg {
                             for member in group_members(reg, dest) {
-                                local.push((member, dest, slot.src_port, at, len));
+                                local.push((
+                                    member,
+                                    dest,
+                                    slot.src_port,
+                                    at,
+                                    len,
+                                    pieces.range.clone(),
+                                ));
                             }
                         }
                     }
@@ -517,7 +551,7 @@ impl DeviceInner {
                             slot.src_port,
                             bytes,
                             at,
-                            pieces,
+                            pieces.own,
                         ));
                     }
                     None => {
@@ -546,7 +580,7 @@ impl DeviceInner {
             }
             LOCAL_DELIVERY.with(|cell| {
                 let mut queue = cell.borrow_mut();
-                for (to, dest, src_port, at, len) in local.drain(..) {
+                for (to, dest, src_port, at, len, pieces) in local.drain(..) {
                     queue.1.push_back(HandedOver {
                         to,
                         from,
@@ -556,6 +590,7 @@ impl DeviceInner {
                             run: Rc::clone(&run),
                             at,
                             len,
+                            pieces,
                         },
                         sent: None,
                     });
@@ -596,15 +631,19 @@ impl DeviceInner {
             Some(sent) => self.accept_framed(&sent, bytes.bytes(), from),
             None => {
                 if let Some(capture) = &self.capture {
-                    // The capture fills the ICRC of its own copy.
+                    // The capture fills the payload and the ICRC of its own copy.
                     let mut copy = bytes.bytes().to_vec();
-                    self.record_direct(capture, &mut copy, from, dest, src_port);
+                    let (pieces, origin) = bytes.pieces();
+                    if crate::deferred::fill(&mut copy, origin, pieces) {
+                        self.record_direct(capture, &mut copy, from, dest, src_port);
+                    }
                 }
                 true
             }
         };
         if accepted {
-            self.receive(bytes.bytes(), from, dest);
+            let (pieces, origin) = bytes.pieces();
+            self.receive(bytes.bytes(), from, dest, (origin, pieces));
         }
         bytes.release();
     }
@@ -649,12 +688,29 @@ impl DeviceInner {
     }
 
     /// Handles one packet from `from`.
-    fn receive(self: &Arc<Self>, bytes: &[u8], from: IpAddr, dest: IpAddr) {
+    /// Its payload at `pieces` (offsets from `origin` before `bytes`) is still in the
+    /// sender's regions: the writes of the payload read it from there.
+    fn receive(
+        self: &Arc<Self>,
+        bytes: &[u8],
+        from: IpAddr,
+        dest: IpAddr,
+        (origin, pieces): (usize, &[Deferred]),
+    ) {
         let grh = grh_bytes(from, dest, bytes.len());
         let now = DeviceClock::now();
         self.run(|st| {
             let State { engine, memory, .. } = st;
-            engine.handle_packet(now, bytes, Some(&grh), memory);
+            if pieces.is_empty() {
+                engine.handle_packet(now, bytes, Some(&grh), memory);
+            } else if !crate::deferred::readable_all(pieces) {
+                // The sender's memory is gone: the packet is lost (module `deferred`).
+                tracing::debug!(%from, "dropped a handed-over packet: its payload is gone");
+            } else {
+                memory.supply_from(bytes, origin, pieces);
+                engine.handle_packet(now, bytes, Some(&grh), memory);
+                memory.stop_supplying();
+            }
         });
     }
 
@@ -905,7 +961,7 @@ fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGu
         .split()
         // (A device with a stack reads no payload for later: `pieces` is empty.)
         .filter_map(|(slot, bytes, at, pieces)| {
-            crate::deferred::fill(bytes, at, pieces)
+            crate::deferred::fill(bytes, at, pieces.own)
                 .then(|| OutgoingPacket::new(slot.to, slot.src_port, bytes))
         })
         .collect();

@@ -123,6 +123,9 @@ pub struct DeviceStats {
     pub events: EventCounts,
     /// Accesses to registered memory that faulted (unmapped under a registration).
     pub faulted_accesses: u64,
+    /// Payload bytes the device wrote into its regions straight from the registered
+    /// region of a sender of this process (one copy between devices of a process).
+    pub direct_payload_bytes: u64,
     /// The pcap capture (`None` without one).
     pub capture: Option<CaptureCounts>,
 }
@@ -167,8 +170,8 @@ impl fmt::Display for DeviceStats {
         }
         write!(
             f,
-            "; cq: {}; events: {}; memory: faulted_accesses={}",
-            self.cq, self.events, self.faulted_accesses
+            "; cq: {}; events: {}; memory: faulted_accesses={} direct_payload_bytes={}",
+            self.cq, self.events, self.faulted_accesses, self.direct_payload_bytes
         )?;
         if let Some(capture) = &self.capture {
             write!(f, "; capture: {capture}")?;
@@ -199,7 +202,7 @@ impl Device {
     /// Everything the device counts, now.
     pub fn stats(&self) -> DeviceStats {
         let inner = &self.inner;
-        let (engine, faulted_accesses, cq) = {
+        let (engine, (faulted_accesses, direct_payload_bytes), cq) = {
             let st = lock(&inner.state);
             let mut cq = st.retired_cqs;
             for producer in st.cqs.values() {
@@ -207,7 +210,10 @@ impl Device {
             }
             (
                 st.engine.counters().clone(),
-                st.memory.faulted_accesses(),
+                (
+                    st.memory.faulted_accesses(),
+                    st.memory.direct_payload_bytes(),
+                ),
                 cq,
             )
         };
@@ -218,6 +224,7 @@ impl Device {
             cq,
             events: inner.events.counts(),
             faulted_accesses,
+            direct_payload_bytes,
             capture: inner.capture.as_ref().map(|c| CaptureCounts {
                 packets: c.packets(),
                 bytes: c.bytes(),

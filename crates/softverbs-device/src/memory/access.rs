@@ -56,7 +56,7 @@ impl MemoryTable {
 
     /// Records that an access to `slot`'s memory faulted.
     #[cold]
-    fn faulted(&self, slot: &Slot, what: &'static str, fault: Faulted) -> MemError {
+    pub(super) fn faulted(&self, slot: &Slot, what: &'static str, fault: Faulted) -> MemError {
         if slot.region.access.contains(AccessFlags::ON_DEMAND) {
             // An on-demand region: the page is not there now, which is the region's
             // normal life, not a broken promise. This access fails; the next one looks
@@ -173,6 +173,9 @@ impl Memory for MemoryTable {
     ) -> Result<(), MemError> {
         let offset = offset.checked_add(base).ok_or(MemError::OutOfBounds)?;
         let (slot, dst) = self.target(index, offset, data.len())?;
+        if let Some(result) = self.write_supplied(slot, dst, data) {
+            return result;
+        }
         // SAFETY: as in `read_region`: the range is inside a registered region whose memory
         // the registration keeps valid (a fault is reported, not fatal); `data` is engine
         // memory, not the region, and the copy writes nothing outside the range.

@@ -170,6 +170,23 @@ pub struct MemoryTable {
     /// Payload reads left for when the packet is written (`crate::deferred`), while
     /// [`MemoryTable::defer_reads`] is on.
     deferral: RefCell<Deferral>,
+    /// The payload pieces of the packet being handled that are still in the sender's
+    /// regions (a device of this process left them for later): writes of its payload
+    /// read them from there ([`MemoryTable::supply_from`]).
+    supply: Supply,
+    /// [`MemoryTable::direct_payload_bytes`].
+    direct_payload_bytes: AtomicU64,
+}
+
+/// See [`MemoryTable::supply_from`].
+#[derive(Debug, Default)]
+struct Supply {
+    /// The packet's bytes: address and length.
+    base: usize,
+    len: usize,
+    /// Where the packet starts in the buffer the pieces' offsets count in.
+    origin: usize,
+    pieces: Vec<Deferred>,
 }
 
 /// The reads [`MemoryTable`] leaves for later while a packet is built.
@@ -240,6 +257,94 @@ impl MemoryTable {
     #[inline]
     fn defer(&self, _slot: &Slot, _src: usize, _dst: &[u8]) -> bool {
         false
+    }
+
+    /// Until [`stop_supplying`](Self::stop_supplying): `packet` (starting at `origin` of the
+    /// buffer the offsets of `pieces` count in) is being handled, and its bytes at the
+    /// pieces' places are not there yet but in the sender's regions (a device of this
+    /// process that left its reads for later, `crate::deferred`). A write of the payload
+    /// into a region reads them from the sender's region: one copy from region to region.
+    pub(crate) fn supply_from(&mut self, packet: &[u8], origin: usize, pieces: &[Deferred]) {
+        self.supply.base = packet.as_ptr() as usize;
+        self.supply.len = packet.len();
+        self.supply.origin = origin;
+        self.supply.pieces.clear();
+        self.supply.pieces.extend_from_slice(pieces);
+    }
+
+    /// Writes take their bytes from where they are given again.
+    pub(crate) fn stop_supplying(&mut self) {
+        self.supply.pieces.clear();
+        self.supply.len = 0;
+    }
+
+    /// Writes `data` to `dst` (in `slot`'s region, checked) where `data` is part of the
+    /// packet being handled whose pieces are supplied: the pieces' bytes straight from the
+    /// sender's region, the rest from `data`. `None` if `data` is not such a part.
+    fn write_supplied(&self, slot: &Slot, dst: usize, data: &[u8]) -> Option<Result<(), MemError>> {
+        let supply = &self.supply;
+        if supply.pieces.is_empty() {
+            return None;
+        }
+        let start = (data.as_ptr() as usize).checked_sub(supply.base)?;
+        let end = start.checked_add(data.len())?;
+        if end > supply.len {
+            return None;
+        }
+        let mut at = start;
+        for piece in &supply.pieces {
+            let piece_start = piece.at.wrapping_sub(supply.origin);
+            let piece_end = piece_start.saturating_add(piece.len);
+            if piece_end <= at || piece_start >= end {
+                continue;
+            }
+            let from = piece_start.max(at);
+            let to = piece_end.min(end);
+            if from > at {
+                // SAFETY: `dst .. dst + data.len()` is inside the checked region; the bytes
+                // before the piece are the packet's own.
+                unsafe {
+                    shared::copy_to_shared(
+                        &data[at - start..from - start],
+                        (dst + (at - start)) as *mut u8,
+                    )
+                }
+                .map_err(|f| self.faulted(slot, "write", f))
+                .ok()?;
+            }
+            let src = piece.src + (from - piece_start);
+            // SAFETY: the destination as above; the source is inside the sender's region,
+            // which its engine checked when it built the packet; a page of either gone is
+            // a fault, reported (`crate::guarded`).
+            if let Err(fault) = unsafe {
+                guarded::copy(
+                    (dst + (from - start)) as *mut u8,
+                    src as *const u8,
+                    to - from,
+                )
+            } {
+                // Whose page is gone? Only a fault of the target marks the target.
+                let src_gone = !crate::deferred::readable(src + fault.moved);
+                return Some(Err(if src_gone {
+                    piece.mark_faulted(fault);
+                    MemError::Fault
+                } else {
+                    self.faulted(slot, "write", fault)
+                }));
+            }
+            self.direct_payload_bytes
+                .fetch_add((to - from) as u64, Ordering::Relaxed);
+            at = to;
+        }
+        if at < end {
+            // SAFETY: as above.
+            if let Err(f) = unsafe {
+                shared::copy_to_shared(&data[at - start..], (dst + (at - start)) as *mut u8)
+            } {
+                return Some(Err(self.faulted(slot, "write", f)));
+            }
+        }
+        Some(Ok(()))
     }
 
     /// Drops the pieces of the packet being built (the engine gave it up).
@@ -563,6 +668,13 @@ impl MemoryTable {
     /// faulted are not counted.
     pub fn faulted_accesses(&self) -> u64 {
         self.faulted_accesses.load(Ordering::Relaxed)
+    }
+
+    /// How many payload bytes writes into the table's regions took straight from the
+    /// registered region of a sender of this process ([`MemoryTable::supply_from`]): one
+    /// copy from region to region, no packet buffer between.
+    pub fn direct_payload_bytes(&self) -> u64 {
+        self.direct_payload_bytes.load(Ordering::Relaxed)
     }
 
     /// How many accesses to on-demand paging regions met a page that was not mapped (or

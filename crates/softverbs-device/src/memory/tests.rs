@@ -863,3 +863,60 @@ fn reads_of_a_packet_being_built_are_left_for_later_and_a_given_up_packet_leaves
     t.take_deferred(&mut pieces);
     assert!(pieces.is_empty());
 }
+
+/// A write of a handed-over packet's payload whose pieces are still in the sender's
+/// regions (`MemoryTable::supply_from`) takes those bytes from there and the rest from the
+/// packet, and counts them; a piece whose source page is gone fails the write with
+/// `MemError::Fault` and marks the *sender's* region, not this one (whose next access
+/// still works).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn supplied_writes_read_pieces_from_the_senders_region_and_blame_a_fault_on_it() {
+    use crate::deferred::Deferred;
+    use std::sync::atomic::AtomicBool;
+    let mut target = vec![0u8; 256];
+    let (mut t, r) = table_with(&mut target, AccessFlags::LOCAL_WRITE);
+    let sender: Vec<u8> = (0..100).map(|i| 100 + i as u8).collect();
+    let sender_mark = Arc::new(AtomicBool::new(false));
+    // A 40-byte packet at offset 500 of its run: bytes 10..30 are the sender's 20 bytes.
+    let packet: Vec<u8> = (0..40).map(|i| i as u8).collect();
+    let piece = Deferred {
+        at: 500 + 10,
+        len: 20,
+        src: sender.as_ptr() as usize + 5,
+        faulted: sender_mark.clone(),
+    };
+    t.supply_from(&packet, 500, &[piece]);
+    t.write(1, MemKey::Local(r.lkey), 0x1000, &packet[4..36])
+        .unwrap();
+    t.stop_supplying();
+    let mut expected: Vec<u8> = (4..10).collect();
+    expected.extend_from_slice(&sender[5..25]);
+    expected.extend(30..36u8);
+    assert_eq!(&target[..32], &expected[..]);
+    assert_eq!(t.direct_payload_bytes(), 20);
+
+    // The sender's page gone.
+    let gone = map(1, libc::PROT_READ | libc::PROT_WRITE);
+    unmap(gone, 1);
+    let piece = Deferred {
+        at: 500 + 10,
+        len: 20,
+        src: gone,
+        faulted: sender_mark.clone(),
+    };
+    t.supply_from(&packet, 500, &[piece]);
+    assert_eq!(
+        t.write(1, MemKey::Local(r.lkey), 0x1000, &packet[..40]),
+        Err(MemError::Fault)
+    );
+    t.stop_supplying();
+    assert!(
+        sender_mark.load(Ordering::Relaxed),
+        "the sender's region is marked"
+    );
+    assert_eq!(t.faulted_accesses(), 0, "not this table's fault");
+    t.write(1, MemKey::Local(r.lkey), 0x1000, &[9; 8])
+        .expect("this region still works");
+    assert_eq!(&target[..8], &[9; 8]);
+}
