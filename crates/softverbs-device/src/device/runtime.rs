@@ -355,13 +355,18 @@ impl DeviceInner {
     /// Runs `f` on the engine, then delivers what it produced: completions to their CQs,
     /// events to the async queue, packets (after the lock is released) to their peers.
     pub(super) fn run<R>(self: &Arc<Self>, f: impl FnOnce(&mut State) -> R) -> R {
-        self.run_holding(false, f)
+        self.run_at(DeviceClock::now(), false, f)
     }
 
-    /// [`run`](Self::run); with `hold_acks`, a run that produced nothing but ACKs keeps
-    /// them for the application's next post or poll ([`HeldAcks`]).
-    fn run_holding<R>(self: &Arc<Self>, hold_acks: bool, f: impl FnOnce(&mut State) -> R) -> R {
-        let now = DeviceClock::now();
+    /// [`run`](Self::run) at `now` (a clock reading the caller has); with `hold_acks`, a
+    /// run that produced nothing but ACKs keeps them for the application's next post or
+    /// poll ([`HeldAcks`]).
+    fn run_at<R>(
+        self: &Arc<Self>,
+        now: u64,
+        hold_acks: bool,
+        f: impl FnOnce(&mut State) -> R,
+    ) -> R {
         // The device's span (module doc of `device`): not over the delivery at the end of
         // the run, which runs other devices' engines.
         let span = self.span.enter();
@@ -372,7 +377,7 @@ impl DeviceInner {
     }
 
     /// The end of a run of the engine under `st` (and in the device's `span`): collects
-    /// what it produced, releases the lock and the span, then delivers it (`run_holding`).
+    /// what it produced, releases the lock and the span, then delivers it (`run_at`).
     fn end_run(
         self: &Arc<Self>,
         mut st: MutexGuard<'_, State>,
@@ -699,7 +704,7 @@ impl DeviceInner {
     ) {
         let grh = grh_bytes(from, dest, bytes.len());
         let now = DeviceClock::now();
-        self.run(|st| {
+        self.run_at(now, false, |st| {
             let State { engine, memory, .. } = st;
             if pieces.is_empty() {
                 engine.handle_packet(now, bytes, Some(&grh), memory);
@@ -762,7 +767,7 @@ impl DeviceInner {
             }
             handled += count;
             let now = DeviceClock::now();
-            self.run_holding(hold_acks, |st| {
+            self.run_at(now, hold_acks, |st| {
                 let State { engine, memory, .. } = st;
                 for (packet, buf) in received.iter().zip(bufs.iter()) {
                     let Some(bytes) = buf.get(..packet.len) else {
