@@ -71,7 +71,7 @@ use crate::guarded;
 use crate::mappings::{self, Pinned};
 use rustc_hash::FxHashMap;
 use softverbs_proto::{AccessFlags, MemError, MemKey, WindowBinding, WindowType};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -169,7 +169,7 @@ pub struct MemoryTable {
     unresolved_page_faults: AtomicU64,
     /// Payload reads left for when the packet is written (`crate::deferred`), while
     /// [`MemoryTable::defer_reads`] is on.
-    deferral: RefCell<Deferral>,
+    deferral: Deferral,
     /// The payload pieces of the packet being handled that are still in the sender's
     /// regions (a device of this process left them for later): writes of its payload
     /// read them from there ([`MemoryTable::supply_from`]).
@@ -189,16 +189,27 @@ struct Supply {
     pieces: Vec<Deferred>,
 }
 
-/// The reads [`MemoryTable`] leaves for later while a packet is built.
+/// The reads [`MemoryTable`] leaves for later while a packet is built (cells: set for
+/// every packet built, so kept cheap; the pieces only touched when a read is kept).
 #[derive(Debug, Default)]
 struct Deferral {
     /// Whether reads are left for later now.
-    on: bool,
+    on: Cell<bool>,
     /// The address of the packet buffer being built, and its offset in the run's bytes.
-    base: usize,
-    offset: usize,
+    base: Cell<usize>,
+    offset: Cell<usize>,
+    /// Whether `pieces` holds any.
+    kept: Cell<bool>,
     /// The pieces of the packet being built (offsets in the run's bytes).
-    pieces: Vec<Deferred>,
+    pieces: RefCell<Vec<Deferred>>,
+}
+
+impl Deferral {
+    fn clear(&self) {
+        if self.kept.replace(false) {
+            self.pieces.borrow_mut().clear();
+        }
+    }
 }
 
 /// Reads shorter than this are made at once (their copy costs less than keeping them).
@@ -212,23 +223,24 @@ impl MemoryTable {
     /// of a region that is not on-demand is kept as a [`Deferred`] piece instead of being
     /// copied (x86-64 only: elsewhere every read is made at once, module `deferred`).
     pub(crate) fn defer_reads(&self, buf: &[u8], offset: usize) {
-        let mut deferral = self.deferral.borrow_mut();
-        deferral.on = cfg!(target_arch = "x86_64");
-        deferral.base = buf.as_ptr() as usize;
-        deferral.offset = offset;
-        deferral.pieces.clear();
+        let deferral = &self.deferral;
+        deferral.on.set(cfg!(target_arch = "x86_64"));
+        deferral.base.set(buf.as_ptr() as usize);
+        deferral.offset.set(offset);
+        deferral.clear();
     }
 
     /// Moves the pieces of the packet just built to `into`.
     pub(crate) fn take_deferred(&self, into: &mut Vec<Deferred>) {
-        into.append(&mut self.deferral.borrow_mut().pieces);
+        if self.deferral.kept.replace(false) {
+            into.append(&mut self.deferral.pieces.borrow_mut());
+        }
     }
 
     /// Every read is made at once again; pieces not taken are dropped.
     pub(crate) fn stop_deferring(&self) {
-        let mut deferral = self.deferral.borrow_mut();
-        deferral.on = false;
-        deferral.pieces.clear();
+        self.deferral.on.set(false);
+        self.deferral.clear();
     }
 
     /// Keeps the read of `len` bytes at `src` into `dst` for later if reads are deferred
@@ -239,12 +251,13 @@ impl MemoryTable {
         if dst.len() < DEFER_AT_LEAST || slot.region.access.contains(AccessFlags::ON_DEMAND) {
             return false;
         }
-        let mut deferral = self.deferral.borrow_mut();
-        if !deferral.on {
+        let deferral = &self.deferral;
+        if !deferral.on.get() {
             return false;
         }
-        let at = deferral.offset + (dst.as_ptr() as usize).wrapping_sub(deferral.base);
-        deferral.pieces.push(Deferred {
+        let at = deferral.offset.get() + (dst.as_ptr() as usize).wrapping_sub(deferral.base.get());
+        deferral.kept.set(true);
+        deferral.pieces.borrow_mut().push(Deferred {
             at,
             len: dst.len(),
             src,
@@ -349,7 +362,7 @@ impl MemoryTable {
 
     /// Drops the pieces of the packet being built (the engine gave it up).
     fn abandon_deferred(&self) {
-        self.deferral.borrow_mut().pieces.clear();
+        self.deferral.clear();
     }
 }
 
