@@ -9,6 +9,22 @@
 //! concurrent arm (`notify.rs`) either sees the entry or is seen. What a full ring does is
 //! the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
 //! released.
+//!
+//! What a push costs beside a burst (issue 14, measured on the 2-vCPU benchmark machines with
+//! a two-thread model of benchmark 1, `benches/cq.rs`): a consumer that polls again at once
+//! runs either in lock-step with its producer, waiting on the slot being written (about one
+//! cache-line hand-off per completion), or behind it, taking lines in bulk (about two
+//! completions per hand-off). The owner-bit reference ring and a burst of 16 run in the second
+//! mode, [`CqProducer::push`] in the first (0.52x the reference). The checks are not what
+//! decides it: with the producer lock and the `bursts` count taken out, the same push (tail,
+//! `slow_at`, flags, slot, notification flag) ran at 0.99x; with the lock alone (even without
+//! its `busy` stores) or the count alone it stayed at 0.53x-0.6x, and bursts of 2 and 4 ran at
+//! about 0.8x and 0.9x. What tips it is the work done per slot before the slot is written:
+//! stores (a counter, spilled registers) and a reload, after the lock's compiler fence, of the
+//! completion the caller just built, which the CPU cannot forward from the caller's narrower
+//! stores. Which of these the compiler emits depends on the caller's loop, so a push that
+//! takes the lock once per completion cannot be relied on to reach the burst's rate; a
+//! producer with several completions at hand should use [`CqProducer::burst`].
 
 use super::biased_lock::Hold;
 use super::notify::ARM_NONE;
