@@ -684,7 +684,7 @@ impl MemoryTable {
     }
 
     /// How many payload bytes writes into the table's regions took straight from the
-    /// registered region of a sender of this process ([`MemoryTable::supply_from`]): one
+    /// registered region of a sender of this process (`MemoryTable::supply_from`): one
     /// copy from region to region, no packet buffer between.
     pub fn direct_payload_bytes(&self) -> u64 {
         self.direct_payload_bytes.load(Ordering::Relaxed)

@@ -435,26 +435,53 @@ impl Shm {
         }
     }
 
-    /// Takes packets out of the rings into `bufs` (from the front), appending one
-    /// [`Received`] each; returns how many.
-    fn take(&self, local: Endpoint, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) -> usize {
+    /// Visits the active rings once each, starting after the ring the last visit stopped
+    /// at (so no sender starves the others): `consume` takes records of a ring (from its
+    /// sender's address) and says whether the caller is full, which stops the visit there.
+    /// A ring found inconsistent is emptied, a closed one that is empty freed. Nothing is
+    /// visited while another thread consumes.
+    fn visit_rings(
+        &self,
+        mut consume: impl FnMut(&Ring, IpAddr) -> (Result<usize, ring::Broken>, bool),
+    ) {
         let active = self.inbox.mapping.header().active.load(Ordering::Acquire);
-        if active == 0 || bufs.is_empty() {
-            return 0;
+        if active == 0 {
+            return;
         }
         let Ok(mut consumer) = self.consumer.try_lock() else {
-            return 0;
+            return;
         };
         let start = consumer.next;
-        let mut filled = 0;
-        let in_place = self.in_place.load(Ordering::Relaxed);
         for step in 0..RINGS {
             let index = (start + step) % RINGS;
             if active & (1 << index) == 0 {
                 continue;
             }
             let ring = self.inbox.mapping.ring(index);
-            let from = ring_sender(&ring);
+            let (taken, full) = consume(&ring, ring_sender(&ring));
+            if taken.is_err() {
+                self.broken(&ring, index);
+            }
+            if ring.header().state.load(Ordering::Acquire) == CLOSING {
+                self.inbox.free_closed(1 << index);
+            }
+            if full {
+                consumer.next = (index + 1) % RINGS;
+                break;
+            }
+        }
+    }
+
+    /// Takes packets out of the rings into `bufs` (from the front), appending one
+    /// [`Received`] each; returns how many. Once the device takes packets in place, only
+    /// the records that cannot be taken so.
+    fn take(&self, local: Endpoint, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) -> usize {
+        if bufs.is_empty() {
+            return 0;
+        }
+        let mut filled = 0;
+        let in_place = self.in_place.load(Ordering::Relaxed);
+        self.visit_rings(|ring, from| {
             let taken = ring.consume(|record, bytes| {
                 if in_place && record.flags == 0 {
                     return false;
@@ -468,17 +495,8 @@ impl Shm {
                 }
                 true
             });
-            if taken.is_err() {
-                self.broken(&ring, index);
-            }
-            if ring.header().state.load(Ordering::Acquire) == CLOSING {
-                self.inbox.free_closed(1 << index);
-            }
-            if filled == bufs.len() {
-                consumer.next = (index + 1) % RINGS;
-                break;
-            }
-        }
+            (taken, filled == bufs.len())
+        });
         filled
     }
 
@@ -495,25 +513,14 @@ impl Shm {
         max: usize,
         handle: &mut dyn FnMut(&Received, &[u8]),
     ) -> usize {
-        let active = self.inbox.mapping.header().active.load(Ordering::Acquire);
-        if active == 0 || max == 0 || self.complete_icrc {
+        if max == 0 || self.complete_icrc {
             return 0;
         }
-        let Ok(mut consumer) = self.consumer.try_lock() else {
-            return 0;
-        };
         if !self.in_place.load(Ordering::Relaxed) {
             self.in_place.store(true, Ordering::Relaxed);
         }
-        let start = consumer.next;
         let mut handed = 0;
-        for step in 0..RINGS {
-            let index = (start + step) % RINGS;
-            if active & (1 << index) == 0 {
-                continue;
-            }
-            let ring = self.inbox.mapping.ring(index);
-            let from = ring_sender(&ring);
+        self.visit_rings(|ring, from| {
             let taken = ring.consume(|record, bytes| {
                 if handed == max || record.flags != 0 {
                     return false;
@@ -524,17 +531,8 @@ impl Shm {
                 }
                 true
             });
-            if taken.is_err() {
-                self.broken(&ring, index);
-            }
-            if ring.header().state.load(Ordering::Acquire) == CLOSING {
-                self.inbox.free_closed(1 << index);
-            }
-            if handed == max {
-                consumer.next = (index + 1) % RINGS;
-                break;
-            }
-        }
+            (taken, handed == max)
+        });
         crate::transport::add(&self.in_place_packets, handed);
         handed
     }
@@ -566,15 +564,29 @@ impl Shm {
             self.counters.count_drop(DropReason::Malformed);
             return None;
         }
+        let packet = self.derive(local, from, record, bytes.len())?;
+        self.counters.count_received(bytes.len());
+        Some(packet)
+    }
+
+    /// The headers the receiver derives for a packet of `len` bytes from a ring, as a
+    /// [`Received`] whose ICRC is not checked; `None` (counted as malformed) if a packet
+    /// that long cannot have them.
+    fn derive(
+        &self,
+        local: Endpoint,
+        from: IpAddr,
+        record: ring::Record,
+        len: usize,
+    ) -> Option<Received> {
         let from = Endpoint::new(from, record.src_port);
-        let (ip, udp) = path_headers(&from, &local, record.src_port, 0, HOP_LIMIT, bytes.len())
+        let (ip, udp) = path_headers(&from, &local, record.src_port, 0, HOP_LIMIT, len)
             .map_err(|_| self.counters.count_drop(DropReason::Malformed))
             .ok()?;
-        self.counters.count_received(bytes.len());
         Some(Received {
             from,
             to: local,
-            len: bytes.len(),
+            len,
             ip,
             udp,
             icrc_checked: false,
@@ -602,30 +614,19 @@ impl Shm {
             self.counters.count_drop(DropReason::Truncated);
             return None;
         };
-        let from = Endpoint::new(from, record.src_port);
-        let (ip, udp) = path_headers(&from, &local, record.src_port, 0, HOP_LIMIT, bytes.len())
-            .map_err(|_| self.counters.count_drop(DropReason::Malformed))
-            .ok()?;
-        let checked = record.flags & ICRC_FILLED != 0;
-        if checked && icrc::verify(&ip, &udp, bytes).is_err() {
+        let mut packet = self.derive(local, from, record, bytes.len())?;
+        packet.icrc_checked = record.flags & ICRC_FILLED != 0;
+        if packet.icrc_checked && icrc::verify(&packet.ip, &packet.udp, bytes).is_err() {
             self.counters.count_drop(DropReason::BadIcrc);
             return None;
         }
         slot.copy_from_slice(bytes);
-        if !checked && self.complete_icrc {
+        if !packet.icrc_checked && self.complete_icrc {
             // Shorter than an ICRC: refused as malformed above.
-            let _ = icrc::fill(&ip, &udp, slot);
+            let _ = icrc::fill(&packet.ip, &packet.udp, slot);
         }
         self.counters.count_received(bytes.len());
-        Some(Received {
-            from,
-            to: local,
-            len: bytes.len(),
-            ip,
-            udp,
-            icrc_checked: checked,
-            shared_memory: true,
-        })
+        Some(packet)
     }
 }
 
