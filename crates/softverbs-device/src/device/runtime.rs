@@ -733,16 +733,18 @@ impl DeviceInner {
         let mut handled = 0;
         // Packets in shared memory first, handled where they lie (no copy into a slot),
         // a batch per run; the state lock is taken only if there is one.
+        // (The clock too is read only then: a poll that finds nothing pays nothing.)
         for _ in 0..RECEIVE_ROUNDS {
-            let now = DeviceClock::now();
             let mut run = None;
             let count = transport.take_in_place(RECEIVE_SLOTS, &mut |packet, bytes| {
-                let (_, st) = run.get_or_insert_with(|| (self.span.enter(), lock(&self.state)));
+                let (_, st, now) = run.get_or_insert_with(|| {
+                    (self.span.enter(), lock(&self.state), DeviceClock::now())
+                });
                 let State { engine, memory, .. } = &mut **st;
                 let grh = grh_bytes(packet.from.addr(), packet.to.addr(), bytes.len());
-                engine.handle_packet(now, bytes, Some(&grh), memory);
+                engine.handle_packet(*now, bytes, Some(&grh), memory);
             });
-            if let Some((span, st)) = run {
+            if let Some((span, st, now)) = run {
                 self.end_run(st, span, now, hold_acks);
             }
             handled += count;

@@ -533,7 +533,9 @@ impl Shm {
             });
             (taken, handed == max)
         });
-        crate::transport::add(&self.in_place_packets, handed);
+        if handed > 0 {
+            crate::transport::add(&self.in_place_packets, handed);
+        }
         handed
     }
 
