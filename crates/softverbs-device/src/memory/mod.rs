@@ -316,14 +316,15 @@ impl MemoryTable {
             if from > at {
                 // SAFETY: `dst .. dst + data.len()` is inside the checked region; the bytes
                 // before the piece are the packet's own.
-                unsafe {
+                let before = unsafe {
                     shared::copy_to_shared(
                         &data[at - start..from - start],
                         (dst + (at - start)) as *mut u8,
                     )
+                };
+                if let Err(f) = before {
+                    return Some(Err(self.faulted(slot, "write", f)));
                 }
-                .map_err(|f| self.faulted(slot, "write", f))
-                .ok()?;
             }
             let src = piece.src + (from - piece_start);
             // SAFETY: the destination as above; the source is inside the sender's region,
