@@ -195,13 +195,23 @@ fn a_ping_pong_sends_the_reply_and_the_ack_it_overtakes_in_one_system_call() {
         a.device.transport_counters().unwrap(),
         b.device.transport_counters().unwrap(),
     );
-    for (name, before, after) in [("a", a0, a1), ("b", b0, b1)] {
+    let alone_sends = [&a, &b].map(|s| s.device.stats().progress_ack_sends);
+    for ((name, before, after), alone) in
+        [("a", a0, a1), ("b", b0, b1)].into_iter().zip(alone_sends)
+    {
         let calls = after.send_calls - before.send_calls;
         let packets = after.sent_packets - before.sent_packets;
-        let context = format!("{name}: {calls} send calls for {packets} packets, {ROUNDS} rounds");
+        let context = format!(
+            "{name}: {calls} send calls for {packets} packets, {ROUNDS} rounds, \
+             {alone} sends of ACKs alone by the progress thread"
+        );
         // A SEND and an ACK per round each way.
         assert!(packets >= 2 * ROUNDS, "{context}");
-        // One call per round; a little slack for an ACK the progress thread sent first.
-        assert!(calls * 10 <= ROUNDS * 12, "{context}");
+        // One call per round. On a loaded machine an application thread kept off the CPU
+        // leaves packets to the progress thread, which sends their ACKs alone (and those it
+        // held past 100 µs): those calls are counted and allowed, but a device that sends
+        // the ACK before the reply (about one call more per round) still fails.
+        assert!(alone * 2 < ROUNDS, "{context}");
+        assert!(calls <= ROUNDS + alone + ROUNDS / 100, "{context}");
     }
 }

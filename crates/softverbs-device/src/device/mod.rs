@@ -147,6 +147,8 @@ pub(crate) struct DeviceInner {
     /// Whether `tx` holds ACKs (read without the lock by a run deciding whether to take
     /// it; written under it).
     acks_held: AtomicBool,
+    /// Runs of the progress thread that sent ACKs alone (`DeviceStats::progress_ack_sends`).
+    progress_ack_sends: AtomicU64,
     /// Held from taking a packet off the transport until the engine has handled it, so
     /// packets are handled in the order they arrived whichever thread receives them.
     rx: Mutex<()>,
@@ -387,6 +389,7 @@ impl Device {
             handed_bad_icrc: AtomicU64::new(0),
             tx: Mutex::new(runtime::HeldAcks::default()),
             acks_held: AtomicBool::new(false),
+            progress_ack_sends: AtomicU64::new(0),
             rx: Mutex::new(()),
             fault_layer,
             events: AsyncEventQueue::new()?,

@@ -29,7 +29,7 @@ use crate::transport::{
 use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use softverbs_wire::icrc;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -338,10 +338,14 @@ thread_local! {
 
     /// This thread's receive buffers (taken while in use, as `OUTGOING`).
     static RECEIVE_BUFFERS: RefCell<Option<ReceiveBuffers>> = const { RefCell::new(None) };
+
+    /// Whether this thread is a device's progress thread.
+    static PROGRESS_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The progress thread of a device: rounds of progress until the device is dropped.
 pub(super) fn progress_loop(weak: Weak<DeviceInner>) {
+    PROGRESS_THREAD.with(|cell| cell.set(true));
     loop {
         let Some(inner) = weak.upgrade() else { return };
         if inner.shutdown.load(Ordering::Acquire) {
@@ -404,6 +408,9 @@ impl DeviceInner {
                 if self.acks_held.swap(false, Ordering::Relaxed) {
                     outgoing.prepend(&guard.0);
                     guard.0.clear();
+                }
+                if outgoing.only_acks() && PROGRESS_THREAD.with(Cell::get) {
+                    self.progress_ack_sends.fetch_add(1, Ordering::Relaxed);
                 }
                 self.send_all(&mut outgoing, guard);
             }
@@ -793,8 +800,8 @@ impl DeviceInner {
     /// Returns how many packets it received.
     pub(super) fn progress_once(self: &Arc<Self>, now: u64, wait: Option<Duration>) -> usize {
         // ACKs held for a post that did not come leave now, before anything else.
-        if self.acks_held.load(Ordering::Relaxed) {
-            self.send_held_acks();
+        if self.acks_held.load(Ordering::Relaxed) && self.send_held_acks() {
+            self.progress_ack_sends.fetch_add(1, Ordering::Relaxed);
         }
         let mut received = 0;
         let deadline = self.next_deadline.load(Ordering::Relaxed);
@@ -893,11 +900,11 @@ impl DeviceInner {
         received
     }
 
-    /// Sends the ACKs a receive run held ([`HeldAcks`]).
-    pub(super) fn send_held_acks(self: &Arc<Self>) {
+    /// Sends the ACKs a receive run held ([`HeldAcks`]); whether there were any.
+    pub(super) fn send_held_acks(self: &Arc<Self>) -> bool {
         let mut guard = lock(&self.tx);
         if !self.acks_held.swap(false, Ordering::Relaxed) {
-            return;
+            return false;
         }
         let mut outgoing = std::mem::take(&mut guard.0);
         self.send_all(&mut outgoing, guard);
@@ -907,6 +914,7 @@ impl DeviceInner {
         if guard.0.packets.is_empty() {
             guard.0 = outgoing;
         }
+        true
     }
 
     /// Handles everything already waiting on the transport before a timer fires, so an

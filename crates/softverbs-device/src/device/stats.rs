@@ -19,6 +19,7 @@ use softverbs_cq::CqStats;
 use softverbs_proto::Counters;
 use std::fmt;
 use std::io::Write;
+use std::sync::atomic::Ordering;
 
 /// The environment variable naming where a device's statistics line goes when the
 /// device is closed: `stderr` (or `-`), or a file the line is appended to. Unset: nothing
@@ -126,6 +127,11 @@ pub struct DeviceStats {
     /// Payload bytes the device wrote into its regions straight from the registered
     /// region of a sender of this process (one copy between devices of a process).
     pub direct_payload_bytes: u64,
+    /// Times the progress thread sent ACKs alone — of packets it received while the
+    /// application was not polling, or held for the application's next post that did not
+    /// come within 100 µs: send calls that a busy-polling ping-pong, whose ACKs leave with
+    /// its replies, does not make.
+    pub progress_ack_sends: u64,
     /// The pcap capture (`None` without one).
     pub capture: Option<CaptureCounts>,
 }
@@ -170,8 +176,13 @@ impl fmt::Display for DeviceStats {
         }
         write!(
             f,
-            "; cq: {}; events: {}; memory: faulted_accesses={} direct_payload_bytes={}",
-            self.cq, self.events, self.faulted_accesses, self.direct_payload_bytes
+            "; cq: {}; events: {}; memory: faulted_accesses={} direct_payload_bytes={}; \
+             acks: progress_ack_sends={}",
+            self.cq,
+            self.events,
+            self.faulted_accesses,
+            self.direct_payload_bytes,
+            self.progress_ack_sends
         )?;
         if let Some(capture) = &self.capture {
             write!(f, "; capture: {capture}")?;
@@ -225,6 +236,7 @@ impl Device {
             events: inner.events.counts(),
             faulted_accesses,
             direct_payload_bytes,
+            progress_ack_sends: inner.progress_ack_sends.load(Ordering::Relaxed),
             capture: inner.capture.as_ref().map(|c| CaptureCounts {
                 packets: c.packets(),
                 bytes: c.bytes(),
