@@ -449,7 +449,7 @@ fn segment_child(spec: &str) {
 fn a_large_write_and_read_between_processes_through_shared_memory_take_32_kib_packets() {
     segments_between_processes(
         "a_large_write_and_read_between_processes_through_shared_memory_take_32_kib_packets",
-        true,
+        Through::SharedMemory,
     );
 }
 
@@ -457,29 +457,132 @@ fn a_large_write_and_read_between_processes_through_shared_memory_take_32_kib_pa
 fn a_large_write_and_read_between_processes_over_udp_take_path_mtu_packets() {
     segments_between_processes(
         "a_large_write_and_read_between_processes_over_udp_take_path_mtu_packets",
-        false,
+        Through::Udp,
     );
 }
 
-fn segments_between_processes(name: &str, shared_memory: bool) {
+/// Set (to anything) in the process that runs
+/// [`a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus`] inside its own
+/// mount namespace.
+const FULL_SHM_ENV: &str = "SOFTVERBS_TEST_SHM_FULL";
+
+/// A device's inbox and its senders' rings are files in `/dev/shm`, a tmpfs that other
+/// programs fill too. A sender writes its packets into the rings through a shared
+/// mapping, and a write to a page that a full tmpfs cannot give is a `SIGBUS`, which
+/// would kill the sending program (mmap(2): "SIGBUS: attempted access to a page of the
+/// buffer that lies beyond the end of the mapped file", as tmpfs does for a page it has no
+/// room for). The sender must find that out before it writes — and talk RoCEv2 over UDP
+/// instead: the WRITE and READ of 60,000 bytes still complete with every byte, as on the
+/// wire (path-MTU packets, nothing through shared memory), and nobody dies.
+///
+/// The test runs itself again (as root, as the suite does) in a private mount namespace
+/// with a tmpfs of 600 MiB on `/dev/shm`, where the target's device makes its inbox; then
+/// a file takes every byte left, and the sender's process starts.
+#[test]
+fn a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus() {
+    const NAME: &str = "a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus";
+    if std::env::var(CHILD_ENV).is_ok() || std::env::var(FULL_SHM_ENV).is_ok() {
+        segments_between_processes(NAME, Through::SharedMemoryFull);
+        return;
+    }
+    assert_eq!(
+        // SAFETY: geteuid(2) has no preconditions.
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root: it mounts a tmpfs on /dev/shm in a mount namespace of its own"
+    );
+    let _alone = alone();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
+        .env(FULL_SHM_ENV, "1");
+    // SAFETY: between fork and exec the closure makes only system calls (unshare(2),
+    // mount(2)) with static strings; it allocates nothing and takes no lock.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let ok = |rc: libc::c_int| {
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            };
+            ok(libc::unshare(libc::CLONE_NEWNS))?;
+            ok(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            ok(libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/dev/shm".as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                c"size=600m,mode=1777".as_ptr().cast(),
+            ))
+        });
+    }
+    let status = command
+        .status()
+        .expect("run the test in a mount namespace of its own");
+    assert!(
+        status.success(),
+        "the test in its namespace failed: {status}"
+    );
+}
+
+/// Where the packets of [`segments_between_processes`] go.
+#[derive(Clone, Copy, PartialEq)]
+enum Through {
+    SharedMemory,
+    Udp,
+    /// Shared memory on, but `/dev/shm` full once the target's inbox is made.
+    SharedMemoryFull,
+}
+
+/// Takes every byte `/dev/shm` has left (a file of them, allocated).
+fn fill_dev_shm() {
+    use std::os::fd::AsRawFd;
+    let available = || {
+        // SAFETY: statvfs(3) fills the struct it is given from a NUL-terminated path.
+        unsafe {
+            let mut room: libc::statvfs = std::mem::zeroed();
+            assert_eq!(libc::statvfs(c"/dev/shm".as_ptr(), &mut room), 0);
+            room.f_bavail * room.f_frsize
+        }
+    };
+    let file = std::fs::File::create("/dev/shm/softverbs-test-filler").expect("a filler file");
+    // SAFETY: fallocate(2) on a file this test owns.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, available() as libc::off_t) };
+    assert_eq!(rc, 0, "fill /dev/shm: {}", std::io::Error::last_os_error());
+    assert_eq!(available(), 0, "/dev/shm is full");
+}
+
+fn segments_between_processes(name: &str, path: Through) {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         segment_child(&spec);
         return;
     }
-    let _alone = alone();
-    let (target_last, child_last) = if shared_memory {
-        (162, 163)
-    } else {
-        (164, 165)
+    let shared_memory = path != Through::Udp;
+    let _alone = (path != Through::SharedMemoryFull).then(alone);
+    let (target_last, child_last) = match path {
+        Through::SharedMemory => (162, 163),
+        Through::Udp => (164, 165),
+        Through::SharedMemoryFull => (166, 167),
     };
     let target = side(host_device(target_last, shared_memory), QpType::Rc);
+    if path == Through::SharedMemoryFull {
+        fill_dev_shm();
+    }
     target
         .qp
         .to_init(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
         .unwrap();
-    let path = if shared_memory { "shm" } else { "udp" };
+    let child_path = if shared_memory { "shm" } else { "udp" };
     let spec = format!(
-        "{child_last} {path} {} {}",
+        "{child_last} {child_path} {} {}",
         target.qp.local_info(7),
         target.mr.slice(0..SEGMENT_LEN).unwrap().remote()
     );
@@ -495,7 +598,7 @@ fn segments_between_processes(name: &str, shared_memory: bool) {
     let fields: Vec<u64> = result.split(' ').map(|f| f.parse().unwrap()).collect();
     let (write, read, mtu) = (fields[0], fields[1], fields[2]);
     let (write_direct, read_in_place) = (fields[3], fields[4]);
-    let expected = if shared_memory {
+    let expected = if path == Through::SharedMemory {
         (SEGMENT_LEN as u64).div_ceil(32 * 1024)
     } else {
         (SEGMENT_LEN as u64).div_ceil(mtu)
@@ -504,7 +607,14 @@ fn segments_between_processes(name: &str, shared_memory: bool) {
     // The target: the READ's responses went straight from its region, the WRITE's
     // packets (and the READ request) were handled in place.
     let (target_direct, target_in_place) = shm_copies_saved(&target.ctx);
-    if shared_memory {
+    if path == Through::SharedMemoryFull {
+        assert_eq!(
+            shm_packets(&target.ctx),
+            (0, 0),
+            "with no room for a ring, nothing went through shared memory"
+        );
+    }
+    if path == Through::SharedMemory {
         assert_eq!(
             (write_direct, read_in_place),
             (SEGMENT_LEN as u64, read),

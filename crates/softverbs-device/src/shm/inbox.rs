@@ -2,8 +2,11 @@
 //! map to hand it packets, one [`Ring`] per sending device.
 //!
 //! Layout (all offsets in bytes): a header page, then [`RINGS`] rings of a header page and
-//! [`RING_CAP`] bytes of data each. The file is sparse: only the pages a ring touched take
-//! memory.
+//! [`RING_CAP`] bytes of data each. The file is sparse: only the header page and the rings
+//! senders claimed take memory. Every page is allocated in the file ([`reserve`]) before
+//! anyone writes to it through a mapping: a write to a page a full tmpfs cannot give is a
+//! `SIGBUS` in the writer, while a reservation that fails is an error (`ENOSPC`) — the
+//! device goes without an inbox, or the sender to this inbox uses UDP.
 //!
 //! | offset | field |
 //! |---|---|
@@ -218,6 +221,8 @@ impl OwnInbox {
         )?;
         let made = (|| {
             rustix::fs::ftruncate(&fd, INBOX_LEN as u64)?;
+            // The header page, which the owner writes now.
+            reserve(&fd, 0, PAGE)?;
             let mapping = Mapping::map(&fd)?;
             let header = mapping.header();
             header.owner.store(std::process::id(), Ordering::Relaxed);
@@ -266,6 +271,20 @@ impl Drop for OwnInbox {
         at_exit::forget(&self.path);
         unlink_if(&self.path, self.mapping.inode);
     }
+}
+
+/// Allocates bytes `at .. at + len` of the shared-memory file `fd` (fallocate(2), mode 0:
+/// the size does not change), so that writing them through a mapping needs no page the
+/// filesystem might not have; `ENOSPC` when it has not. Pages already there stay as they
+/// are.
+pub(crate) fn reserve(fd: &OwnedFd, at: usize, len: usize) -> io::Result<()> {
+    rustix::fs::fallocate(
+        fd,
+        rustix::fs::FallocateFlags::empty(),
+        at as u64,
+        len as u64,
+    )?;
+    Ok(())
 }
 
 /// Removes the file at `path` if it is still the one with inode `inode`.
@@ -360,8 +379,8 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 }
 
 /// Opens the inbox at `path` of a live device of another process of this user: its
-/// mapping and owner.
-fn open_live(path: &Path) -> Result<(Mapping, u32), Refused> {
+/// mapping, owner and file.
+fn open_live(path: &Path) -> Result<(Mapping, u32, OwnedFd), Refused> {
     let fd = match rustix::fs::open(path, OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return Err(Refused::Absent),
@@ -386,24 +405,33 @@ fn open_live(path: &Path) -> Result<(Mapping, u32), Refused> {
     if header.closed.load(Ordering::Acquire) != 0 || !pid_alive(owner) {
         return Err(Refused::Unusable("closed"));
     }
-    Ok((mapping, owner))
+    Ok((mapping, owner, fd))
 }
 
 /// Whether the inbox at `path` is a live device's of another process of this user that
 /// takes packets of direct segments (its header's flag): decided by each end of a
 /// connection from the other's inbox alone, claiming no ring, so both decide alike.
 pub(crate) fn offers_direct_segments(path: &Path) -> bool {
-    open_live(path).is_ok_and(|(mapping, _)| mapping.header().direct.load(Ordering::Acquire) == 1)
+    open_live(path)
+        .is_ok_and(|(mapping, _, _)| mapping.header().direct.load(Ordering::Acquire) == 1)
 }
 
 impl PeerInbox {
     /// Opens the inbox at `path` and claims a ring in it, writing `from` (the sender's
-    /// GID) into it.
+    /// GID) into it. A ring is claimed only once its pages are allocated ([`reserve`]):
+    /// where `/dev/shm` has no room for one, the inbox is refused ("no room"), and the
+    /// sender uses UDP instead of dying of a `SIGBUS` in its first write.
     pub(crate) fn open(path: &Path, from: [u8; 16]) -> Result<PeerInbox, Refused> {
-        let (mapping, owner) = open_live(path)?;
+        let (mapping, owner, fd) = open_live(path)?;
         let header = mapping.header();
         let me = std::process::id();
+        let mut no_room = false;
         for index in 0..RINGS {
+            // Its header page (the compare-and-swap below writes it) and its data.
+            if reserve(&fd, PAGE + index * (PAGE + RING_CAP), PAGE + RING_CAP).is_err() {
+                no_room = true;
+                continue;
+            }
             let ring = mapping.ring(index);
             let ring_header = ring.header();
             if ring_header
@@ -441,7 +469,11 @@ impl PeerInbox {
                 );
             }
         }
-        Err(Refused::Unusable("every ring is held"))
+        Err(Refused::Unusable(if no_room {
+            "no room in /dev/shm for a ring"
+        } else {
+            "every ring is held"
+        }))
     }
 
     /// The ring this sender produces into.

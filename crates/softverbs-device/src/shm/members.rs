@@ -188,6 +188,9 @@ impl Members {
                 ))
             }
         }
+        // Every page allocated before a write through the mapping could need one that a
+        // full /dev/shm cannot give (a SIGBUS): ENOSPC here instead.
+        super::inbox::reserve(&fd, 0, LEN)?;
         // SAFETY: a fresh shared mapping of the whole file (LEN bytes); nothing else in this
         // process refers to its addresses.
         let base = unsafe {
