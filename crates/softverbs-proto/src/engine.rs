@@ -655,6 +655,19 @@ impl Engine {
         self.gsi.pending()
     }
 
+    /// Whether the engine has anything for its driver: a completion or an event to take,
+    /// a QP with packets or local operations to run ([`Engine::poll_transmit`],
+    /// [`Engine::execute_local_operations`]), or a MAD to send. A driver that finds
+    /// nothing after a verb (a post of a receive, most often) need not look further;
+    /// timers are [`Engine::poll_timeout`]'s.
+    pub fn has_output(&self) -> bool {
+        !self.completions.is_empty()
+            || !self.events.is_empty()
+            || !self.schedule.ready.is_empty()
+            || !self.schedule.local.is_empty()
+            || self.gsi.has_transmit()
+    }
+
     /// The next completion, in the order the engine produced them.
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()

@@ -157,6 +157,11 @@ impl Gsi {
         self.inbox.len()
     }
 
+    /// Whether MADs wait to be sent.
+    pub(crate) fn has_transmit(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
     /// Writes the next MAD to send into `buf` as a UD SEND ONLY to QP1.
     #[inline]
     pub(crate) fn poll_transmit(

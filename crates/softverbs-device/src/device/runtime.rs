@@ -389,6 +389,18 @@ impl DeviceInner {
         now: u64,
         hold_acks: bool,
     ) {
+        // A run that left the engine nothing to send, complete or signal and set no earlier
+        // timer (a post of a receive, most often) ends here: there is nothing to drain or
+        // deliver. (A timer it cancelled leaves the stored deadline early: the progress
+        // thread wakes up for nothing once.)
+        if st.held.is_empty()
+            && !st.engine.has_output()
+            && st.engine.gsi_pending() == st.gsi_seen
+            && st.engine.poll_timeout().unwrap_or(u64::MAX)
+                >= self.next_deadline.load(Ordering::Relaxed)
+        {
+            return;
+        }
         let mut outgoing = take_outgoing();
         outgoing.clear();
         self.drain(&mut st, now, &mut outgoing);
