@@ -857,6 +857,11 @@ fn settle_qp(
 /// the device the packet was sent to ([`gid_address`](crate::gid_address): a port's
 /// link-local GID names the address it was made from).
 fn from_path(grh: &[u8; 40], dgid: &[u8; 16]) -> bool {
+    if grh[0] >> 4 != 6 {
+        // IPv4: the source's four bytes, as a mapped or a link-local GID names them.
+        let source = [grh[32], grh[33], grh[34], grh[35]];
+        return crate::gid::names_ipv4(dgid, source);
+    }
     // The first test answers every packet of a path to an IP address; the addresses of
     // the second are worked out only for a link-local path.
     &crate::gsi::grh_source_gid(grh) == dgid || {

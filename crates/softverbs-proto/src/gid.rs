@@ -90,9 +90,43 @@ pub fn gid_address(gid: &[u8; 16], local: IpAddr) -> IpAddr {
     IpAddr::V6(v6)
 }
 
+/// Whether `gid` names the IPv4 address `v4` for a device of an IPv4 address: what
+/// [`gid_address`] says, worked out on the bytes (a path check runs it per packet).
+pub(crate) fn names_ipv4(gid: &[u8; 16], v4: [u8; 4]) -> bool {
+    gid[12..] == v4
+        && gid[8..12] == IPV4_IDENTIFIER
+        && (gid[..8] == [0; 8] || gid[..8] == LINK_LOCAL_PREFIX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `names_ipv4` is `gid_address`'s answer for an IPv4 device, for mapped, link-local
+    /// and other GIDs.
+    #[test]
+    fn names_ipv4_agrees_with_gid_address() {
+        let me = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 3));
+        let peer = [127, 0, 0, 2];
+        let gids = [
+            gid("::ffff:127.0.0.2"),
+            gid("::ffff:127.0.0.9"),
+            gid("fe80::ffff:7f00:2"),
+            gid("fe80::ffff:7f00:9"),
+            gid("fe80::1:ffff:7f00:2"),
+            gid("fe80::5054:ff:fe12:3456"),
+            gid("2001:db8::ffff:7f00:2"),
+            gid("::1:ffff:7f00:2"),
+            gid("::"),
+        ];
+        for g in gids {
+            assert_eq!(
+                names_ipv4(&g, peer),
+                gid_address(&g, me) == IpAddr::V4(Ipv4Addr::from(peer)),
+                "{g:?}"
+            );
+        }
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
