@@ -671,6 +671,15 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Gets ready to send to QP `dest_qpn` at `to` (a connected QP entering RTR): a
+    /// transport that reaches devices of this host through shared memory opens the
+    /// peer's inbox and claims its ring now, so the first packet of the connection
+    /// (and the first answer, the peer doing the same) does not pay for it. The default:
+    /// nothing.
+    fn prepare_route(&self, to: &Endpoint, dest_qpn: u32) {
+        let _ = (to, dest_qpn);
+    }
+
     /// The share of its address this transport's device holds when devices of several
     /// processes share the address (their slot; QPNs `share << 16 ..`), which the high
     /// byte of its connection manager's communication IDs must carry
@@ -836,6 +845,9 @@ macro_rules! forward_transport {
             }
             fn direct_segments_to(&self, to: &Endpoint, dest_qpn: u32) -> bool {
                 (**self).direct_segments_to(to, dest_qpn)
+            }
+            fn prepare_route(&self, to: &Endpoint, dest_qpn: u32) {
+                (**self).prepare_route(to, dest_qpn)
             }
             fn address_share(&self) -> u8 {
                 (**self).address_share()

@@ -914,6 +914,10 @@ impl Device {
         // takes larger packets than the path MTU (both ends decide alike).
         let to_rtr = mask.contains(AttrMask::STATE | AttrMask::AV) && attr.qp_state == QpState::Rtr;
         let segment = to_rtr.then(|| self.inner.segment_for(attr));
+        if let (true, Some(transport), None) = (to_rtr, &self.inner.transport, &self.inner.tap) {
+            let dest = Gid(attr.ah_attr.dgid).resolve(self.inner.address);
+            transport.prepare_route(&Endpoint::new(dest, self.inner.port()), attr.dest_qp_num);
+        }
         self.inner.run(|st| {
             st.engine.modify_qp(qpn, attr, mask)?;
             if let Some(segment) = segment {
@@ -1000,7 +1004,15 @@ impl Device {
         }
         let now = DeviceClock::now();
         inner.last_app_progress.store(now, Ordering::Relaxed);
-        if inner.progress_once(now, Some(Duration::ZERO)) == 0 {
+        let received = inner.progress_once(now, Some(Duration::ZERO));
+        if received > 0 {
+            // Its runs may have been long (sending what the ACKs let out): the application
+            // polled until now, not only since it began (the progress thread leaves the
+            // packets to a polling application).
+            inner
+                .last_app_progress
+                .store(DeviceClock::now(), Ordering::Relaxed);
+        } else {
             // An application spinning on an empty CQ gives its core away now and then, so
             // the threads that make its completions (the progress threads of this and of
             // a peer process on the same cores) are not starved by its polling.

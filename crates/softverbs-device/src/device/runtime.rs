@@ -849,7 +849,21 @@ impl DeviceInner {
                     }
                 }
                 let receiving = if wait.is_none() {
-                    Some(lock(&self.rx))
+                    // The application may have started polling while this thread waited,
+                    // or be receiving now (holding the lock through a long run): the
+                    // packets are its. Queueing behind it for the lock would have this
+                    // thread woken as the application lets go, and take the core from it
+                    // (a core they share) just when its completions are in the CQ.
+                    let polling = DeviceClock::now()
+                        .saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
+                        < APP_POLLING_WINDOW.as_nanos() as u64;
+                    match (polling, self.rx.try_lock()) {
+                        (false, Ok(receiving)) => Some(receiving),
+                        _ => {
+                            std::thread::sleep(ACK_HOLD_LIMIT);
+                            None
+                        }
+                    }
                 } else {
                     let got = self.rx.try_lock().ok();
                     if got.is_none() {

@@ -447,6 +447,19 @@ impl PeerInbox {
                     );
                 }
                 header.active.fetch_or(1 << index, Ordering::Release);
+                // Map the ring's pages now (allocated above), not one fault per page in
+                // the first megabytes of packets. Best effort: an older kernel has no
+                // MADV_POPULATE_WRITE, and the pages then fault in as they are written.
+                let at = PAGE + index * (PAGE + RING_CAP);
+                // SAFETY: a range of this process's mapping of the file (`INBOX_LEN` bytes,
+                // page-aligned), whose pages `reserve` allocated; populating changes no byte.
+                let _ = unsafe {
+                    rustix::mm::madvise(
+                        mapping.base.add(at).cast::<c_void>(),
+                        PAGE + RING_CAP,
+                        rustix::mm::Advice::LinuxPopulateWrite,
+                    )
+                };
                 return Ok(PeerInbox {
                     mapping,
                     index,

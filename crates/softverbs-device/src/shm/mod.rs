@@ -1373,6 +1373,17 @@ impl Transport for HostTransport {
             .is_some_and(|slot| inbox::offers_direct_segments(&shm.scope.path(to, slot)))
     }
 
+    fn prepare_route(&self, to: &Endpoint, dest_qpn: u32) {
+        let (Some(shm), Some(slot)) = (&self.shm, members::slot_of(dest_qpn)) else {
+            return;
+        };
+        if dest_qpn == 1 || to.addr().is_multicast() {
+            return;
+        }
+        let mut routes = lock(&shm.routes);
+        let _ = shm.route(&mut routes, to, Some(slot), self.local.gid(), &mut None);
+    }
+
     fn address_share(&self) -> u8 {
         // SLOTS is 256: a slot is one byte.
         self.shm.as_ref().map_or(0, |shm| shm.membership.slot as u8)
