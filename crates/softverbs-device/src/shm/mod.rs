@@ -425,13 +425,22 @@ impl Shm {
         false
     }
 
-    /// Drains the doorbell if a sender rang it.
-    fn clear_doorbell(&self) {
+    /// Drains the doorbell if a sender rang it (`rung`) or the caller saw it readable, and
+    /// only then lets senders ring it again. The other way round — `rung` cleared, then the
+    /// socket drained — a sender ringing in between has its datagram drained with the old
+    /// one while `rung` stays set: every later sender sees it set and sends nothing, and
+    /// the receiver sleeps through their packets until its timeout (5 ms per sleep of a
+    /// progress thread). A sender that finds `rung` still set during the drain sends
+    /// nothing either, but its packet is already in a ring, which the receiver looks at
+    /// after counting itself a waiter before it sleeps again. A datagram that lands after
+    /// `rung` is cleared (its sender set `rung` before the drain and sent after it) makes
+    /// the next sleep return at once, readable: drained then.
+    fn clear_doorbell(&self, readable: bool) {
         let header = self.inbox.mapping.header();
-        if header.rung.load(Ordering::Relaxed) != 0 {
-            header.rung.store(0, Ordering::SeqCst);
+        if readable || header.rung.load(Ordering::Relaxed) != 0 {
             let mut byte = [0u8; 8];
             while rustix::net::recv(&self.doorbell, &mut byte, RecvFlags::DONTWAIT).is_ok() {}
+            header.rung.store(0, Ordering::SeqCst);
         }
     }
 
@@ -1038,7 +1047,7 @@ impl HostTransport {
                 }
             }
         }
-        shm.clear_doorbell();
+        shm.clear_doorbell(false);
         received.clear();
         Ok(shm.take(self.local, bufs, received))
     }
@@ -1058,6 +1067,7 @@ impl HostTransport {
         };
         let header = shm.inbox.mapping.header();
         header.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut rang = false;
         let result = if shm.has_packets() {
             Ok(())
         } else {
@@ -1080,13 +1090,14 @@ impl HostTransport {
                     if !fds[0].revents().is_empty() || !fds[2].revents().is_empty() {
                         shm.udp_ready.store(true, Ordering::Relaxed);
                     }
+                    rang = !fds[1].revents().is_empty();
                     Ok(())
                 }
                 Err(errno) => Err(errno.into()),
             }
         };
         header.waiters.fetch_sub(1, Ordering::SeqCst);
-        shm.clear_doorbell();
+        shm.clear_doorbell(rang);
         result
     }
 
@@ -1336,7 +1347,9 @@ impl Transport for HostTransport {
             self.sockets_hold_packets(shm) || shm.has_packets()
         } else {
             header.waiters.fetch_sub(1, Ordering::SeqCst);
-            shm.clear_doorbell();
+            // The sleeper waited on the readiness fd (an epoll set with the doorbell in it)
+            // and cannot say whether the doorbell was readable: drained either way.
+            shm.clear_doorbell(true);
             false
         }
     }
