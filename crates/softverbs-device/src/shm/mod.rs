@@ -110,8 +110,19 @@ const UDP_RECENT: u64 = 1024;
 /// How long a sender waits at most for room in a full ring (the receiver is taking
 /// packets out) before it drops the packet: a lossless link with flow control, as RoCE
 /// fabrics run with PFC, but never a wait without end (two devices each waiting for the
-/// other to take packets would).
-const FULL_WAIT: Duration = Duration::from_micros(500);
+/// other to take packets would). A drop costs the sender a go-back-N of everything after
+/// the packet and half its congestion window, so the wait outlasts the pauses of a
+/// receiver whose CPU was taken for a while (a kernel thread, another program, a virtual
+/// CPU waking up: a millisecond or more on a busy machine); a receiver that is gone is
+/// noticed every [`FULL_CHECK`].
+const FULL_WAIT: Duration = Duration::from_millis(5);
+
+/// How often a sender waiting for room looks whether the receiver is still there.
+const FULL_CHECK: Duration = Duration::from_micros(500);
+
+/// How long a receiver that took packets from its rings looks at them before it sleeps
+/// ([`Shm::spin_for_packets`]).
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(50);
 
 /// The hop limit the receiver assumes for a packet from a ring (masked out of the ICRC).
 const HOP_LIMIT: u8 = 64;
@@ -200,6 +211,9 @@ struct Shm {
     /// [`TransportCounters::shm_in_place_packets`].
     direct_bytes: AtomicU64,
     in_place_packets: AtomicU64,
+    /// The packets received from the rings when the receiver last waited
+    /// ([`Shm::spin_for_packets`]).
+    received_at_wait: AtomicU64,
     /// Receives so far, and the receive until which UDP is looked at every time.
     receives: AtomicU64,
     udp_until: AtomicU64,
@@ -280,6 +294,7 @@ impl Shm {
             in_place: AtomicBool::new(false),
             direct_bytes: AtomicU64::new(0),
             in_place_packets: AtomicU64::new(0),
+            received_at_wait: AtomicU64::new(0),
             receives: AtomicU64::new(0),
             udp_until: AtomicU64::new(0),
             counters: AtomicCounters::default(),
@@ -370,7 +385,8 @@ impl Shm {
     /// Pushes a packet into `peer`'s ring, its payload left for later (`pieces`, offsets
     /// counted from `base` before `bytes`) read straight from its region into the record;
     /// if the ring is full, publishes what was pushed, wakes the receiver and waits for
-    /// room, up to [`FULL_WAIT`]. [`Pushed::Full`] if there was none, [`Pushed::Refused`]
+    /// room, up to [`FULL_WAIT`] (less if the receiver is gone). [`Pushed::Full`] if there
+    /// was none, [`Pushed::Refused`]
     /// if a piece's region faulted (the packet is lost).
     fn push(
         &self,
@@ -391,12 +407,20 @@ impl Shm {
         if producer.publish() > 0 {
             self.ring_doorbell(peer);
         }
-        let deadline = Instant::now() + FULL_WAIT;
+        let start = Instant::now();
+        let mut check = start + FULL_CHECK;
         loop {
             std::thread::yield_now();
             let pushed = producer.push_with(src_port, flags, bytes.len(), write);
-            if pushed != Pushed::Full || Instant::now() >= deadline {
+            if pushed != Pushed::Full {
                 return pushed;
+            }
+            let now = Instant::now();
+            if now >= check {
+                if now >= start + FULL_WAIT || !peer.inbox.still_there() {
+                    return pushed;
+                }
+                check = now + FULL_CHECK;
             }
         }
     }
@@ -423,6 +447,33 @@ impl Shm {
             }
         }
         false
+    }
+
+    /// Looks at the rings for up to [`SPIN_BEFORE_SLEEP`] (less if `timeout` is shorter)
+    /// if packets came through them since the receiver last looked here, before it sleeps:
+    /// true if one came. While a sender streams, the receiver catches up with it now and
+    /// then; asleep, it would wake up only when its CPU does, which a CPU that went idle
+    /// (a virtual one most of all) can take longer to do than the sender takes to fill the
+    /// ring — and a sender that waits [`FULL_WAIT`] for room in vain drops the packet,
+    /// which costs a go-back-N of everything after it.
+    fn spin_for_packets(&self, timeout: Option<Duration>) -> bool {
+        let received = self.counters.received_packets.load(Ordering::Relaxed);
+        if self.received_at_wait.swap(received, Ordering::Relaxed) == received {
+            return false;
+        }
+        let spin = timeout.map_or(SPIN_BEFORE_SLEEP, |t| t.min(SPIN_BEFORE_SLEEP));
+        let start = Instant::now();
+        loop {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+            if self.has_packets() {
+                return true;
+            }
+            if start.elapsed() >= spin {
+                return false;
+            }
+        }
     }
 
     /// Drains the doorbell if a sender rang it (`rung`) or the caller saw it readable, and
@@ -1057,6 +1108,9 @@ impl HostTransport {
     fn wait(&self, shm: &Shm, timeout: Option<Duration>) -> io::Result<()> {
         self.check_holder(shm);
         if self.sockets_hold_packets(shm) || shm.has_packets() {
+            return Ok(());
+        }
+        if shm.spin_for_packets(timeout) {
             return Ok(());
         }
         // A member without the socket wakes up to look at its holder.
