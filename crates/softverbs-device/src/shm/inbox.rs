@@ -44,7 +44,7 @@ const PAGE: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
 
 /// Bytes of an inbox file.
-pub(crate) const INBOX_LEN: usize = PAGE + RINGS * (PAGE + RING_CAP);
+pub(crate) const INBOX_LEN: usize = PAGE + RINGS * RING_LEN;
 
 /// Free bytes `/dev/shm` must have for a device to make an inbox there: room for every
 /// ring of four inboxes.
@@ -122,7 +122,7 @@ impl Mapping {
     /// Ring `index` (< [`RINGS`]).
     pub(crate) fn ring(&self, index: usize) -> Ring {
         assert!(index < RINGS);
-        let at = PAGE + index * (PAGE + RING_CAP);
+        let at = ring_at(index);
         // SAFETY: the ring's header page and data area lie inside the mapping (`INBOX_LEN`),
         // page-aligned; the `Ring` is used only while `self` lives (owners keep both).
         unsafe {
@@ -272,6 +272,14 @@ impl Drop for OwnInbox {
         unlink_if(&self.path, self.mapping.inode);
     }
 }
+
+/// Where ring `index` (its header page, then its data) starts in an inbox file.
+fn ring_at(index: usize) -> usize {
+    PAGE + index * RING_LEN
+}
+
+/// Bytes of a ring in an inbox file: its header page and its data.
+const RING_LEN: usize = PAGE + RING_CAP;
 
 /// Allocates bytes `at .. at + len` of the shared-memory file `fd` (fallocate(2), mode 0:
 /// the size does not change), so that writing them through a mapping needs no page the
@@ -428,7 +436,7 @@ impl PeerInbox {
         let mut no_room = false;
         for index in 0..RINGS {
             // Its header page (the compare-and-swap below writes it) and its data.
-            if reserve(&fd, PAGE + index * (PAGE + RING_CAP), PAGE + RING_CAP).is_err() {
+            if reserve(&fd, ring_at(index), RING_LEN).is_err() {
                 no_room = true;
                 continue;
             }
@@ -450,13 +458,12 @@ impl PeerInbox {
                 // Map the ring's pages now (allocated above), not one fault per page in
                 // the first megabytes of packets. Best effort: an older kernel has no
                 // MADV_POPULATE_WRITE, and the pages then fault in as they are written.
-                let at = PAGE + index * (PAGE + RING_CAP);
                 // SAFETY: a range of this process's mapping of the file (`INBOX_LEN` bytes,
                 // page-aligned), whose pages `reserve` allocated; populating changes no byte.
                 let _ = unsafe {
                     rustix::mm::madvise(
-                        mapping.base.add(at).cast::<c_void>(),
-                        PAGE + RING_CAP,
+                        mapping.base.add(ring_at(index)).cast::<c_void>(),
+                        RING_LEN,
                         rustix::mm::Advice::LinuxPopulateWrite,
                     )
                 };

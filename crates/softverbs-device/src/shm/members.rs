@@ -118,9 +118,12 @@ const GSI_MAD_AT: usize = 20;
 /// member whose connection manager its contents name: the holder of the socket tells,
 /// [`Members::packet_slot`], so those go to the address's socket).
 pub(crate) fn ring_slot(ib_packet: &[u8]) -> Option<usize> {
-    destination_qpn(ib_packet)
-        .filter(|&qpn| qpn != GSI_QPN)
-        .and_then(slot_of)
+    destination_qpn(ib_packet).and_then(qpn_ring_slot)
+}
+
+/// [`ring_slot`] of a packet for QP `qpn`.
+pub(crate) fn qpn_ring_slot(qpn: u32) -> Option<usize> {
+    (qpn != GSI_QPN).then_some(qpn).and_then(slot_of)
 }
 
 /// QP1, the General Services Interface.

@@ -1441,12 +1441,10 @@ impl Transport for HostTransport {
     }
 
     fn prepare_route(&self, to: &Endpoint, dest_qpn: u32) {
-        let (Some(shm), Some(slot)) = (&self.shm, members::slot_of(dest_qpn)) else {
+        // The route of the packets to `dest_qpn` (none to multicast: `Shm::route`).
+        let (Some(shm), Some(slot)) = (&self.shm, members::qpn_ring_slot(dest_qpn)) else {
             return;
         };
-        if dest_qpn == 1 || to.addr().is_multicast() {
-            return;
-        }
         let mut routes = lock(&shm.routes);
         let _ = shm.route(&mut routes, to, Some(slot), self.local.gid(), &mut None);
     }
