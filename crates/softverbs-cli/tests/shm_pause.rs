@@ -18,7 +18,8 @@ mod common;
 use common::{finish, finish_server, softverbs, start_server, TempDir};
 use rustix::process::{kill_process, Pid, Signal};
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// The receiver's pauses, and how long each lasts.
 const PAUSES: u64 = 20;
@@ -32,11 +33,21 @@ fn counter(line: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in {line}"))
 }
 
-#[test]
-fn a_receiver_paused_for_a_millisecond_and_a_half_costs_a_shared_memory_sender_no_drop() {
+/// The tests of this file run one at a time: two at once would take each other's CPUs.
+fn alone() -> MutexGuard<'static, ()> {
+    static ALONE: Mutex<()> = Mutex::new(());
+    ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Streams 1 MiB RDMA WRITEs for two seconds from a client to a server on the default
+/// network (shared memory), stopping the server `pauses.len()` times 600 ms into the run,
+/// each pause as long as its entry and 40 ms apart; the client's `SOFTVERBS_STATS` line.
+fn stream_with_pauses(pauses: &[Duration]) -> String {
+    let _alone = alone();
     let dir = TempDir::new("shm-pause");
     let stats = dir.join("client.stats");
-    // Both on the default network: shared memory between processes of this host.
     let (mut server, server_out, port) = start_server(&["perf", "write", "bw"]);
     let server_pid = Pid::from_raw(server.id() as i32).expect("the server's process ID");
     let client = softverbs()
@@ -52,9 +63,9 @@ fn a_receiver_paused_for_a_millisecond_and_a_half_costs_a_shared_memory_sender_n
         .expect("start the client");
     // The run measures its middle second; the pauses fall in it.
     std::thread::sleep(Duration::from_millis(600));
-    for _ in 0..PAUSES {
+    for pause in pauses {
         kill_process(server_pid, Signal::STOP).expect("stop the receiver");
-        std::thread::sleep(PAUSE);
+        std::thread::sleep(*pause);
         kill_process(server_pid, Signal::CONT).expect("resume the receiver");
         std::thread::sleep(Duration::from_millis(40));
     }
@@ -75,13 +86,79 @@ fn a_receiver_paused_for_a_millisecond_and_a_half_costs_a_shared_memory_sender_n
         counter(&line, "shm_sent_packets") > 10_000,
         "the WRITEs went through shared memory: {line}"
     );
-    let (dropped, retransmitted) = (
-        counter(&line, "dropped_undeliverable"),
+    line
+}
+
+#[test]
+fn a_receiver_paused_for_a_millisecond_and_a_half_costs_a_shared_memory_sender_no_drop() {
+    let line = stream_with_pauses(&[PAUSE; PAUSES as usize]);
+    // A wait that ran out drops its packet, and the packets for that ring after it until
+    // the receiver takes one (all counted in `dropped_undeliverable`): the waits count the
+    // times a pause cost the sender.
+    let (stalls, retransmitted) = (
+        counter(&line, "shm_stalls"),
         counter(&line, "retransmitted_packets"),
     );
     assert!(
-        dropped < PAUSES / 2,
-        "{dropped} packets dropped on a full ring over {PAUSES} pauses of {PAUSE:?} \
+        stalls < PAUSES / 2,
+        "{stalls} waits for room in a full ring ran out over {PAUSES} pauses of {PAUSE:?} \
          ({retransmitted} retransmitted): {line}"
+    );
+}
+
+/// The QP's retry budget in `softverbs perf`: timeout 14 (4.096 µs · 2^14 = 67 ms), the
+/// first send and 7 retries.
+const RETRY_BUDGET: Duration = Duration::from_micros(8 * 67_109);
+
+/// A receiver that stops for good (`SIGSTOP`: hung, or stopped in a debugger) while a
+/// sender streams through its full ring is a peer that hangs, and the sender must learn it
+/// as over UDP: its QP fails with RETRY_EXC_ERR within its retry budget (IBTA vol. 1
+/// §9.7.6.1.3: the requester retries `retry_cnt` times after its timeout, then completes
+/// the request in error). The sender waits for room once (5 ms); after that, a ring whose
+/// receiver took nothing out drops every packet at once, and the retransmission timer
+/// runs. A sender that waited 5 ms for each packet of its window kept its application's
+/// thread in those waits, its timer stopped with it, and failed 4.6 s after the stop
+/// here, eight times its budget.
+#[test]
+fn a_receiver_stopped_for_good_fails_a_shared_memory_sender_within_its_retry_budget() {
+    let _alone = alone();
+    let dir = TempDir::new("shm-stop");
+    let stats = dir.join("client.stats");
+    let (mut server, _server_out, port) = start_server(&["perf", "write", "bw"]);
+    let server_pid = Pid::from_raw(server.id() as i32).expect("the server's process ID");
+    let client = softverbs()
+        .args([
+            "perf", "write", "bw", "-s", "1048576", "-t", "128", "-D", "8",
+        ])
+        .args(["--client", "127.0.0.1", "-p", &port.to_string()])
+        .env("SOFTVERBS_STATS", &stats)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client");
+    // Streaming, its window grown past the ring's 4 MiB.
+    std::thread::sleep(Duration::from_millis(600));
+    kill_process(server_pid, Signal::STOP).expect("stop the receiver");
+    let stopped = Instant::now();
+    let out = finish(client);
+    let failed_after = stopped.elapsed();
+    let _ = server.kill();
+    let _ = server.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("transport retry counter exceeded"),
+        "the sender's QP fails with RETRY_EXC_ERR: {}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let line = std::fs::read_to_string(&stats).expect("the client's statistics");
+    assert!(
+        counter(&line, "shm_stalls") >= 1,
+        "the sender found the stopped receiver's ring full: {line}"
+    );
+    assert!(
+        failed_after < 3 * RETRY_BUDGET,
+        "the sender failed {failed_after:?} after its peer stopped; its retry budget is \
+         {RETRY_BUDGET:?}: {line}"
     );
 }

@@ -329,6 +329,11 @@ pub struct TransportCounters {
     /// Packets of the inbox the device handled where they lay (no copy into a receive
     /// buffer first; also counted in `shm_received_packets`).
     pub shm_in_place_packets: u64,
+    /// Times a sender waited in vain for room in a peer's full ring (the receiver took
+    /// nothing out for 5 ms: stopped, in a debugger, or off its CPU). The packet is
+    /// dropped (`dropped_undeliverable`), and so is every packet for that ring, at once,
+    /// until the receiver takes one out.
+    pub shm_stalls: u64,
 }
 
 impl fmt::Display for TransportCounters {
@@ -339,7 +344,7 @@ impl fmt::Display for TransportCounters {
              dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
              {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments; shared memory: {} \
              sent, {} received, {} payload bytes sent straight from registered memory, {} \
-             handled in place",
+             handled in place, {} stalls",
             self.sent_packets,
             self.sent_bytes,
             self.send_errors,
@@ -358,7 +363,8 @@ impl fmt::Display for TransportCounters {
             self.shm_sent_packets,
             self.shm_received_packets,
             self.shm_direct_bytes,
-            self.shm_in_place_packets
+            self.shm_in_place_packets,
+            self.shm_stalls
         )
     }
 }
@@ -424,6 +430,7 @@ impl AtomicCounters {
             shm_received_packets: 0,
             shm_direct_bytes: 0,
             shm_in_place_packets: 0,
+            shm_stalls: 0,
         }
     }
 

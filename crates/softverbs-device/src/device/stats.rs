@@ -149,7 +149,7 @@ impl fmt::Display for DeviceStats {
                  dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
                  socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={} \
                  shm_sent_packets={} shm_received_packets={} shm_direct_bytes={} \
-                 shm_in_place_packets={}",
+                 shm_in_place_packets={} shm_stalls={}",
                 t.sent_packets,
                 t.sent_bytes,
                 t.send_errors,
@@ -168,7 +168,8 @@ impl fmt::Display for DeviceStats {
                 t.shm_sent_packets,
                 t.shm_received_packets,
                 t.shm_direct_bytes,
-                t.shm_in_place_packets
+                t.shm_in_place_packets,
+                t.shm_stalls
             )?;
         }
         if let Some(faults) = &self.faults {

@@ -151,7 +151,13 @@ struct Peer {
     doorbell: SocketAddrUnix,
     /// When the route to it was last checked.
     checked: Instant,
+    /// Where the receiver's consumer stood (its `head`) when a wait for room in its full
+    /// ring last ran out ([`STALLED`] if none did, or the receiver took packets since).
+    stalled_at: AtomicU64,
 }
+
+/// [`Peer::stalled_at`] when no wait for room ran out.
+const STALLED: u64 = u64::MAX;
 
 /// A member of this address that the holder of its socket forwards packets to.
 struct Forward {
@@ -211,6 +217,8 @@ struct Shm {
     /// [`TransportCounters::shm_in_place_packets`].
     direct_bytes: AtomicU64,
     in_place_packets: AtomicU64,
+    /// [`TransportCounters::shm_stalls`].
+    stalls: AtomicU64,
     /// The packets received from the rings when the receiver last waited
     /// ([`Shm::spin_for_packets`]).
     received_at_wait: AtomicU64,
@@ -294,6 +302,7 @@ impl Shm {
             in_place: AtomicBool::new(false),
             direct_bytes: AtomicU64::new(0),
             in_place_packets: AtomicU64::new(0),
+            stalls: AtomicU64::new(0),
             received_at_wait: AtomicU64::new(0),
             receives: AtomicU64::new(0),
             udp_until: AtomicU64::new(0),
@@ -351,6 +360,7 @@ impl Shm {
                                 inbox,
                                 doorbell,
                                 checked: time(now),
+                                stalled_at: AtomicU64::new(STALLED),
                             }))
                         }
                         Err(_) => Route::Wire(time(now) + RECHECK),
@@ -386,8 +396,17 @@ impl Shm {
     /// counted from `base` before `bytes`) read straight from its region into the record;
     /// if the ring is full, publishes what was pushed, wakes the receiver and waits for
     /// room, up to [`FULL_WAIT`] (less if the receiver is gone). [`Pushed::Full`] if there
-    /// was none, [`Pushed::Refused`]
-    /// if a piece's region faulted (the packet is lost).
+    /// was none, [`Pushed::Refused`] if a piece's region faulted (the packet is lost).
+    ///
+    /// A receiver that took nothing out of the ring since a wait for room last ran out is
+    /// stalled (stopped, in a debugger, off its CPU): the packet is dropped at once, not
+    /// after another wait. The packets after a dropped one would be discarded by the
+    /// receiver anyway (IBTA vol. 1 §9.7.5.1.1: a responder drops the packets after a
+    /// missing PSN), and a sender that waited [`FULL_WAIT`] for each of them would hold
+    /// its application's post or poll for that long times the packets of its window —
+    /// seconds, during which its retransmission timer could not run, so a peer that hung
+    /// failed the QP (`RETRY_EXC_ERR`) only long after its retry budget, not within it as
+    /// over UDP.
     fn push(
         &self,
         peer: &Peer,
@@ -401,11 +420,16 @@ impl Shm {
         if pushed != Pushed::Full {
             return pushed;
         }
-        if !peer.inbox.ring().fits(bytes.len()) {
+        let ring = peer.inbox.ring();
+        if !ring.fits(bytes.len()) {
             return Pushed::Full;
         }
         if producer.publish() > 0 {
             self.ring_doorbell(peer);
+        }
+        let consumed = || ring.header().head.load(Ordering::Acquire);
+        if peer.stalled_at.load(Ordering::Relaxed) == consumed() {
+            return Pushed::Full;
         }
         let start = Instant::now();
         let mut check = start + FULL_CHECK;
@@ -413,11 +437,17 @@ impl Shm {
             std::thread::yield_now();
             let pushed = producer.push_with(src_port, flags, bytes.len(), write);
             if pushed != Pushed::Full {
+                peer.stalled_at.store(STALLED, Ordering::Relaxed);
                 return pushed;
             }
             let now = Instant::now();
             if now >= check {
-                if now >= start + FULL_WAIT || !peer.inbox.still_there() {
+                if !peer.inbox.still_there() {
+                    return pushed;
+                }
+                if now >= start + FULL_WAIT {
+                    crate::transport::bump(&self.stalls);
+                    peer.stalled_at.store(consumed(), Ordering::Relaxed);
                     return pushed;
                 }
                 check = now + FULL_CHECK;
@@ -806,6 +836,7 @@ impl Shm {
                         inbox,
                         doorbell,
                         checked: Instant::now(),
+                        stalled_at: AtomicU64::new(STALLED),
                     })
                 });
             forwards.insert(
@@ -1523,6 +1554,7 @@ impl Transport for HostTransport {
             counters.shm_received_packets = shared.received_packets;
             counters.shm_direct_bytes = shm.direct_bytes.load(Ordering::Relaxed);
             counters.shm_in_place_packets = shm.in_place_packets.load(Ordering::Relaxed);
+            counters.shm_stalls = shm.stalls.load(Ordering::Relaxed);
         }
         counters
     }
