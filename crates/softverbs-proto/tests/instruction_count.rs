@@ -178,11 +178,12 @@ fn connect(a: &mut Side, b: &Side) {
 fn post_recv(s: &mut Side, wr_id: u64) {
     let wr = RecvWr {
         wr_id,
-        sg_list: vec![Sge {
+        sg_list: [Sge {
             addr: 2048,
             length: 64,
             lkey: 1,
-        }],
+        }]
+        .into(),
     };
     s.engine.post_recv(s.qpn, wr).expect("post_recv");
 }

@@ -188,11 +188,12 @@ pub fn wait_for(side: &Side, n: usize) -> Vec<WorkCompletion> {
 pub fn recv_wr(side: &Side, wr_id: u64) -> RecvWr {
     RecvWr {
         wr_id,
-        sg_list: vec![Sge {
+        sg_list: [Sge {
             addr: side.buf.as_ptr() as u64,
             length: 64,
             lkey: side.lkey,
-        }],
+        }]
+        .into(),
     }
 }
 
