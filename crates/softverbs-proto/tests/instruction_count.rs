@@ -205,7 +205,7 @@ fn one_way(now: u64, a: &mut Side, b: &mut Side, buf: &mut [u8], i: u64) {
     let wr = SendWr::new(
         i,
         SendOp::Send,
-        vec![Sge {
+        [Sge {
             addr: 0,
             length: 8,
             lkey: 1,
