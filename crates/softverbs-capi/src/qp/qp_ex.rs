@@ -163,16 +163,18 @@ fn set_gather(qpx: *mut ibv_qp_ex, gather: Result<Gather, Errno>) {
 }
 
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |_, batch| *batch = Batch::default());
+    with_batch(qpx, |_, batch| batch.clear());
 }
 
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     let mut result = Ok(());
     with_batch(qpx, |state, batch| {
-        let Batch { requests, error } = std::mem::take(batch);
-        result = match error {
+        // The requests leave the batch but its list stays, for the next batch to fill
+        // without an allocation.
+        let mut requests = batch.requests.drain(..);
+        result = match batch.error.take() {
             Some(e) => Err(e),
-            None => requests.into_iter().try_for_each(|wr| {
+            None => requests.try_for_each(|wr| {
                 state
                     .entry
                     .device
@@ -185,7 +187,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |_, batch| *batch = Batch::default());
+    with_batch(qpx, |_, batch| batch.clear());
 }
 
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
