@@ -2,10 +2,10 @@
 //! drop-in's device allocates nothing per round trip once warm, with every request built
 //! by the application as C builds it — one way by `ibv_post_send` (one SGE), the other by
 //! the extended post (`ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_sge`, `ibv_wr_complete`),
-//! each receive re-posted by `ibv_post_recv` with two SGEs (a header and a payload).
-//! RDMA applications expect a post that does not call `malloc`: the drop-in reads a C
-//! scatter/gather list straight into the engine's `SgeList` (two entries inline), and an
-//! extended post's batch keeps its list from one `ibv_wr_start` to the next.
+//! each receive re-posted by `ibv_post_recv` (one SGE). RDMA applications expect a post
+//! that does not call `malloc`: the drop-in reads a C scatter/gather list straight into
+//! the engine's `SgeList` (one entry inline), and an extended post's batch keeps its list
+//! from one `ibv_wr_start` to the next.
 //!
 //! The exports are called from Rust as a C program calls them, the `verbs.h` inlines
 //! through the context's ops table and the QP's function pointers (as `rule_table.rs`
@@ -95,10 +95,10 @@ const IBV_QP_DEST_QPN: c_int = 1 << 20;
 const IBV_MTU_1024: u32 = 3;
 const IBV_ACCESS_LOCAL_WRITE: c_int = 1 << 0;
 
-/// Where a SEND reads its 8 bytes, and where the two entries of a receive land.
+/// Where a SEND reads its 8 bytes.
 const SEND_AT: u64 = 1024;
-const HEADER: (u64, u32) = (0, 16);
-const PAYLOAD: (u64, u32) = (16, 48);
+/// The bytes a receive may fill, at the start of the region.
+const RECV_LEN: u32 = 64;
 
 /// The calling thread's `errno`.
 fn errno() -> i32 {
@@ -120,8 +120,8 @@ fn caps() -> ibv_qp_cap {
     ibv_qp_cap {
         max_send_wr: 8,
         max_recv_wr: 8,
-        max_send_sge: 2,
-        max_recv_sge: 2,
+        max_send_sge: 1,
+        max_recv_sge: 1,
         max_inline_data: 0,
     }
 }
@@ -281,20 +281,20 @@ fn setup() -> Setup {
     setup
 }
 
-/// `ibv_post_recv`, the `verbs.h` inline, of a receive into two entries of the region.
+/// `ibv_post_recv`, the `verbs.h` inline, of a receive into the start of the region.
 fn post_recv(setup: &Setup, qp: *mut ibv_qp, wr_id: u64) {
     // SAFETY: the region is live.
     let (base, lkey) = unsafe { ((*setup.mr).addr as u64, (*setup.mr).lkey) };
-    let mut sges = [HEADER, PAYLOAD].map(|(at, length)| ibv_sge {
-        addr: base + at,
-        length,
+    let mut sge = ibv_sge {
+        addr: base,
+        length: RECV_LEN,
         lkey,
-    });
+    };
     let mut wr = ibv_recv_wr {
         wr_id,
         next: null_mut(),
-        sg_list: sges.as_mut_ptr(),
-        num_sge: 2,
+        sg_list: &mut sge,
+        num_sge: 1,
     };
     let mut bad = null_mut();
     // SAFETY: `qp` is live and its context open (the inline reads them the same way).

@@ -14,7 +14,7 @@ use softverbs_proto::{
 };
 
 /// The entries of `local`, in order (inline up to [`SgeList::INLINE`]: no allocation for
-/// the usual one or two).
+/// the usual one).
 fn sges(local: &[MrSlice<'_>]) -> SgeList {
     local.iter().map(MrSlice::sge).collect()
 }
