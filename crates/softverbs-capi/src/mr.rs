@@ -72,7 +72,7 @@ use crate::verbs_h::{IBV_ACCESS_HUGETLB, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_Z
 use softverbs::core::device::memory::Advice;
 use softverbs::core::device::Rereg;
 use softverbs::core::engine::{
-    AccessFlags, Gather, SendFlags, SendOp, SendWr, Sge, WindowBind, WindowType,
+    AccessFlags, Gather, SendFlags, SendOp, SendWr, Sge, SgeList, WindowBind, WindowType,
 };
 use std::ffi::{c_int, c_void};
 
@@ -260,7 +260,7 @@ pub unsafe extern "C" fn advise_mr(
         if num_sge > 0 && sg_list.is_null() {
             return Err(libc::EFAULT);
         }
-        let sges: Vec<Sge> = (0..num_sge as usize)
+        let sges: SgeList = (0..num_sge as usize)
             .map(|i| {
                 // SAFETY: `i < num_sge` entries are readable (this function's `# Safety`;
                 // not NULL, checked above).
@@ -685,7 +685,7 @@ pub unsafe extern "C" fn bind_mw(
         let wr = SendWr {
             wr_id: request.wr_id,
             op: SendOp::BindMw(bind),
-            gather: Gather::Sges(Vec::new()),
+            gather: Gather::Sges(SgeList::new()),
             flags: SendFlags::from_bits_truncate(request.send_flags),
             ud: None,
         };

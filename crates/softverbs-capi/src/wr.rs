@@ -7,11 +7,12 @@
 
 use crate::abi::*;
 use crate::boundary::{guarded, Errno};
-use softverbs::core::engine::{RecvWr, Sge};
+use softverbs::core::engine::{RecvWr, Sge, SgeList};
 use std::ffi::c_int;
 
 /// Reads a C scatter/gather list of `num_sge` entries (`EINVAL` for a negative count, more
-/// than `max`, or a NULL list with entries).
+/// than `max`, or a NULL list with entries), straight into the engine's list: no allocation
+/// for up to [`SgeList::INLINE`] entries.
 ///
 /// # Safety
 ///
@@ -20,22 +21,22 @@ pub(crate) unsafe fn sges(
     sg_list: *const ibv_sge,
     num_sge: c_int,
     max: u32,
-) -> Result<Vec<Sge>, Errno> {
+) -> Result<SgeList, Errno> {
     if num_sge < 0 || num_sge as u32 > max || (num_sge > 0 && sg_list.is_null()) {
         return Err(libc::EINVAL);
     }
-    let mut out = Vec::with_capacity(num_sge as usize);
-    for i in 0..num_sge as usize {
-        // SAFETY: `i < num_sge`, and the caller's contract makes that many entries
-        // readable (`sg_list` is not NULL: checked above).
-        let s = unsafe { sg_list.add(i).read() };
-        out.push(Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        });
-    }
-    Ok(out)
+    Ok((0..num_sge as usize)
+        .map(|i| {
+            // SAFETY: `i < num_sge`, and the caller's contract makes that many entries
+            // readable (`sg_list` is not NULL: checked above).
+            let s = unsafe { sg_list.add(i).read() };
+            Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            }
+        })
+        .collect())
 }
 
 /// Copies an inline payload out of the application's buffers (`IBV_SEND_INLINE`: the

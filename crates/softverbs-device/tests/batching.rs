@@ -144,11 +144,12 @@ fn a_ping_pong_sends_the_reply_and_the_ack_it_overtakes_in_one_system_call() {
                 s.qpn,
                 softverbs_proto::RecvWr {
                     wr_id: id,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: s.buf.as_ptr() as u64 + 4096,
                         length: 64,
                         lkey: s.lkey,
-                    }],
+                    }]
+                    .into(),
                 },
             )
             .unwrap();

@@ -18,11 +18,12 @@ fn post_receives(side: &Side, first: u64, n: u64) {
     for wr_id in first..first + n {
         let wr = RecvWr {
             wr_id,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: side.buf.as_ptr() as u64,
                 length: 64,
                 lkey: side.lkey,
-            }],
+            }]
+            .into(),
         };
         side.device.post_recv(side.qpn, wr).unwrap();
     }

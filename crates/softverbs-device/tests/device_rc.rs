@@ -24,7 +24,7 @@ fn exercise(a: &mut Side, b: &mut Side) {
             b.qpn,
             RecvWr {
                 wr_id: 7,
-                sg_list: vec![sge(b, 0, 4096)],
+                sg_list: [sge(b, 0, 4096)].into(),
             },
         )
         .unwrap();
@@ -235,7 +235,7 @@ fn send_with_invalidate_of_an_ordinary_region_is_refused_with_rem_inv_req_err() 
             b.qpn,
             RecvWr {
                 wr_id: 3,
-                sg_list: vec![sge(&b, 0, 64)],
+                sg_list: [sge(&b, 0, 64)].into(),
             },
         )
         .unwrap();

@@ -82,7 +82,7 @@ fn send_across_two_sges(a: &mut Side, b: &mut Side) {
     let first = 10_000;
     let recv = RecvWr {
         wr_id: 7,
-        sg_list: vec![sge(b, 0, first), sge(b, 20_000, SEND_LEN - first)],
+        sg_list: [sge(b, 0, first), sge(b, 20_000, SEND_LEN - first)].into(),
     };
     b.device.post_recv(b.qpn, recv).unwrap();
     a.device

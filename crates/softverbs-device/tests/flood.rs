@@ -52,7 +52,7 @@ fn send_verified(from: &mut Side, to: &Side, wr_id: u64, pattern: u8) {
             to.qpn,
             RecvWr {
                 wr_id,
-                sg_list: vec![sge(to, 8192, LEN)],
+                sg_list: [sge(to, 8192, LEN)].into(),
             },
         )
         .unwrap();

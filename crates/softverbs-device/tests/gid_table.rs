@@ -55,7 +55,7 @@ fn qps_on_gid_index_0_or_1_exchange_sends_over_udp_in_every_combination() {
                     peer.qpn,
                     RecvWr {
                         wr_id: id,
-                        sg_list: vec![sge(peer, 4096, 64)],
+                        sg_list: [sge(peer, 4096, 64)].into(),
                     },
                 )
                 .unwrap();

@@ -30,7 +30,10 @@
 //! bookkeeping of reads left for later costs every packet about 230 instructions, an
 //! 8-byte ping-pong included); 19,871 once a run that leaves the engine nothing to do (a
 //! post of a receive) skips the drain and delivery, and the path check of an IPv4 packet
-//! compares bytes instead of working out addresses.
+//! compares bytes instead of working out addresses (31,004 dev); 19,401 / 30,600 once a
+//! work request holds its one scatter/gather entry inline (`SgeList`): retiring a request
+//! no longer frees a `Vec` (the requests are built before the measured region, so their
+//! allocations were never counted here; `tests/allocations.rs` counts them).
 
 mod common;
 
@@ -137,7 +140,7 @@ fn count(dir: &Path) -> u64 {
 }
 
 /// The bound on instructions per round trip: optimised build, dev profile (module doc).
-const BOUNDS: (u64, u64) = (21_700, 34_200);
+const BOUNDS: (u64, u64) = (21_400, 34_200);
 
 #[test]
 fn callgrind_counts_stay_within_bounds() {

@@ -48,7 +48,7 @@ fn messages(from: &mut Side, to: &mut Side, n: usize) {
                     to.qpn,
                     RecvWr {
                         wr_id: i as u64,
-                        sg_list: vec![sge(to, at, MESSAGE as u32)],
+                        sg_list: [sge(to, at, MESSAGE as u32)].into(),
                     },
                 )
                 .unwrap();

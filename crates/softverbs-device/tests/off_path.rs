@@ -113,7 +113,7 @@ fn forged_rc_requests_from_another_address_are_dropped_and_touch_nothing() {
             b.qpn,
             RecvWr {
                 wr_id: 1,
-                sg_list: vec![sge(&b, 4096, 64)],
+                sg_list: [sge(&b, 4096, 64)].into(),
             },
         )
         .unwrap();
@@ -281,7 +281,7 @@ fn forged_uc_packets_from_another_address_are_dropped_and_the_peer_goes_on() {
                 b.qpn,
                 RecvWr {
                     wr_id,
-                    sg_list: vec![sge(&b, 4096 + 64 * wr_id as usize, 64)],
+                    sg_list: [sge(&b, 4096 + 64 * wr_id as usize, 64)].into(),
                 },
             )
             .unwrap();

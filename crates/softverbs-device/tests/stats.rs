@@ -39,7 +39,7 @@ fn sends(a: &Side, b: &Side, n: u64) {
                 b.qpn,
                 RecvWr {
                     wr_id: i,
-                    sg_list: vec![sge(b, 0, 100)],
+                    sg_list: [sge(b, 0, 100)].into(),
                 },
             )
             .unwrap();

@@ -1371,11 +1371,12 @@ mod tests {
                 qpn,
                 RecvWr {
                     wr_id: 1,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: 0,
                         length: 64,
                         lkey: 1,
-                    }],
+                    }]
+                    .into(),
                 },
             )
             .unwrap();
@@ -1790,11 +1791,12 @@ mod tests {
 
             let recv = RecvWr {
                 wr_id: 2,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: 0,
                     length: 64,
                     lkey: 1,
-                }],
+                }]
+                .into(),
             };
             ep.post_srq_recv(srq, recv).unwrap();
             let send = codec::Headers {
@@ -1917,11 +1919,12 @@ mod tests {
         {
             let recv = RecvWr {
                 wr_id: i as u64,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: 256 * i as u64,
                     length: 256,
                     lkey: 1,
-                }],
+                }]
+                .into(),
             };
             ep.post_recv(qpn, recv).unwrap();
         }

@@ -17,7 +17,7 @@ use crate::srq::Srq;
 use crate::types::{
     AccessFlags, AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType,
 };
-use crate::wr::{FlushSelectivity, Gather, RecvWr, SendOp, SendWr};
+use crate::wr::{FlushSelectivity, Gather, RecvWr, SendOp, SendWr, SgeList};
 
 /// The parts of the engine a QP writes to while it runs.
 pub(crate) struct Ctx<'a> {
@@ -652,7 +652,7 @@ impl Qp {
         }
         if wr.op.is_placement() {
             // The operands travel in the request: no local buffer is read or written.
-            wr.gather = Gather::Sges(Vec::new());
+            wr.gather = Gather::Sges(SgeList::new());
             wr.flags.remove(crate::wr::SendFlags::INLINE);
         }
         let caps = &self.init.caps;

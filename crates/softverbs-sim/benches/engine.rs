@@ -182,7 +182,7 @@ impl Pair {
                             self.qb,
                             RecvWr {
                                 wr_id: id,
-                                sg_list: vec![sge],
+                                sg_list: [sge].into(),
                             },
                         )
                         .unwrap();
@@ -345,7 +345,7 @@ impl Fleet {
                             qb,
                             RecvWr {
                                 wr_id: id,
-                                sg_list: vec![sge],
+                                sg_list: [sge].into(),
                             },
                         )
                         .unwrap();

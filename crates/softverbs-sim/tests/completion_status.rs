@@ -513,7 +513,7 @@ fn rem_op_err_when_responder_receive_buffer_is_invalid() {
                 qb,
                 softverbs_proto::RecvWr {
                     wr_id: 9,
-                    sg_list: vec![bad],
+                    sg_list: [bad].into(),
                 },
             )?;
             sim.post_send(0, qa, SendWr::new(1, SendOp::Send, vec![sge(&a, 0, 32)]))?;

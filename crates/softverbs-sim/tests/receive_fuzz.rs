@@ -416,7 +416,7 @@ impl World {
             w.mems[1].allow_writes(sge.addr, u64::from(sge.length));
             let wr = RecvWr {
                 wr_id: j,
-                sg_list: vec![sge],
+                sg_list: [sge].into(),
             };
             w.eps[1].post_recv(qb, wr).expect("post_recv");
             w.outstanding.insert((1, CqTarget::Recv, j));

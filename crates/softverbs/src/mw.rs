@@ -18,7 +18,7 @@ use crate::mr::{Mr, MrSlice, RemoteAddr};
 use crate::pd::Pd;
 use crate::qp::Qp;
 use crate::wr::SendRequest;
-use softverbs_proto::{AccessFlags, SendOp, SendWr, WindowBind, WindowType};
+use softverbs_proto::{AccessFlags, SendOp, SendWr, SgeList, WindowBind, WindowType};
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -152,7 +152,7 @@ impl<'a> Mw<'a> {
 
 fn bind_request(wr_id: u64, bind: WindowBind) -> SendRequest {
     SendRequest {
-        wr: SendWr::new(wr_id, SendOp::BindMw(bind), Vec::new()),
+        wr: SendWr::new(wr_id, SendOp::BindMw(bind), SgeList::new()),
     }
 }
 
@@ -173,7 +173,7 @@ impl SendRequest {
                 SendOp::LocalInv {
                     invalidate_rkey: rkey,
                 },
-                Vec::new(),
+                SgeList::new(),
             ),
         }
     }

@@ -10,10 +10,12 @@
 use crate::ah::Ah;
 use crate::mr::{MrSlice, RemoteAddr};
 use softverbs_proto::{
-    FlushPlacement, FlushSelectivity, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
+    FlushPlacement, FlushSelectivity, RecvWr, SendFlags, SendOp, SendWr, SgeList, UdDest,
 };
 
-fn sges(local: &[MrSlice<'_>]) -> Vec<Sge> {
+/// The entries of `local`, in order (inline up to [`SgeList::INLINE`]: no allocation for
+/// the usual one).
+fn sges(local: &[MrSlice<'_>]) -> SgeList {
     local.iter().map(MrSlice::sge).collect()
 }
 
@@ -67,7 +69,7 @@ impl SendRequest {
     /// `IBV_WR_SEND` with `IBV_SEND_INLINE`: `data` is copied now.
     pub fn send_inline(wr_id: u64, data: &[u8]) -> Self {
         SendRequest {
-            wr: SendWr::new(wr_id, SendOp::Send, Vec::new()).with_inline(data.to_vec()),
+            wr: SendWr::new(wr_id, SendOp::Send, SgeList::new()).with_inline(data.to_vec()),
         }
     }
 

@@ -13,7 +13,9 @@ use crate::verbs_h::{
     IBV_WR_SEND_WITH_IMM, IBV_WR_SEND_WITH_INV,
 };
 use crate::wr::{inline_payload, post_list, post_recv_list, sges};
-use softverbs::core::engine::{Gather, QpType, SendFlags, SendOp, SendWr, UdDest, WindowType};
+use softverbs::core::engine::{
+    Gather, QpType, SendFlags, SendOp, SendWr, SgeList, UdDest, WindowType,
+};
 use std::ffi::c_int;
 
 /// The `enum ibv_send_flags` the device honours (`0xf`).
@@ -83,7 +85,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, Errno> {
     };
     let gather = if op.is_local() {
         // A bind or local invalidate has no payload: its list is ignored, as rxe does.
-        Gather::Sges(Vec::new())
+        Gather::Sges(SgeList::new())
     } else if flags.contains(SendFlags::INLINE) && op.is_read_or_atomic() {
         // `ibv_post_send(3)`: IBV_SEND_INLINE is "valid only for Send and RDMA Write"; the
         // engine refuses the flag on a READ or atomic (EINVAL), so it gets the flag, not

@@ -26,7 +26,8 @@ use crate::verbs_h::{
 };
 use crate::wr::{inline_payload, sges};
 use softverbs::core::engine::{
-    FlushPlacement, FlushSelectivity, Gather, SendFlags, SendOp, SendWr, Sge, UdDest, WindowType,
+    FlushPlacement, FlushSelectivity, Gather, SendFlags, SendOp, SendWr, Sge, SgeList, UdDest,
+    WindowType,
 };
 use std::ffi::{c_int, c_void};
 
@@ -141,7 +142,7 @@ fn begin(qpx: *mut ibv_qp_ex, op: SendOp) {
         batch.requests.push(SendWr {
             wr_id,
             op,
-            gather: Gather::Sges(Vec::new()),
+            gather: Gather::Sges(SgeList::new()),
             flags: SendFlags::from_bits_truncate(flags),
             ud: None,
         });
@@ -162,16 +163,18 @@ fn set_gather(qpx: *mut ibv_qp_ex, gather: Result<Gather, Errno>) {
 }
 
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |_, batch| *batch = Batch::default());
+    with_batch(qpx, |_, batch| batch.clear());
 }
 
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     let mut result = Ok(());
     with_batch(qpx, |state, batch| {
-        let Batch { requests, error } = std::mem::take(batch);
-        result = match error {
+        // The requests leave the batch but its list stays, for the next batch to fill
+        // without an allocation.
+        let mut requests = batch.requests.drain(..);
+        result = match batch.error.take() {
             Some(e) => Err(e),
-            None => requests.into_iter().try_for_each(|wr| {
+            None => requests.try_for_each(|wr| {
                 state
                     .entry
                     .device
@@ -184,7 +187,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
-    with_batch(qpx, |_, batch| *batch = Batch::default());
+    with_batch(qpx, |_, batch| batch.clear());
 }
 
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
@@ -357,7 +360,10 @@ unsafe extern "C" fn wr_flush(
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    set_gather(qpx, Ok(Gather::Sges(vec![Sge { addr, length, lkey }])));
+    set_gather(
+        qpx,
+        Ok(Gather::Sges(SgeList::from(Sge { addr, length, lkey }))),
+    );
 }
 
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
@@ -387,7 +393,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
         if num_buf > 0 && buf_list.is_null() {
             return Err(libc::EINVAL);
         }
-        let mut list = Vec::with_capacity(num_buf);
+        let mut list = SgeList::new();
         for i in 0..num_buf {
             // SAFETY: `i < num_buf`, and `buf_list` has `num_buf` readable entries (the
             // builder contract; not NULL: checked above).

@@ -32,6 +32,15 @@ pub(super) struct Batch {
     pub(super) error: Option<Errno>,
 }
 
+impl Batch {
+    /// Empties the batch (`ibv_wr_start`, `ibv_wr_abort`), keeping the list's room: a
+    /// batch built after it allocates nothing until it holds more requests than any before.
+    pub(super) fn clear(&mut self) {
+        self.requests.clear();
+        self.error = None;
+    }
+}
+
 impl Tagged for QpState {
     const MAGIC: u64 = u64::from_be_bytes(*b"svqp\0\0\0\x01");
 }

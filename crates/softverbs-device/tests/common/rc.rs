@@ -186,14 +186,12 @@ pub fn wait_for(side: &Side, n: usize) -> Vec<WorkCompletion> {
 
 /// A receive of 64 bytes at the start of `side`'s buffer.
 pub fn recv_wr(side: &Side, wr_id: u64) -> RecvWr {
-    RecvWr {
-        wr_id,
-        sg_list: vec![Sge {
-            addr: side.buf.as_ptr() as u64,
-            length: 64,
-            lkey: side.lkey,
-        }],
-    }
+    let sge = Sge {
+        addr: side.buf.as_ptr() as u64,
+        length: 64,
+        lkey: side.lkey,
+    };
+    RecvWr::new(wr_id, [sge])
 }
 
 /// A SEND of 8 bytes at offset 1024 of `side`'s buffer.
@@ -203,7 +201,7 @@ pub fn send_wr(side: &Side, wr_id: u64) -> SendWr {
         length: 8,
         lkey: side.lkey,
     };
-    SendWr::new(wr_id, SendOp::Send, vec![sge])
+    SendWr::new(wr_id, SendOp::Send, [sge])
 }
 
 /// The next completion of `side`, which must be a success, polling as a busy-polling

@@ -39,7 +39,7 @@ pub fn sge(mr: &Mr, offset: u64, len: u32) -> Sge {
 pub fn recv(wr_id: u64, mr: &Mr, offset: u64, len: u32) -> RecvWr {
     RecvWr {
         wr_id,
-        sg_list: vec![sge(mr, offset, len)],
+        sg_list: [sge(mr, offset, len)].into(),
     }
 }
 

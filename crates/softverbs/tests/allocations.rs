@@ -1,0 +1,112 @@
+//! Heap allocations of the safe API's post path: building a [`SendRequest`] or a
+//! [`RecvRequest`] of one [`MrSlice`](softverbs::MrSlice), posting it and polling its
+//! completion allocates nothing once warm. RDMA applications expect a post that does not
+//! call `malloc`; the request's scatter/gather list holds its one entry inline
+//! (`SgeList`), and the device below reuses its packets and queues (softverbs-device's
+//! `tests/allocations.rs`).
+//!
+//! Counted by a global allocator that counts the allocations of the test's own thread
+//! while `COUNTING` is set (the devices' progress threads are not counted: they handle
+//! nothing in a busy ping-pong, and what they do is not per message).
+
+mod common;
+
+use common::{in_process, rc_pair, Side, PATIENCE};
+use softverbs::{RecvRequest, SendRequest, WcStatus, WorkCompletion};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Round trips before counting (queues and tables reach their size).
+const WARMUP: u64 = 200;
+/// Round trips counted.
+const ROUNDS: u64 = 1_000;
+
+/// The next completion of `side`, which must be a success, polled into an array (nothing
+/// allocated); bounded in time.
+fn wait_one(side: &Side) -> WorkCompletion {
+    let deadline = Instant::now() + PATIENCE;
+    let mut wcs = [WorkCompletion::default(); 1];
+    loop {
+        if side.cq.poll(&mut wcs).unwrap() == 1 {
+            assert_eq!(wcs[0].status(), WcStatus::Success, "{:?}", wcs[0]);
+            return wcs[0];
+        }
+        assert!(Instant::now() < deadline, "no completion");
+    }
+}
+
+/// One round trip: `a` sends 8 bytes to `b`, `b` answers; each reposts the receive its
+/// peer's message took. Counted (when `counted`): building the requests, the posts and
+/// the polls.
+fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
+    for (from, to) in [(a, b), (b, a)] {
+        COUNTING.with(|c| c.set(counted));
+        let send = SendRequest::send(n, &[from.mr.slice(1024..1032).unwrap()]);
+        let recv = RecvRequest::new(n, &[to.mr.slice(0..64).unwrap()]);
+        from.qp.post_send(send).unwrap();
+        wait_one(to);
+        to.qp.post_recv(recv).unwrap();
+        wait_one(from);
+        COUNTING.with(|c| c.set(false));
+    }
+}
+
+/// Before requests held their scatter/gather lists inline, each built allocated a `Vec`
+/// (4 per round trip).
+#[test]
+fn building_posting_and_completing_requests_allocates_nothing_per_round_trip() {
+    let (a, b) = rc_pair(in_process(), in_process());
+    for side in [&a, &b] {
+        let first = RecvRequest::new(0, &[side.mr.slice(0..64).unwrap()]);
+        side.qp.post_recv(first).unwrap();
+    }
+    for n in 0..WARMUP {
+        round_trip(&a, &b, n, false);
+    }
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for n in 0..ROUNDS {
+        round_trip(&a, &b, WARMUP + n, true);
+    }
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let per_round_trip = allocations as f64 / ROUNDS as f64;
+    println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
+    assert_eq!(
+        allocations, 0,
+        "{per_round_trip:.3} allocations per round trip"
+    );
+}
