@@ -7,7 +7,7 @@
 
 use crate::abi::*;
 use crate::boundary::{guarded, Errno};
-use softverbs::core::engine::{RecvWr, Sge, SgeList};
+use softverbs::core::engine::{InlineData, RecvWr, Sge, SgeList};
 use std::ffi::c_int;
 
 /// Reads a C scatter/gather list of `num_sge` entries (`EINVAL` for a negative count, more
@@ -45,12 +45,12 @@ pub(crate) unsafe fn sges(
 /// # Safety
 ///
 /// Every entry's `[addr, addr + length)` is readable (the `ibv_post_send(3)` contract).
-pub(crate) unsafe fn inline_payload(list: &[Sge], max: u32) -> Result<Vec<u8>, Errno> {
+pub(crate) unsafe fn inline_payload(list: &[Sge], max: u32) -> Result<InlineData, Errno> {
     let total: u64 = list.iter().map(|s| u64::from(s.length)).sum();
     if total > u64::from(max) {
         return Err(libc::EINVAL);
     }
-    let mut bytes = Vec::with_capacity(total as usize);
+    let mut bytes = InlineData::with_capacity(total as usize);
     for s in list.iter().filter(|s| s.length > 0) {
         // SAFETY: the caller's contract makes `[addr, addr + length)` readable; the bytes
         // are copied before the slice goes out of scope.

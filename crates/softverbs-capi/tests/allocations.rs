@@ -1,11 +1,13 @@
 //! Heap allocations of the drop-in's post path: a ping-pong between two RC QPs of the
 //! drop-in's device allocates nothing per round trip once warm, with every request built
-//! by the application as C builds it — one way by `ibv_post_send` (one SGE), the other by
+//! by the application as C builds it — one way by `ibv_post_send` (8 bytes inline, as
+//! `ib_send_lat` posts them), the other by
 //! the extended post (`ibv_wr_start`, `ibv_wr_send`, `ibv_wr_set_sge`, `ibv_wr_complete`),
 //! each receive re-posted by `ibv_post_recv` (one SGE). RDMA applications expect a post
 //! that does not call `malloc`: the drop-in reads a C scatter/gather list straight into
-//! the engine's `SgeList` (one entry inline), and an extended post's batch keeps its list
-//! from one `ibv_wr_start` to the next.
+//! the engine's `SgeList` (one entry inline), an inline payload of up to 16 bytes into its
+//! `InlineData`, and an extended post's batch keeps its list from one `ibv_wr_start` to the
+//! next.
 //!
 //! The exports are called from Rust as a C program calls them, the `verbs.h` inlines
 //! through the context's ops table and the QP's function pointers (as `rule_table.rs`
@@ -19,7 +21,7 @@ use softverbs_capi::abi::{
     ibv_context, ibv_cq, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_ex,
     ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc,
     verbs_context, IBV_QPT_RC, IBV_QP_EX_WITH_SEND, IBV_QP_INIT_ATTR_PD,
-    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, IBV_SEND_SIGNALED, IBV_WR_SEND,
+    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, IBV_SEND_INLINE, IBV_SEND_SIGNALED, IBV_WR_SEND,
 };
 use softverbs_capi::cq::ibv_create_cq;
 use softverbs_capi::device::{ibv_get_device_list, ibv_open_device, ibv_query_gid};
@@ -122,7 +124,7 @@ fn caps() -> ibv_qp_cap {
         max_recv_wr: 8,
         max_send_sge: 1,
         max_recv_sge: 1,
-        max_inline_data: 0,
+        max_inline_data: 64,
     }
 }
 
@@ -303,7 +305,8 @@ fn post_recv(setup: &Setup, qp: *mut ibv_qp, wr_id: u64) {
     assert_eq!(unsafe { post(qp, &mut wr, &mut bad) }, 0);
 }
 
-/// `ibv_post_send`, the `verbs.h` inline, of an 8-byte SEND from `setup.a`.
+/// `ibv_post_send`, the `verbs.h` inline, of an 8-byte SEND from `setup.a`, its payload
+/// inline (`IBV_SEND_INLINE`: copied out of the buffer at the post).
 fn post_send(setup: &Setup, wr_id: u64) {
     // SAFETY: the region is live.
     let (base, lkey) = unsafe { ((*setup.mr).addr as u64, (*setup.mr).lkey) };
@@ -319,7 +322,7 @@ fn post_send(setup: &Setup, wr_id: u64) {
     wr.sg_list = &mut sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
     let mut bad = null_mut();
     let qp = setup.a;
     // SAFETY: `qp` is live and its context open (the inline reads them the same way).
@@ -383,7 +386,8 @@ fn round_trip(setup: &Setup, n: u64, counted: bool) {
 
 /// Before the drop-in read scatter/gather lists into an inline list and kept the
 /// extended post's batch list, a round trip here allocated 5 times: a `Vec` per request
-/// read from C (two sends, two receives) and the batch's list.
+/// read from C (two sends, two receives) and the batch's list; and once more, before an
+/// inline payload of 8 bytes stayed in the request, for the `Vec` it was copied into.
 #[test]
 fn posting_through_the_c_verbs_allocates_nothing_per_round_trip() {
     let setup = setup();

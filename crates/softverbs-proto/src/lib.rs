@@ -124,6 +124,6 @@ pub use types::{
 };
 pub use window::PeerWindow;
 pub use wr::{
-    FlushPlacement, FlushSelectivity, Gather, RecvWr, SendFlags, SendOp, SendWr, Sge, SgeList,
-    UdDest,
+    FlushPlacement, FlushSelectivity, Gather, InlineData, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    SgeList, UdDest,
 };

@@ -160,6 +160,86 @@ impl From<Vec<Sge>> for SgeList {
     }
 }
 
+/// The payload of an `IBV_SEND_INLINE` request, copied out of the application's buffers at
+/// post time: up to [`InlineData::INLINE`] bytes are held in the request itself, more on
+/// the heap.
+///
+/// Sixteen because they cost nothing in size: the list is 24 bytes, as the `Vec` it
+/// replaced (smallvec's union layout keeps the bytes where the pointer and length of a
+/// heap buffer would be), so a [`SendWr`] stays 128 bytes (see [`SgeList`] for why that
+/// matters), and an 8-byte ping-pong (`ib_send_lat`, which posts inline) or a small
+/// control message costs no `malloc`.
+///
+/// ```
+/// use softverbs_proto::InlineData;
+/// let small = InlineData::from(&b"8 bytes!"[..]);
+/// assert_eq!(&small[..], b"8 bytes!");
+/// assert!(!small.spilled());
+/// assert!(InlineData::from(vec![0u8; 64]).spilled());
+/// ```
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct InlineData(SmallVec<[u8; InlineData::INLINE]>);
+
+impl InlineData {
+    /// Bytes held without a heap allocation (the type's documentation says why sixteen).
+    pub const INLINE: usize = 16;
+
+    /// No payload.
+    #[inline]
+    pub fn new() -> Self {
+        InlineData(SmallVec::new())
+    }
+
+    /// Room for `len` bytes (inline when `len` is at most [`InlineData::INLINE`]).
+    #[inline]
+    pub fn with_capacity(len: usize) -> Self {
+        InlineData(SmallVec::with_capacity(len))
+    }
+
+    /// Appends `bytes`.
+    #[inline]
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+
+    /// The bytes live on the heap: there were more than [`InlineData::INLINE`].
+    #[inline]
+    pub fn spilled(&self) -> bool {
+        self.0.spilled()
+    }
+}
+
+impl Deref for InlineData {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for InlineData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl From<&[u8]> for InlineData {
+    #[inline]
+    fn from(bytes: &[u8]) -> Self {
+        InlineData(SmallVec::from_slice(bytes))
+    }
+}
+
+/// Keeps the `Vec`'s buffer when it holds more than [`InlineData::INLINE`] bytes;
+/// otherwise the bytes move inline and the buffer is freed.
+impl From<Vec<u8>> for InlineData {
+    #[inline]
+    fn from(bytes: Vec<u8>) -> Self {
+        InlineData(SmallVec::from_vec(bytes))
+    }
+}
+
 bitflags! {
     /// Send flags (`enum ibv_send_flags`, same values).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -383,7 +463,7 @@ pub enum Gather {
     /// Gathered from registered memory at transmit time (local access checked by L_Key).
     Sges(SgeList),
     /// Copied by the caller at post time (`IBV_SEND_INLINE`; no L_Key check).
-    Inline(Vec<u8>),
+    Inline(InlineData),
 }
 
 impl Gather {
@@ -450,9 +530,10 @@ impl SendWr {
         self
     }
 
-    /// The same request with an inline payload (sets `IBV_SEND_INLINE`).
-    pub fn with_inline(mut self, data: Vec<u8>) -> Self {
-        self.gather = Gather::Inline(data);
+    /// The same request with an inline payload (sets `IBV_SEND_INLINE`): a `Vec<u8>`, a
+    /// byte slice or an [`InlineData`].
+    pub fn with_inline(mut self, data: impl Into<InlineData>) -> Self {
+        self.gather = Gather::Inline(data.into());
         self.flags |= SendFlags::INLINE;
         self
     }
@@ -523,6 +604,10 @@ mod tests {
         assert_eq!(
             std::mem::size_of::<SgeList>(),
             std::mem::size_of::<Vec<Sge>>()
+        );
+        assert_eq!(
+            std::mem::size_of::<InlineData>(),
+            std::mem::size_of::<Vec<u8>>()
         );
         assert_eq!(std::mem::size_of::<SendWr>(), 128);
         assert_eq!(std::mem::size_of::<RecvWr>(), 32);

@@ -69,7 +69,7 @@ impl SendRequest {
     /// `IBV_WR_SEND` with `IBV_SEND_INLINE`: `data` is copied now.
     pub fn send_inline(wr_id: u64, data: &[u8]) -> Self {
         SendRequest {
-            wr: SendWr::new(wr_id, SendOp::Send, SgeList::new()).with_inline(data.to_vec()),
+            wr: SendWr::new(wr_id, SendOp::Send, SgeList::new()).with_inline(data),
         }
     }
 
@@ -203,7 +203,7 @@ impl SendRequest {
 
     /// Replaces the payload with an inline copy of `data` (`IBV_SEND_INLINE`).
     pub fn inline(mut self, data: &[u8]) -> Self {
-        self.wr = self.wr.with_inline(data.to_vec());
+        self.wr = self.wr.with_inline(data);
         self
     }
 

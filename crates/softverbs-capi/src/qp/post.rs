@@ -14,7 +14,7 @@ use crate::verbs_h::{
 };
 use crate::wr::{inline_payload, post_list, post_recv_list, sges};
 use softverbs::core::engine::{
-    Gather, QpType, SendFlags, SendOp, SendWr, SgeList, UdDest, WindowType,
+    Gather, InlineData, QpType, SendFlags, SendOp, SendWr, SgeList, UdDest, WindowType,
 };
 use std::ffi::c_int;
 
@@ -90,7 +90,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, state: &QpState) -> Result<SendWr, Errno> {
         // `ibv_post_send(3)`: IBV_SEND_INLINE is "valid only for Send and RDMA Write"; the
         // engine refuses the flag on a READ or atomic (EINVAL), so it gets the flag, not
         // the buffers (which a READ writes, not reads).
-        Gather::Inline(Vec::new())
+        Gather::Inline(InlineData::new())
     } else if flags.contains(SendFlags::INLINE) {
         // SAFETY: with `IBV_SEND_INLINE` every entry's buffer is readable for its length
         // (this function's `# Safety`).
