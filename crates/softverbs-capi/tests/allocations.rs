@@ -13,8 +13,11 @@
 //! through the context's ops table and the QP's function pointers (as `rule_table.rs`
 //! does). The device is in-process (`SOFTVERBS_NETWORK=inprocess`), so a packet is handed
 //! over on the posting thread and everything a round trip does runs on the test's thread,
-//! the only one counted (by a global allocator that counts while `COUNTING` is set). Alone
+//! the only one counted (by the global allocator of `counting_alloc`). Alone
 //! in its test binary: it sets the environment before the drop-in opens its device.
+
+#[path = "../../softverbs-device/tests/common/counting_alloc.rs"]
+mod counting_alloc;
 
 use softverbs::core::cq::WcStatus;
 use softverbs_capi::abi::{
@@ -28,45 +31,9 @@ use softverbs_capi::device::{ibv_get_device_list, ibv_open_device, ibv_query_gid
 use softverbs_capi::mr::ibv_reg_mr;
 use softverbs_capi::pd::ibv_alloc_pd;
 use softverbs_capi::qp::{ibv_create_qp, ibv_modify_qp, ibv_qp_to_qp_ex};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::ffi::c_int;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// Round trips before counting (queues and tables reach their size).
 const WARMUP: u64 = 200;
@@ -372,7 +339,7 @@ fn wait_one(cq: *mut ibv_cq) {
 fn round_trip(setup: &Setup, n: u64, counted: bool) {
     // SAFETY: both QPs are live.
     let (a, b) = (setup.a, unsafe { &raw mut (*setup.b).qp_base });
-    COUNTING.with(|c| c.set(counted));
+    counting_alloc::count(counted);
     post_send(setup, n);
     wait_one(setup.b_cq);
     post_recv(setup, b, n);
@@ -381,7 +348,7 @@ fn round_trip(setup: &Setup, n: u64, counted: bool) {
     wait_one(setup.a_cq);
     post_recv(setup, a, n);
     wait_one(setup.b_cq);
-    COUNTING.with(|c| c.set(false));
+    counting_alloc::count(false);
 }
 
 /// Before the drop-in read scatter/gather lists into an inline list and kept the
@@ -394,11 +361,11 @@ fn posting_through_the_c_verbs_allocates_nothing_per_round_trip() {
     for n in 0..WARMUP {
         round_trip(&setup, n, false);
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting_alloc::allocations();
     for n in 0..ROUNDS {
         round_trip(&setup, WARMUP + n, true);
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocations = counting_alloc::allocations() - before;
     let per_round_trip = allocations as f64 / ROUNDS as f64;
     println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
     assert_eq!(

@@ -9,48 +9,16 @@
 //! as a time.
 //!
 //! Counted by a global allocator that counts the allocations of the test's own thread
-//! while `COUNTING` is set (the devices' progress threads are not counted: they handle
-//! nothing in a busy ping-pong, and what they do is not per message).
+//! while it has counting on (`common/counting_alloc.rs`; the devices' progress threads
+//! are not counted: they handle nothing in a busy ping-pong, and what they do is not
+//! per message).
 
 mod common;
 
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+
 use common::rc::{in_process_pair, recv_wr, send_wr, wait_one, Side};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// Round trips before counting (queues and tables reach their size).
 const WARMUP: u64 = 200;
@@ -62,14 +30,14 @@ const ROUNDS: u64 = 1_000;
 /// as an application does, the verbs and the polls.
 fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
     for (from, to) in [(a, b), (b, a)] {
-        COUNTING.with(|c| c.set(counted));
+        counting_alloc::count(counted);
         let (send, recv) = (send_wr(from, n), recv_wr(to, n));
         from.device.post_send(from.qpn, send).unwrap();
         // Each a success (`wait_one` checks).
         wait_one(to);
         to.device.post_recv(to.qpn, recv).unwrap();
         wait_one(from);
-        COUNTING.with(|c| c.set(false));
+        counting_alloc::count(false);
     }
 }
 
@@ -81,11 +49,11 @@ fn a_ping_pong_allocates_nothing_per_round_trip_its_work_requests_included() {
     for n in 0..WARMUP {
         round_trip(&a, &b, n, false);
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting_alloc::allocations();
     for n in 0..ROUNDS {
         round_trip(&a, &b, WARMUP + n, true);
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocations = counting_alloc::allocations() - before;
     let per_round_trip = allocations as f64 / ROUNDS as f64;
     println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
     assert_eq!(

@@ -6,50 +6,18 @@
 //! `tests/allocations.rs`).
 //!
 //! Counted by a global allocator that counts the allocations of the test's own thread
-//! while `COUNTING` is set (the devices' progress threads are not counted: they handle
-//! nothing in a busy ping-pong, and what they do is not per message).
+//! while it has counting on (`counting_alloc`; the devices' progress threads are not
+//! counted: they handle nothing in a busy ping-pong, and what they do is not per
+//! message).
 
 mod common;
 
+#[path = "../../softverbs-device/tests/common/counting_alloc.rs"]
+mod counting_alloc;
+
 use common::{in_process, rc_pair, Side, PATIENCE};
 use softverbs::{RecvRequest, SendRequest, WcStatus, WorkCompletion};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// Round trips before counting (queues and tables reach their size).
 const WARMUP: u64 = 200;
@@ -75,14 +43,14 @@ fn wait_one(side: &Side) -> WorkCompletion {
 /// the polls.
 fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
     for (from, to) in [(a, b), (b, a)] {
-        COUNTING.with(|c| c.set(counted));
+        counting_alloc::count(counted);
         let send = SendRequest::send(n, &[from.mr.slice(1024..1032).unwrap()]);
         let recv = RecvRequest::new(n, &[to.mr.slice(0..64).unwrap()]);
         from.qp.post_send(send).unwrap();
         wait_one(to);
         to.qp.post_recv(recv).unwrap();
         wait_one(from);
-        COUNTING.with(|c| c.set(false));
+        counting_alloc::count(false);
     }
 }
 
@@ -98,11 +66,11 @@ fn building_posting_and_completing_requests_allocates_nothing_per_round_trip() {
     for n in 0..WARMUP {
         round_trip(&a, &b, n, false);
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting_alloc::allocations();
     for n in 0..ROUNDS {
         round_trip(&a, &b, WARMUP + n, true);
     }
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocations = counting_alloc::allocations() - before;
     let per_round_trip = allocations as f64 / ROUNDS as f64;
     println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
     assert_eq!(
