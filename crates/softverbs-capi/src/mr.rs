@@ -72,7 +72,7 @@ use crate::verbs_h::{IBV_ACCESS_HUGETLB, IBV_ACCESS_OPTIONAL_RANGE, IBV_ACCESS_Z
 use softverbs::core::device::memory::Advice;
 use softverbs::core::device::Rereg;
 use softverbs::core::engine::{
-    AccessFlags, Gather, SendFlags, SendOp, SendWr, Sge, SgeList, WindowBind, WindowType,
+    AccessFlags, Gather, SendFlags, SendOp, SendWr, SgeList, WindowBind, WindowType,
 };
 use std::ffi::{c_int, c_void};
 
@@ -260,18 +260,9 @@ pub unsafe extern "C" fn advise_mr(
         if num_sge > 0 && sg_list.is_null() {
             return Err(libc::EFAULT);
         }
-        let sges: SgeList = (0..num_sge as usize)
-            .map(|i| {
-                // SAFETY: `i < num_sge` entries are readable (this function's `# Safety`;
-                // not NULL, checked above).
-                let s = unsafe { sg_list.add(i).read() };
-                Sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                }
-            })
-            .collect();
+        // SAFETY: `num_sge` entries are readable (this function's `# Safety`; not NULL,
+        // checked above).
+        let sges = unsafe { crate::wr::read_sges(sg_list, num_sge as usize) };
         parent
             .ctx
             .entry

@@ -25,10 +25,21 @@ pub(crate) unsafe fn sges(
     if num_sge < 0 || num_sge as u32 > max || (num_sge > 0 && sg_list.is_null()) {
         return Err(libc::EINVAL);
     }
-    Ok((0..num_sge as usize)
+    // SAFETY: `num_sge` entries are readable (this function's contract; not NULL, checked
+    // above).
+    Ok(unsafe { read_sges(sg_list, num_sge as usize) })
+}
+
+/// The `count` entries of a C scatter/gather list, in the engine's list (no allocation for
+/// up to [`SgeList::INLINE`] entries).
+///
+/// # Safety
+///
+/// `sg_list` is readable for `count` entries (not NULL when `count > 0`).
+pub(crate) unsafe fn read_sges(sg_list: *const ibv_sge, count: usize) -> SgeList {
+    (0..count)
         .map(|i| {
-            // SAFETY: `i < num_sge`, and the caller's contract makes that many entries
-            // readable (`sg_list` is not NULL: checked above).
+            // SAFETY: `i < count` entries are readable (this function's contract).
             let s = unsafe { sg_list.add(i).read() };
             Sge {
                 addr: s.addr,
@@ -36,7 +47,7 @@ pub(crate) unsafe fn sges(
                 lkey: s.lkey,
             }
         })
-        .collect())
+        .collect()
 }
 
 /// Copies an inline payload out of the application's buffers (`IBV_SEND_INLINE`: the

@@ -17,7 +17,8 @@ mod common;
 
 use common::{finish, finish_server, softverbs, start_server, TempDir};
 use rustix::process::{kill_process, Pid, Signal};
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,22 @@ fn alone() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// `softverbs perf write bw` streaming 1 MiB RDMA WRITEs (128 outstanding) for `seconds`
+/// to the server at `port`, its `SOFTVERBS_STATS` line into `stats`.
+fn stream(port: u16, stats: &Path, seconds: u32, extra: &[&str]) -> Child {
+    softverbs()
+        .args(["perf", "write", "bw", "-s", "1048576", "-t", "128"])
+        .args(["-D", &seconds.to_string()])
+        .args(["--client", "127.0.0.1", "-p", &port.to_string()])
+        .args(extra)
+        .env("SOFTVERBS_STATS", stats)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the client")
+}
+
 /// Streams 1 MiB RDMA WRITEs for two seconds from a client to a server on the default
 /// network (shared memory), stopping the server `pauses.len()` times 600 ms into the run,
 /// each pause as long as its entry and 40 ms apart; the client's `SOFTVERBS_STATS` line.
@@ -50,17 +67,7 @@ fn stream_with_pauses(pauses: &[Duration]) -> String {
     let stats = dir.join("client.stats");
     let (mut server, server_out, port) = start_server(&["perf", "write", "bw"]);
     let server_pid = Pid::from_raw(server.id() as i32).expect("the server's process ID");
-    let client = softverbs()
-        .args([
-            "perf", "write", "bw", "-s", "1048576", "-t", "128", "-D", "2",
-        ])
-        .args(["--client", "127.0.0.1", "-p", &port.to_string(), "--json"])
-        .env("SOFTVERBS_STATS", &stats)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the client");
+    let client = stream(port, &stats, 2, &["--json"]);
     // The run measures its middle second; the pauses fall in it.
     std::thread::sleep(Duration::from_millis(600));
     for pause in pauses {
@@ -126,17 +133,7 @@ fn a_receiver_stopped_for_good_fails_a_shared_memory_sender_within_its_retry_bud
     let stats = dir.join("client.stats");
     let (mut server, _server_out, port) = start_server(&["perf", "write", "bw"]);
     let server_pid = Pid::from_raw(server.id() as i32).expect("the server's process ID");
-    let client = softverbs()
-        .args([
-            "perf", "write", "bw", "-s", "1048576", "-t", "128", "-D", "8",
-        ])
-        .args(["--client", "127.0.0.1", "-p", &port.to_string()])
-        .env("SOFTVERBS_STATS", &stats)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the client");
+    let client = stream(port, &stats, 8, &[]);
     // Streaming, its window grown past the ring's 4 MiB.
     std::thread::sleep(Duration::from_millis(600));
     kill_process(server_pid, Signal::STOP).expect("stop the receiver");
