@@ -35,10 +35,6 @@ use std::ffi::c_int;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-/// Round trips before counting (queues and tables reach their size).
-const WARMUP: u64 = 200;
-/// Round trips counted.
-const ROUNDS: u64 = 1_000;
 /// Longest a wait for one completion lasts.
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -358,18 +354,7 @@ fn round_trip(setup: &Setup, n: u64, counted: bool) {
 #[test]
 fn posting_through_the_c_verbs_allocates_nothing_per_round_trip() {
     let setup = setup();
-    for n in 0..WARMUP {
-        round_trip(&setup, n, false);
-    }
-    let before = counting_alloc::allocations();
-    for n in 0..ROUNDS {
-        round_trip(&setup, WARMUP + n, true);
-    }
-    let allocations = counting_alloc::allocations() - before;
-    let per_round_trip = allocations as f64 / ROUNDS as f64;
-    println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
-    assert_eq!(
-        allocations, 0,
-        "{per_round_trip:.3} allocations per round trip"
-    );
+    counting_alloc::assert_round_trips_allocate_nothing(|n, counted| {
+        round_trip(&setup, n, counted)
+    });
 }

@@ -20,11 +20,6 @@ mod counting_alloc;
 
 use common::rc::{in_process_pair, recv_wr, send_wr, wait_one, Side};
 
-/// Round trips before counting (queues and tables reach their size).
-const WARMUP: u64 = 200;
-/// Round trips counted.
-const ROUNDS: u64 = 1_000;
-
 /// One round trip: `a` sends 8 bytes to `b`, `b` answers; each reposts the receive its
 /// peer's message took. Counted (when `counted`): building the two SENDs and two receives
 /// as an application does, the verbs and the polls.
@@ -46,18 +41,7 @@ fn round_trip(a: &Side, b: &Side, n: u64, counted: bool) {
 #[test]
 fn a_ping_pong_allocates_nothing_per_round_trip_its_work_requests_included() {
     let (a, b) = in_process_pair();
-    for n in 0..WARMUP {
-        round_trip(&a, &b, n, false);
-    }
-    let before = counting_alloc::allocations();
-    for n in 0..ROUNDS {
-        round_trip(&a, &b, WARMUP + n, true);
-    }
-    let allocations = counting_alloc::allocations() - before;
-    let per_round_trip = allocations as f64 / ROUNDS as f64;
-    println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
-    assert_eq!(
-        allocations, 0,
-        "{per_round_trip:.3} allocations per round trip"
-    );
+    counting_alloc::assert_round_trips_allocate_nothing(|n, counted| {
+        round_trip(&a, &b, n, counted)
+    });
 }

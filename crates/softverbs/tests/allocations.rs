@@ -19,11 +19,6 @@ use common::{in_process, rc_pair, Side, PATIENCE};
 use softverbs::{RecvRequest, SendRequest, WcStatus, WorkCompletion};
 use std::time::Instant;
 
-/// Round trips before counting (queues and tables reach their size).
-const WARMUP: u64 = 200;
-/// Round trips counted.
-const ROUNDS: u64 = 1_000;
-
 /// The next completion of `side`, which must be a success, polled into an array (nothing
 /// allocated); bounded in time.
 fn wait_one(side: &Side) -> WorkCompletion {
@@ -63,18 +58,7 @@ fn building_posting_and_completing_requests_allocates_nothing_per_round_trip() {
         let first = RecvRequest::new(0, &[side.mr.slice(0..64).unwrap()]);
         side.qp.post_recv(first).unwrap();
     }
-    for n in 0..WARMUP {
-        round_trip(&a, &b, n, false);
-    }
-    let before = counting_alloc::allocations();
-    for n in 0..ROUNDS {
-        round_trip(&a, &b, WARMUP + n, true);
-    }
-    let allocations = counting_alloc::allocations() - before;
-    let per_round_trip = allocations as f64 / ROUNDS as f64;
-    println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
-    assert_eq!(
-        allocations, 0,
-        "{per_round_trip:.3} allocations per round trip"
-    );
+    counting_alloc::assert_round_trips_allocate_nothing(|n, counted| {
+        round_trip(&a, &b, n, counted)
+    });
 }

@@ -53,3 +53,27 @@ pub fn count(on: bool) {
 pub fn allocations() -> u64 {
     ALLOCATIONS.load(Ordering::Relaxed)
 }
+
+/// Round trips before counting (queues and tables reach their size).
+pub const WARMUP: u64 = 200;
+/// Round trips counted.
+pub const ROUNDS: u64 = 1_000;
+
+/// Runs `round_trip(n, counted)` [`WARMUP`] times uncounted, then [`ROUNDS`] times counted
+/// (`n` numbering them all), and asserts that the counted ones allocated nothing.
+pub fn assert_round_trips_allocate_nothing(mut round_trip: impl FnMut(u64, bool)) {
+    for n in 0..WARMUP {
+        round_trip(n, false);
+    }
+    let before = allocations();
+    for n in 0..ROUNDS {
+        round_trip(WARMUP + n, true);
+    }
+    let allocations = allocations() - before;
+    let per_round_trip = allocations as f64 / ROUNDS as f64;
+    println!("allocations per round trip: {per_round_trip:.3} ({allocations} in {ROUNDS})");
+    assert_eq!(
+        allocations, 0,
+        "{per_round_trip:.3} allocations per round trip"
+    );
+}
