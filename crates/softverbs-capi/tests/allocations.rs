@@ -19,6 +19,10 @@
 #[path = "../../softverbs-device/tests/common/counting_alloc.rs"]
 mod counting_alloc;
 
+#[path = "common/verbs_values.rs"]
+mod verbs_values;
+use verbs_values::*;
+
 use softverbs::core::cq::WcStatus;
 use softverbs_capi::abi::{
     ibv_context, ibv_cq, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_cap, ibv_qp_ex,
@@ -37,28 +41,6 @@ use std::time::{Duration, Instant};
 
 /// Longest a wait for one completion lasts.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-// `verbs.h` values the library's `verbs_h` module does not carry (rdma-core 44).
-const IBV_QPS_INIT: u32 = 1;
-const IBV_QPS_RTR: u32 = 2;
-const IBV_QPS_RTS: u32 = 3;
-const IBV_QP_STATE: c_int = 1 << 0;
-const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
-const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
-const IBV_QP_PORT: c_int = 1 << 5;
-const IBV_QP_AV: c_int = 1 << 7;
-const IBV_QP_PATH_MTU: c_int = 1 << 8;
-const IBV_QP_TIMEOUT: c_int = 1 << 9;
-const IBV_QP_RETRY_CNT: c_int = 1 << 10;
-const IBV_QP_RNR_RETRY: c_int = 1 << 11;
-const IBV_QP_RQ_PSN: c_int = 1 << 12;
-const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
-const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
-const IBV_QP_SQ_PSN: c_int = 1 << 16;
-const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
-const IBV_QP_DEST_QPN: c_int = 1 << 20;
-const IBV_MTU_1024: u32 = 3;
-const IBV_ACCESS_LOCAL_WRITE: c_int = 1 << 0;
 
 /// Where a SEND reads its 8 bytes.
 const SEND_AT: u64 = 1024;
@@ -176,7 +158,7 @@ fn setup() -> Setup {
             pd,
             buf.as_mut_ptr().cast(),
             buf.len(),
-            IBV_ACCESS_LOCAL_WRITE,
+            IBV_ACCESS_LOCAL_WRITE as c_int,
         )
     };
     assert!(!mr.is_null(), "errno {}", errno());

@@ -28,6 +28,10 @@ mod memlock;
 #[path = "../../softverbs/tests/rules/table.rs"]
 mod table;
 
+#[path = "common/verbs_values.rs"]
+mod verbs_values;
+use verbs_values::*;
+
 use softverbs_capi::abi::{
     ibv_ah, ibv_ah_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
     ibv_cq_init_attr_ex, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_gid,
@@ -75,34 +79,6 @@ const PATIENCE: Duration = WAIT;
 
 /// The Q_Key of the UD cases.
 const QKEY: u32 = 0x1111_1111;
-
-// `verbs.h` values the library's `verbs_h` module does not carry (rdma-core 44):
-// `enum ibv_qp_state`, `enum ibv_qp_attr_mask`, `enum ibv_mtu`, `enum ibv_access_flags`.
-const IBV_QPS_RESET: u32 = 0;
-const IBV_QPS_INIT: u32 = 1;
-const IBV_QPS_RTR: u32 = 2;
-const IBV_QPS_RTS: u32 = 3;
-const IBV_QP_STATE: c_int = 1 << 0;
-const IBV_QP_ACCESS_FLAGS: c_int = 1 << 3;
-const IBV_QP_PKEY_INDEX: c_int = 1 << 4;
-const IBV_QP_PORT: c_int = 1 << 5;
-const IBV_QP_QKEY: c_int = 1 << 6;
-const IBV_QP_AV: c_int = 1 << 7;
-const IBV_QP_PATH_MTU: c_int = 1 << 8;
-const IBV_QP_TIMEOUT: c_int = 1 << 9;
-const IBV_QP_RETRY_CNT: c_int = 1 << 10;
-const IBV_QP_RNR_RETRY: c_int = 1 << 11;
-const IBV_QP_RQ_PSN: c_int = 1 << 12;
-const IBV_QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
-const IBV_QP_MIN_RNR_TIMER: c_int = 1 << 15;
-const IBV_QP_SQ_PSN: c_int = 1 << 16;
-const IBV_QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
-const IBV_QP_DEST_QPN: c_int = 1 << 20;
-const IBV_MTU_1024: u32 = 3;
-const IBV_ACCESS_LOCAL_WRITE: u32 = 1 << 0;
-const IBV_ACCESS_REMOTE_WRITE: u32 = 1 << 1;
-const IBV_ACCESS_REMOTE_READ: u32 = 1 << 2;
-const IBV_ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
 
 /// The mask of RESET → INIT for RC.
 const INIT_MASK: c_int = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
