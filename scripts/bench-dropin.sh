@@ -11,6 +11,9 @@
 #      and the best UDP stream two processes reach (udp-baseline)
 #   3. ib_send_lat -s 8 -e: the round trip when both sides sleep on completion events,
 #      against the same program busy polling (row 1)                 (no target)
+#      and, for scale, the kernel's own: a UDP ping-pong of 14-byte messages (sockperf)
+#      sleeping in recvfrom against the same busy polling (--nonblocked): what waking a
+#      sleeping thread for every message costs on this machine
 #   4. ib_send_lat -s 8 -R: the same program connected through the RDMA CM (the drop-in
 #      librdmacm.so.1), against row 1: connection set-up aside, the data path must be
 #      the same                                                     target <= 1.1x
@@ -58,6 +61,7 @@ bench_check_tools
 need_pkg ib_send_lat perftest
 need_pkg ib_write_bw perftest
 need_pkg ucx_perftest ucx-utils
+need_pkg sockperf sockperf
 bench_build "softverbs, udp-baseline and the drop-ins libibverbs.so.1 and librdmacm.so.1" \
     softverbs-capi softverbs-rdmacm softverbs-cli
 CDYLIB="$TARGET_DIR/release/libsoftverbs_capi.so"
@@ -191,6 +195,39 @@ dropin_lat_ev() {
     dropin_pair dropin_lat_ev ib_send_lat -s 8 -n "$LAT_ITERS" -F -e || return 1
     record dropin_lat_ev_rtt_med "$(perftest_col "$WORK/dropin_lat_ev.out" 't_typical[usec]' 2)" || return 1
 }
+# The kernel's UDP ping-pong (sockperf, 14-byte messages, 3 s), each side sleeping in
+# recvfrom, or busy polling with --nonblocked: KEY [--nonblocked]. sockperf prints one-way
+# latencies; recorded as round trips. Its server runs until it is stopped.
+kernel_udp_pp() {
+    local key="$1"
+    shift
+    next_port
+    timeout 90 "${PIN_S[@]}" sockperf server -i 127.0.0.1 -p "$PORT" "$@" > "$WORK/sockperf.srv" 2>&1 &
+    SERVER_PID=$!
+    local rc=0
+    if wait_port "$PORT"; then
+        timeout 60 "${PIN_C[@]}" sockperf ping-pong -i 127.0.0.1 -p "$PORT" -t 3 -m 14 "$@" \
+            > "$WORK/sockperf.out" 2>&1 &
+        CLIENT_PID=$!
+        wait "$CLIENT_PID" || rc=$?
+        CLIENT_PID=""
+    else
+        log "    sockperf: the server never listened on port $PORT:"
+        sed 's/^/      /' "$WORK/sockperf.srv" >&2
+        rc=1
+    fi
+    kill "$SERVER_PID" 2> /dev/null || true
+    wait "$SERVER_PID" 2> /dev/null || true
+    SERVER_PID=""
+    if [ "$rc" != 0 ]; then
+        log "    sockperf ping-pong failed (exit $rc):"
+        sed 's/^/      /' "$WORK/sockperf.out" >&2
+        return 1
+    fi
+    local one_way
+    one_way="$(sed -n 's/.*percentile 50\.000 = *\([0-9.]*\).*/\1/p' "$WORK/sockperf.out" | head -n 1)"
+    record "$key" "$("$PY" -c 'import sys; print(2 * float(sys.argv[1]))' "$one_way")" || return 1
+}
 dropin_bw() { # SIZE
     dropin_pair dropin_bw ib_write_bw -s "$1" -n "$(bw_iters "$1")" -t 128 -F || return 1
     record "dropin_bw_$1" "$(perftest_col "$WORK/dropin_bw.out" 'BW average[MB/sec]' "$MIB_TO_GBIT")" || return 1
@@ -229,6 +266,8 @@ for rep in $(seq "$REPS"); do
     try "UDP stream" udp_stream_best
     log "  3. 8-byte send latency sleeping on completion events (-e)"
     try "drop-in ib_send_lat -e" dropin_lat_ev
+    try "kernel UDP ping-pong, sleeping (sockperf)" kernel_udp_pp kernel_udp_sleeping_rtt_med
+    try "kernel UDP ping-pong, busy polling (sockperf --nonblocked)" kernel_udp_pp kernel_udp_polling_rtt_med --nonblocked
     log "  4. 8-byte send latency connected through the RDMA CM (-R)"
     try "drop-in ib_send_lat -R" dropin_lat_cm
     log "  5. 4 KiB write bandwidth on 8, 512 and 2048 QPs at once"
@@ -255,6 +294,7 @@ for s in SIZES:
     row(f"2. write bw {size_name(s)} vs safe API", f"dropin_bw_{s}", f"sv_xp_bw_{s}", "Gbit/s", False, ("ratio>=", 1 / 1.1), SAFE_BW)
     row(f"2. write bw {size_name(s)} vs UDP stream", f"dropin_bw_{s}", "udp_stream_best", "Gbit/s", False, None, UDP_STREAM)
 row("3. send 8 B RTT median, -e vs polling", "dropin_lat_ev_rtt_med", "dropin_lat_rtt_med", "us", True, None, "ib_send_lat busy-polling (drop-in, row 1)")
+row("3. kernel UDP 14 B RTT median, sleeping vs polling", "kernel_udp_sleeping_rtt_med", "kernel_udp_polling_rtt_med", "us", True, None, "sockperf ping-pong --nonblocked (the same, busy polling)")
 row("4. send 8 B RTT median, -R vs TCP set-up", "dropin_lat_cm_rtt_med", "dropin_lat_rtt_med", "us", True, ("ratio<=", 1.1), "ib_send_lat set up over TCP (drop-in, row 1)")
 for q in (512, 2048):
     row(f"5. write bw 4 KiB, {q} QPs vs 8 QPs", f"dropin_load_{q}", "dropin_load_8", "Gbit/s", False, ("ratio>=", 0.8), "ib_write_bw -q 8, as many 4 KiB messages")
