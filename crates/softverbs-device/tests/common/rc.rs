@@ -92,75 +92,76 @@ pub fn connect_mtu(a: &Side, b: &Side, mtu: Mtu) {
 }
 
 fn connect_with(a: &Side, b: &Side, a_gid: u8, b_gid: u8, mtu: Mtu) {
-    let rc = a.qp_type == QpType::Rc;
-    let gid_index = |side: &Side| if std::ptr::eq(side, a) { a_gid } else { b_gid };
-    for (me, peer) in [(a, b), (b, a)] {
-        let init = QpAttr {
-            qp_state: QpState::Init,
+    for (me, peer, my_gid, peer_gid) in [(a, b, a_gid, b_gid), (b, a, b_gid, a_gid)] {
+        let dgid = peer.device.gid(u32::from(peer_gid)).unwrap().0;
+        connect_to(me, dgid, peer.qpn, my_gid, mtu);
+    }
+}
+
+/// Takes `me`'s QP through INIT and RTR to RTS, connected to QP `dest_qpn` at `dgid` (a
+/// device of the test or a peer it plays itself), on `me`'s GID index `sgid_index`.
+pub fn connect_to(me: &Side, dgid: [u8; 16], dest_qpn: u32, sgid_index: u8, mtu: Mtu) {
+    let rc = me.qp_type == QpType::Rc;
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: if rc {
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
+        } else {
+            AccessFlags::REMOTE_WRITE
+        },
+        ..QpAttr::default()
+    };
+    me.device
+        .modify_qp(
+            me.qpn,
+            &init,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: mtu,
+        dest_qp_num: dest_qpn,
+        rq_psn: FIRST_PSN,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ah_attr: AddressVector {
+            dgid,
+            sgid_index,
+            is_global: true,
+            hop_limit: 64,
             port_num: 1,
-            qp_access_flags: if rc {
-                AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
-            } else {
-                AccessFlags::REMOTE_WRITE
-            },
-            ..QpAttr::default()
-        };
-        me.device
-            .modify_qp(
-                me.qpn,
-                &init,
-                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            )
-            .unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: peer.qpn,
-            rq_psn: FIRST_PSN,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-            ah_attr: AddressVector {
-                dgid: peer.device.gid(u32::from(gid_index(peer))).unwrap().0,
-                sgid_index: gid_index(me),
-                is_global: true,
-                hop_limit: 64,
-                port_num: 1,
-                ..AddressVector::default()
-            },
-            ..QpAttr::default()
-        };
-        let mut mask = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN;
-        if rc {
-            mask |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
-        }
-        me.device.modify_qp(me.qpn, &rtr, mask).unwrap();
+            ..AddressVector::default()
+        },
+        ..QpAttr::default()
+    };
+    let mut mask =
+        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+    if rc {
+        mask |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
     }
-    for me in [a, b] {
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: FIRST_PSN,
-            // ibv_rc_pingpong's local ACK timeout (4.096 µs · 2^14 ≈ 67 ms): a shorter one
-            // lets a starved progress thread on a loaded 2-core machine exhaust the retries
-            // of a lossless path.
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-            ..QpAttr::default()
-        };
-        let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
-        if rc {
-            mask |= AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC;
-        }
-        me.device.modify_qp(me.qpn, &rts, mask).unwrap();
+    me.device.modify_qp(me.qpn, &rtr, mask).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: FIRST_PSN,
+        // ibv_rc_pingpong's local ACK timeout (4.096 µs · 2^14 ≈ 67 ms): a shorter one
+        // lets a starved progress thread on a loaded 2-core machine exhaust the retries
+        // of a lossless path.
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..QpAttr::default()
+    };
+    let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
+    if rc {
+        mask |= AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
     }
+    me.device.modify_qp(me.qpn, &rts, mask).unwrap();
 }
 
 /// Polls until `n` completions arrived, driving progress as a busy-polling application
