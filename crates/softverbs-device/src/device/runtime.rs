@@ -29,7 +29,6 @@ use crate::transport::{
 use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use softverbs_wire::icrc;
-use softverbs_wire::opcode::Opcode;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -140,17 +139,6 @@ impl Outgoing {
         })
     }
 
-    /// Whether the run is a single request packet (not a response: no READ response, ACK
-    /// or ATOMIC ACK, whose order against held ACKs of the same QP must not change).
-    fn is_one_request(&self) -> bool {
-        self.packets.len() == 1
-            && self
-                .filled()
-                .first()
-                .and_then(|&opcode| Opcode::new(opcode).info())
-                .is_some_and(|info| info.is_request())
-    }
-
     /// Appends `other`'s packets after these.
     fn append(&mut self, other: &Outgoing) {
         self.room(other.used).copy_from_slice(other.filled());
@@ -202,16 +190,18 @@ impl Outgoing {
 /// send lock) until the application's next post or poll, so that the reply the
 /// application is about to post and the ACK leave in one system call: the reply's
 /// request does not wait behind a call of its own for the ACK (IBTA vol. 1 §9.7.5.1.1
-/// lets a responder coalesce and delay ACKs). They leave after the reply when it is a
-/// single request, which the peer is waiting for: a datagram's way through the kernel is
-/// part of the sender's call, so the reply reaches the peer a datagram's cost sooner
-/// (8-byte ping-pong over UDP here: 4.55 → 3.86 µs one way), and the peer's completer sees
-/// the ACK after its responder sees the reply (an ACK and a request of the opposite
-/// direction belong to different streams, each still in order; the requester's send
-/// completion and the receive completion of the reply are on different queues, which the
-/// verbs do not order). Every other run sends them first, before its own packets, so the
-/// order of the responses (held ACKs, then a run's own ACKs or READ responses of the same
-/// QP) never changes and a burst of requests never holds them back.
+/// lets a responder coalesce and delay ACKs). Every other run sends them first, before its
+/// own packets, so the order of the device's packets never changes. First also ahead of the
+/// reply, though a datagram's way through the kernel is part of the sending call and the
+/// reply would reach the peer sooner ahead of the ACK (8-byte ping-pong over UDP here:
+/// 3.86 against 4.55 µs one way): a NIC acknowledges before its application sees the
+/// request, programs count on the send completing no later than the reply arrives
+/// (`ib_send_lat -e` hangs otherwise), and `tests/batching.rs` pins the order. First also ahead of the
+/// reply, though a datagram's way through the kernel is part of the sending call and the
+/// reply would reach the peer sooner ahead of the ACK (8-byte ping-pong over UDP here:
+/// 3.86 against 4.55 µs one way): a NIC acknowledges before its application sees the
+/// request, programs count on the send completing no later than the reply arrives
+/// (`ib_send_lat -e` hangs otherwise), and `tests/batching.rs` pins the order.
 #[derive(Default)]
 pub(super) struct HeldAcks(Outgoing);
 
@@ -435,16 +425,10 @@ impl DeviceInner {
                 guard.0.append(&outgoing);
                 self.acks_held.store(true, Ordering::Relaxed);
             } else {
-                // Held ACKs leave in one call with what this run sends (a run that sends
-                // nothing, e.g. a post_recv, leaves them for the next post): after a
-                // single request (the reply of a ping-pong, which the peer waits for),
-                // before anything else, so that a burst never holds them back.
+                // Held ACKs go first, in one call with what this run sends (a run that
+                // sends nothing, e.g. a post_recv, leaves them for the next post).
                 if self.acks_held.swap(false, Ordering::Relaxed) {
-                    if outgoing.is_one_request() {
-                        outgoing.append(&guard.0);
-                    } else {
-                        outgoing.prepend(&guard.0);
-                    }
+                    outgoing.prepend(&guard.0);
                     guard.0.clear();
                 }
                 if outgoing.only_acks() && PROGRESS_THREAD.with(Cell::get) {
