@@ -1687,7 +1687,12 @@ impl Transport for UdpTransport {
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
         received.clear();
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A zero timeout (a polling application's receive) looks once and reads no clock.
+        let once = timeout == Some(Duration::ZERO);
+        let deadline = match timeout {
+            Some(t) if !once => Some(Instant::now() + t),
+            _ => None,
+        };
         loop {
             let taken = match &self.gro {
                 Some(arena) => self.receive_coalesced(arena, bufs, received),
@@ -1716,7 +1721,7 @@ impl Transport for UdpTransport {
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(error) => return Err(error),
             }
-            if !self.wait_until(deadline)? {
+            if once || !self.wait_until(deadline)? {
                 return Ok(0);
             }
         }

@@ -1392,8 +1392,8 @@ impl Transport for HostTransport {
         Ok(received.pop())
     }
 
-    /// The rings first while senders use them (no system call), the socket every
-    /// 16 receives or whenever it was readable or recently busy; waits on both.
+    /// The rings first while senders use them (no system call), the socket one receive
+    /// in [`UDP_EVERY`] or whenever it was readable or recently busy; waits on both.
     fn recv_batch(
         &self,
         bufs: &mut [&mut [u8]],
