@@ -11,7 +11,7 @@ use crate::gsi::{Gsi, GsiMad, GSI_QPN};
 use crate::mcast::{is_multicast_gid, Groups, MULTICAST_QPN};
 use crate::memory::Memory;
 use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
-use crate::qp::{Ctx, Qp};
+use crate::qp::{ack_timeout_ns, Ctx, Qp};
 use crate::sched::Schedule;
 use crate::srq::{Srq, SrqInit};
 use crate::types::{AddressVector, AttrMask, EngineConfig, QpAttr, QpInit, QpState, QpType, SrqId};
@@ -70,6 +70,9 @@ pub struct Engine {
     windows: Windows,
     /// The multicast groups the UD QPs are attached to (`mcast.rs`).
     groups: Groups,
+    /// The shortest local ACK timeout an RC QP of this engine was given, in nanoseconds
+    /// ([`Engine::shortest_ack_timeout_ns`]).
+    shortest_ack_timeout: Option<u64>,
 }
 
 macro_rules! ctx {
@@ -123,6 +126,7 @@ impl Engine {
             gsi: Gsi::default(),
             windows: Windows::default(),
             groups: Groups::default(),
+            shortest_ack_timeout: None,
         }
     }
 
@@ -298,12 +302,28 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).ok_or(no_qp(qpn))?;
         let from = qp.state;
         let result = qp.modify(attr, mask, &mut ctx!(self));
+        if result.is_ok() && qp.init.qp_type == QpType::Rc {
+            if let Some(timeout) = ack_timeout_ns(qp.attr.timeout) {
+                self.shortest_ack_timeout = Some(
+                    self.shortest_ack_timeout
+                        .map_or(timeout, |t| t.min(timeout)),
+                );
+            }
+        }
         settle!(self, qp);
         if let Err(error) = &result {
             let to = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
             tracing::debug!(qpn, ?from, ?to, %error, "modify_qp refused");
         }
         result
+    }
+
+    /// The shortest local ACK timeout (4.096 µs · 2^timeout, IBTA 9.7.6.1.3) any RC QP of
+    /// this engine was given, destroyed ones included; `None` before the first. A device
+    /// that takes its packets off the transport only now and then must look at least this
+    /// often, or a peer with the same timeout retransmits what it had no answer to.
+    pub fn shortest_ack_timeout_ns(&self) -> Option<u64> {
+        self.shortest_ack_timeout
     }
 
     /// `ibv_query_qp`: current attributes (with `qp_state`) and creation parameters.
@@ -1131,6 +1151,49 @@ mod tests {
             done.is_empty(),
             "sq_sig_all off and unsignaled: no completions"
         );
+    }
+
+    /// The shortest local ACK timeout (IBTA 9.7.6.1.3: 4.096 µs · 2^timeout) any RC QP was
+    /// given, which a device that receives only now and then must look within: RC QPs
+    /// only (UD has no ACKs), timeout 0 (infinite) and refused modifies count for nothing,
+    /// a longer timeout never raises it.
+    #[test]
+    fn the_shortest_ack_timeout_of_the_rc_qps_is_kept() {
+        let mut ep = Engine::new(EngineConfig::default());
+        assert_eq!(ep.shortest_ack_timeout_ns(), None);
+        ud_rts(&mut ep, 0x1111);
+        assert_eq!(ep.shortest_ack_timeout_ns(), None);
+        let qpn = rts_rc_retrying(&mut ep); // timeout 14
+        assert_eq!(ep.shortest_ack_timeout_ns(), Some(67_108_864));
+        // RTS to RTS may not change the timeout (ibv_modify_qp(3)): refused, not counted.
+        let shorter = QpAttr {
+            qp_state: QpState::Rts,
+            timeout: 10,
+            ..QpAttr::default()
+        };
+        assert!(ep
+            .modify_qp(qpn, &shorter, AttrMask::STATE | AttrMask::TIMEOUT)
+            .is_err());
+        assert_eq!(ep.shortest_ack_timeout_ns(), Some(67_108_864));
+        // SQD to SQD may.
+        let sqd = QpAttr {
+            qp_state: QpState::Sqd,
+            ..QpAttr::default()
+        };
+        ep.modify_qp(qpn, &sqd, AttrMask::STATE).unwrap();
+        let mut set = |timeout: u8| {
+            let attr = QpAttr {
+                qp_state: QpState::Sqd,
+                timeout,
+                ..QpAttr::default()
+            };
+            ep.modify_qp(qpn, &attr, AttrMask::STATE | AttrMask::TIMEOUT)
+                .unwrap();
+            ep.shortest_ack_timeout_ns()
+        };
+        assert_eq!(set(0), Some(67_108_864));
+        assert_eq!(set(10), Some(4_194_304));
+        assert_eq!(set(18), Some(4_194_304));
     }
 
     /// ibv_modify_qp(3): "If any of the modify attributes or the modify mask are invalid,

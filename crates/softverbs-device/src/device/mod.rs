@@ -175,6 +175,13 @@ pub(crate) struct DeviceInner {
     /// progress thread leaves the socket to it, so a packet is handled by the spinning
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
+    /// The engine's shortest local ACK timeout (`Engine::shortest_ack_timeout_ns`, ns;
+    /// `u64::MAX`: none), refreshed by every `modify_qp`: how long the progress thread may
+    /// leave the socket to a polling application before it looks again.
+    shortest_ack_timeout: AtomicU64,
+    /// Times the progress thread slept while the application polled
+    /// (`DeviceStats::progress_naps`).
+    progress_naps: AtomicU64,
     port_mtu: Mtu,
     /// The figures of the last statistics report, if one was made (the drop, and the
     /// drop-in at exit, report only if something happened since: see
@@ -404,6 +411,8 @@ impl Device {
             sleeping_until: AtomicU64::new(0),
             next_deadline: AtomicU64::new(u64::MAX),
             last_app_progress: AtomicU64::new(0),
+            shortest_ack_timeout: AtomicU64::new(u64::MAX),
+            progress_naps: AtomicU64::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
             last_report: Mutex::new(None),
@@ -924,6 +933,10 @@ impl Device {
                 // A UD QP (no path MTU to replace) refuses; nothing to do then.
                 let _ = st.engine.set_segment_size(qpn, segment);
             }
+            self.inner.shortest_ack_timeout.store(
+                st.engine.shortest_ack_timeout_ns().unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
             Ok::<(), VerbsError>(())
         })?;
         Ok(())

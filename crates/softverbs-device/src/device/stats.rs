@@ -132,12 +132,18 @@ pub struct DeviceStats {
     /// come within 100 µs: send calls that a busy-polling ping-pong, whose ACKs leave with
     /// its replies, does not make.
     pub progress_ack_sends: u64,
+    /// Times the progress thread slept while the application polled the device itself
+    /// (each wake-up takes the CPU from a polling thread for a moment): about one per
+    /// sixteenth of the QPs' local ACK timeout, at least one per 1 ms, at most one per 5 ms
+    /// of polling.
+    pub progress_naps: u64,
     /// The pcap capture (`None` without one).
     pub capture: Option<CaptureCounts>,
 }
 
 /// One line of `section: name=value …` parts separated by `; `: `engine`, `transport`,
-/// `faults`, `cq`, `events`, `memory`, `capture` (the optional ones only when present).
+/// `faults`, `cq`, `events`, `memory`, `acks`, `progress`, `capture` (the optional ones
+/// only when present).
 impl fmt::Display for DeviceStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "engine: {}", self.engine)?;
@@ -178,12 +184,13 @@ impl fmt::Display for DeviceStats {
         write!(
             f,
             "; cq: {}; events: {}; memory: faulted_accesses={} direct_payload_bytes={}; \
-             acks: progress_ack_sends={}",
+             acks: progress_ack_sends={}; progress: naps={}",
             self.cq,
             self.events,
             self.faulted_accesses,
             self.direct_payload_bytes,
-            self.progress_ack_sends
+            self.progress_ack_sends,
+            self.progress_naps
         )?;
         if let Some(capture) = &self.capture {
             write!(f, "; capture: {capture}")?;
@@ -195,17 +202,19 @@ impl fmt::Display for DeviceStats {
 impl DeviceStats {
     /// Whether `other` says the device did what these figures say: equal in everything but
     /// the receive calls, which the progress thread makes while the device idles (a
-    /// timed wake-up finds nothing), so they go on after the program is done with it.
+    /// timed wake-up finds nothing), and its naps, so both go on after the program is done
+    /// with it.
     pub fn same_activity(&self, other: &DeviceStats) -> bool {
         self.without_idle_polling() == other.without_idle_polling()
     }
 
-    /// These figures with the receive calls left out.
+    /// These figures with the receive calls and the progress thread's naps left out.
     fn without_idle_polling(&self) -> DeviceStats {
         let mut stats = self.clone();
         if let Some(transport) = &mut stats.transport {
             transport.recv_calls = 0;
         }
+        stats.progress_naps = 0;
         stats
     }
 }
@@ -238,6 +247,7 @@ impl Device {
             faulted_accesses,
             direct_payload_bytes,
             progress_ack_sends: inner.progress_ack_sends.load(Ordering::Relaxed),
+            progress_naps: inner.progress_naps.load(Ordering::Relaxed),
             capture: inner.capture.as_ref().map(|c| CaptureCounts {
                 packets: c.packets(),
                 bytes: c.bytes(),
