@@ -1393,7 +1393,7 @@ impl Transport for HostTransport {
     }
 
     /// The rings first while senders use them (no system call), the socket one receive
-    /// in [`UDP_EVERY`] or whenever it was readable or recently busy; waits on both.
+    /// in `UDP_EVERY` or whenever it was readable or recently busy; waits on both.
     fn recv_batch(
         &self,
         bufs: &mut [&mut [u8]],
