@@ -216,11 +216,6 @@ impl Outgoing {
 /// reply would reach the peer sooner ahead of the ACK (8-byte ping-pong over UDP here:
 /// 3.86 against 4.55 µs one way): a NIC acknowledges before its application sees the
 /// request, programs count on the send completing no later than the reply arrives
-/// (`ib_send_lat -e` hangs otherwise), and `tests/batching.rs` pins the order. First also ahead of the
-/// reply, though a datagram's way through the kernel is part of the sending call and the
-/// reply would reach the peer sooner ahead of the ACK (8-byte ping-pong over UDP here:
-/// 3.86 against 4.55 µs one way): a NIC acknowledges before its application sees the
-/// request, programs count on the send completing no later than the reply arrives
 /// (`ib_send_lat -e` hangs otherwise), and `tests/batching.rs` pins the order.
 #[derive(Default)]
 pub(super) struct HeldAcks(Outgoing);

@@ -133,9 +133,9 @@ pub struct DeviceStats {
     /// its replies, does not make.
     pub progress_ack_sends: u64,
     /// Times the progress thread slept while the application polled the device itself
-    /// (each wake-up takes the CPU from a polling thread for a moment): about one per
-    /// sixteenth of the QPs' local ACK timeout, at least one per 1 ms, at most one per 5 ms
-    /// of polling.
+    /// (each wake-up takes the CPU from a polling thread for a moment): one per sixteenth
+    /// of the shortest local ACK timeout of the device's QPs, between one per 5 ms and one
+    /// per millisecond of polling.
     pub progress_naps: u64,
     /// The pcap capture (`None` without one).
     pub capture: Option<CaptureCounts>,
