@@ -270,14 +270,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
         let ctx = unsafe { ContextBlock::from_ptr(context) }?;
         let inner = CompletionChannel::new().map_err(errno_of)?;
         // A thread blocked in ibv_get_cq_event receives the device's packets itself.
-        let entry: &'static DeviceEntry = ctx.entry;
-        if let Some(fd) = entry.device.readiness_fd() {
-            inner.set_wait_progress_sleeping(
-                fd,
-                move || entry.device.progress(),
-                move |before| entry.device.readiness_sleeping(before),
-            );
-        }
+        ctx.entry.device.serve_channel_waits(&inner);
         let channel = ibv_comp_channel {
             context,
             fd: inner.as_raw_fd(),

@@ -476,25 +476,8 @@ impl CompChannel {
     pub(crate) fn new(ctx: &Context) -> Result<CompChannel, Error> {
         let channel = CompletionChannel::new()?;
         // A thread blocked in get_event receives the device's packets itself (one wake-up
-        // per event, not two). Weak: the channel must not keep the device open.
-        if let Some(fd) = ctx.device().readiness_fd() {
-            let device = std::sync::Arc::downgrade(&ctx.inner);
-            let sleeper = device.clone();
-            channel.set_wait_progress_sleeping(
-                fd,
-                move || {
-                    if let Some(inner) = device.upgrade() {
-                        inner.device.progress();
-                    }
-                },
-                // Peers on the shared-memory path wake a sleeper they know of.
-                move |before| {
-                    sleeper
-                        .upgrade()
-                        .is_some_and(|inner| inner.device.readiness_sleeping(before))
-                },
-            );
-        }
+        // per event, not two); the channel does not keep the device open.
+        ctx.device().serve_channel_waits(&channel);
         Ok(CompChannel {
             ctx: ctx.clone(),
             channel,

@@ -74,7 +74,7 @@ use crate::memory::{Advice, MemoryTable, Region, RegisterError, Rereg, Window};
 use crate::pcap::{Capture, PcapTransport};
 use crate::shm::HostTransport;
 use crate::transport::{Endpoint, Gid, Transport};
-use softverbs_cq::{CqProducer, DeviceClock, MAX_CQE};
+use softverbs_cq::{CompletionChannel, CqProducer, DeviceClock, MAX_CQE};
 use softverbs_proto::{
     AccessFlags, AddressVector, AttrMask, Completion, Engine, GsiMad, Mtu, Object, QpAttr, QpInit,
     QpState, RecvWr, SendWr, Sge, SrqId, SrqInit, VerbsError, WindowType,
@@ -217,6 +217,48 @@ impl DeviceInner {
         if let Some(transport) = &self.transport {
             if let Err(error) = transport.leave_multicast(group) {
                 tracing::debug!(%group, %error, "leaving a multicast group failed");
+            }
+        }
+    }
+}
+
+impl DeviceInner {
+    /// [`Device::progress`] (an application thread's progress step).
+    fn app_progress(self: &Arc<Self>) {
+        if self.transport.is_none() {
+            // In-process packets arrive by direct hand-over: only timers can be due, and an
+            // idle poll with none pending reads neither the clock nor a lock.
+            let deadline = self.next_deadline.load(Ordering::Relaxed);
+            if deadline != u64::MAX && deadline <= DeviceClock::now() {
+                self.run_due_timers(DeviceClock::now());
+            }
+            if self.fault_layer.is_some() {
+                self.release_held();
+            }
+            return;
+        }
+        let now = DeviceClock::now();
+        self.last_app_progress.store(now, Ordering::Relaxed);
+        let received = self.progress_once(now, Some(Duration::ZERO));
+        if received > 0 {
+            // Its runs may have been long (sending what the ACKs let out): the application
+            // polled until now, not only since it began (the progress thread leaves the
+            // packets to a polling application).
+            self.last_app_progress
+                .store(DeviceClock::now(), Ordering::Relaxed);
+        } else {
+            // An application spinning on an empty CQ gives its core away now and then, so
+            // the threads that make its completions (the progress threads of this and of
+            // a peer process on the same cores) are not starved by its polling.
+            thread_local! {
+                static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+            }
+            let empty = EMPTY_POLLS.with(|n| {
+                n.set(n.get().wrapping_add(1));
+                n.get()
+            });
+            if empty.is_multiple_of(EMPTY_POLLS_BEFORE_YIELD) {
+                std::thread::yield_now();
             }
         }
     }
@@ -1002,44 +1044,7 @@ impl Device {
     /// Called by a poll that found its CQ empty, so a busy-polling application needs no
     /// other thread to make progress.
     pub fn progress(&self) {
-        let inner = &self.inner;
-        if inner.transport.is_none() {
-            // In-process packets arrive by direct hand-over: only timers can be due, and an
-            // idle poll with none pending reads neither the clock nor a lock.
-            let deadline = inner.next_deadline.load(Ordering::Relaxed);
-            if deadline != u64::MAX && deadline <= DeviceClock::now() {
-                inner.run_due_timers(DeviceClock::now());
-            }
-            if inner.fault_layer.is_some() {
-                inner.release_held();
-            }
-            return;
-        }
-        let now = DeviceClock::now();
-        inner.last_app_progress.store(now, Ordering::Relaxed);
-        let received = inner.progress_once(now, Some(Duration::ZERO));
-        if received > 0 {
-            // Its runs may have been long (sending what the ACKs let out): the application
-            // polled until now, not only since it began (the progress thread leaves the
-            // packets to a polling application).
-            inner
-                .last_app_progress
-                .store(DeviceClock::now(), Ordering::Relaxed);
-        } else {
-            // An application spinning on an empty CQ gives its core away now and then, so
-            // the threads that make its completions (the progress threads of this and of
-            // a peer process on the same cores) are not starved by its polling.
-            thread_local! {
-                static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-            }
-            let empty = EMPTY_POLLS.with(|n| {
-                n.set(n.get().wrapping_add(1));
-                n.get()
-            });
-            if empty.is_multiple_of(EMPTY_POLLS_BEFORE_YIELD) {
-                std::thread::yield_now();
-            }
-        }
+        self.inner.app_progress();
     }
 
     /// A duplicate of the fd that polls readable when a packet may have arrived for this
@@ -1053,16 +1058,36 @@ impl Device {
         transport.readiness_fd()?.try_clone_to_owned().ok()
     }
 
-    /// Says that a thread is about to sleep on [`Device::readiness_fd`] (`true`; returns
-    /// true if a packet is there already, so it should call [`Device::progress`] instead)
-    /// or woke (`false`). Peers on the shared-memory path write into memory, not into the
-    /// fd: they ring the device's doorbell (which is in the fd's set) only for a thread
-    /// that said it sleeps.
-    pub fn readiness_sleeping(&self, before: bool) -> bool {
-        self.inner
-            .transport
-            .as_ref()
-            .is_some_and(|transport| transport.sleeping(before))
+    /// Lets a thread waiting for an event of `channel` (`CompletionChannel::get_event`,
+    /// `ibv_get_cq_event`) receive this device's packets itself: it sleeps on the device's
+    /// [readiness fd](Device::readiness_fd) too and runs [`Device::progress`] when that is
+    /// readable, so the packet that makes its completion wakes it, not the progress thread
+    /// that would then wake it (one wake-up per event, not two). Does nothing in-process
+    /// (packets are handed over, there is no fd). The channel holds the device weakly: it
+    /// does not keep it open.
+    pub fn serve_channel_waits(&self, channel: &CompletionChannel) {
+        let Some(fd) = self.readiness_fd() else {
+            return;
+        };
+        let progress = Arc::downgrade(&self.inner);
+        let sleeper = progress.clone();
+        channel.set_wait_progress_sleeping(
+            fd,
+            move || {
+                if let Some(inner) = progress.upgrade() {
+                    inner.app_progress();
+                }
+            },
+            // Peers on the shared-memory path wake a sleeper they know of.
+            move |before| {
+                sleeper.upgrade().is_some_and(|inner| {
+                    inner
+                        .transport
+                        .as_ref()
+                        .is_some_and(|transport| transport.sleeping(before))
+                })
+            },
+        );
     }
 
     /// Sends a management datagram (a MAD, 1..=256 bytes) from QP1 of this port to QP1 of
