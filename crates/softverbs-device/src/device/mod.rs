@@ -182,6 +182,8 @@ pub(crate) struct DeviceInner {
     /// Times the progress thread slept while the application polled
     /// (`DeviceStats::progress_naps`).
     progress_naps: AtomicU64,
+    /// Packets the progress thread received (`DeviceStats::progress_received`).
+    progress_received: AtomicU64,
     port_mtu: Mtu,
     /// The figures of the last statistics report, if one was made (the drop, and the
     /// drop-in at exit, report only if something happened since: see
@@ -223,8 +225,11 @@ impl DeviceInner {
 }
 
 impl DeviceInner {
-    /// [`Device::progress`] (an application thread's progress step).
-    fn app_progress(self: &Arc<Self>) {
+    /// [`Device::progress`] (an application thread's progress step); `may_yield`: whether
+    /// a call that received nothing may give the core away now and then (a polling
+    /// application's, not a thread waiting for a completion event:
+    /// [`Device::serve_channel_waits`]).
+    fn app_progress(self: &Arc<Self>, may_yield: bool) {
         if self.transport.is_none() {
             // In-process packets arrive by direct hand-over: only timers can be due, and an
             // idle poll with none pending reads neither the clock nor a lock.
@@ -246,7 +251,7 @@ impl DeviceInner {
             // packets to a polling application).
             self.last_app_progress
                 .store(DeviceClock::now(), Ordering::Relaxed);
-        } else {
+        } else if may_yield {
             // An application spinning on an empty CQ gives its core away now and then, so
             // the threads that make its completions (the progress threads of this and of
             // a peer process on the same cores) are not starved by its polling.
@@ -455,6 +460,7 @@ impl Device {
             last_app_progress: AtomicU64::new(0),
             shortest_ack_timeout: AtomicU64::new(u64::MAX),
             progress_naps: AtomicU64::new(0),
+            progress_received: AtomicU64::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
             last_report: Mutex::new(None),
@@ -1044,7 +1050,7 @@ impl Device {
     /// Called by a poll that found its CQ empty, so a busy-polling application needs no
     /// other thread to make progress.
     pub fn progress(&self) {
-        self.inner.app_progress();
+        self.inner.app_progress(true);
     }
 
     /// A duplicate of the fd that polls readable when a packet may have arrived for this
@@ -1062,7 +1068,8 @@ impl Device {
     /// `ibv_get_cq_event`) receive this device's packets itself: it sleeps on the device's
     /// [readiness fd](Device::readiness_fd) too and runs [`Device::progress`] when that is
     /// readable, so the packet that makes its completion wakes it, not the progress thread
-    /// that would then wake it (one wake-up per event, not two). Does nothing in-process
+    /// that would then wake it (one wake-up per event, not two); while it spins before it
+    /// sleeps, it receives too. Does nothing in-process
     /// (packets are handed over, there is no fd). The channel holds the device weakly: it
     /// does not keep it open.
     pub fn serve_channel_waits(&self, channel: &CompletionChannel) {
@@ -1073,9 +1080,13 @@ impl Device {
         let sleeper = progress.clone();
         channel.set_wait_progress_sleeping(
             fd,
+            // Never yields: the channel runs it while it spins waiting for the event, and
+            // a waiter that yields on a loaded core gives it to whatever else runs there
+            // for a whole time slice (`ibv_rc_pingpong -e -s 8` with both cores busy:
+            // 150-175 us per iteration, 260-300 with the yields of a polling application).
             move || {
                 if let Some(inner) = progress.upgrade() {
-                    inner.app_progress();
+                    inner.app_progress(false);
                 }
             },
             // Peers on the shared-memory path wake a sleeper they know of.

@@ -376,7 +376,12 @@ pub(super) fn progress_loop(weak: Weak<DeviceInner>) {
         if inner.shutdown.load(Ordering::Acquire) {
             return;
         }
-        inner.progress_once(DeviceClock::now(), None);
+        let received = inner.progress_once(DeviceClock::now(), None);
+        if received > 0 {
+            inner
+                .progress_received
+                .fetch_add(received as u64, Ordering::Relaxed);
+        }
     }
 }
 

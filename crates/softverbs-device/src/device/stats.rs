@@ -137,6 +137,10 @@ pub struct DeviceStats {
     /// of the shortest local ACK timeout of the device's QPs, between one per 5 ms and one
     /// per millisecond of polling.
     pub progress_naps: u64,
+    /// Packets the progress thread received, of the transport's `received_packets`: the
+    /// rest were received by application threads, polling or waiting for a completion
+    /// event (a packet received by the thread that waits for it wakes no other thread).
+    pub progress_received: u64,
     /// The pcap capture (`None` without one).
     pub capture: Option<CaptureCounts>,
 }
@@ -184,13 +188,14 @@ impl fmt::Display for DeviceStats {
         write!(
             f,
             "; cq: {}; events: {}; memory: faulted_accesses={} direct_payload_bytes={}; \
-             acks: progress_ack_sends={}; progress: naps={}",
+             acks: progress_ack_sends={}; progress: naps={} received={}",
             self.cq,
             self.events,
             self.faulted_accesses,
             self.direct_payload_bytes,
             self.progress_ack_sends,
-            self.progress_naps
+            self.progress_naps,
+            self.progress_received
         )?;
         if let Some(capture) = &self.capture {
             write!(f, "; capture: {capture}")?;
@@ -248,6 +253,7 @@ impl Device {
             direct_payload_bytes,
             progress_ack_sends: inner.progress_ack_sends.load(Ordering::Relaxed),
             progress_naps: inner.progress_naps.load(Ordering::Relaxed),
+            progress_received: inner.progress_received.load(Ordering::Relaxed),
             capture: inner.capture.as_ref().map(|c| CaptureCounts {
                 packets: c.packets(),
                 bytes: c.bytes(),

@@ -34,8 +34,12 @@ pub fn side(config: DeviceConfig) -> Side {
 
 /// One side of a connection of `qp_type` (RC or UC).
 pub fn side_of(config: DeviceConfig, qp_type: QpType) -> Side {
+    side_with_cq(config, qp_type, CqBuilder::new(256).build().unwrap())
+}
+
+/// One side of a connection of `qp_type` whose QP completes into `cq`.
+pub fn side_with_cq(config: DeviceConfig, qp_type: QpType, cq: CompletionQueue) -> Side {
     let device = Device::open(config).unwrap();
-    let cq = CqBuilder::new(256).build().unwrap();
     let pd = device.alloc_pd();
     // The QP and its memory share a PD: a key of another PD is refused (IBTA ch. 10).
     let mut init = QpInit::new(qp_type).with_pd(pd);
