@@ -13,6 +13,14 @@
 //! reading the fd, so two getters racing for one event cannot leave one of them blocked in
 //! `read` with nothing to come.
 //!
+//! One exception saves the two system calls per event of an application that waits in
+//! `get_event`: while a thread spins there (before it sleeps), a deliverer queues its event
+//! *uncounted* (no write), and the spinner takes it without a read. The fd then stays
+//! unreadable for an event that a spinner takes within microseconds, as it would once that
+//! spinner's read had consumed its count. The last spinner to stop spinning without taking
+//! them writes the counts of the uncounted events left, so a thread asleep on the fd (in
+//! `get_event` or its own `poll`/`epoll`) is woken for them.
+//!
 //! In Rust a [`CqEvent`] acknowledges itself when dropped; the counted form
 //! ([`CqEvent::into_unacknowledged`] then `ack_events(n)` on the CQ) is there for the C side.
 //!
@@ -165,13 +173,17 @@ impl QueuedEvent {
 pub(crate) struct ChannelInner {
     #[cfg(not(loom))]
     fd: OwnedFd,
-    queue: Mutex<VecDeque<QueuedEvent>>,
+    queue: Mutex<EventQueue>,
     /// Events queued and not yet taken (mirrors the queue length for the spin phase).
     queued: AtomicUsize,
     /// CQs using this channel. (Event-fd counts of events withdrawn at CQ destruction stay
     /// behind; a getter that consumes one finds the queue empty and waits again.)
     attached: AtomicUsize,
     spin_ns: AtomicU64,
+    /// System calls made on the event fd to add or remove counts
+    /// ([`CompletionChannel::fd_calls`]).
+    #[cfg(not(loom))]
+    fd_calls: std::sync::atomic::AtomicU64,
     /// What a blocked getter does besides watching the fd
     /// ([`CompletionChannel::set_wait_progress`]).
     #[cfg(not(loom))]
@@ -188,33 +200,75 @@ struct WaitProgress {
     sleeping: Box<dyn Fn(bool) -> bool + Send + Sync>,
 }
 
+/// The queued events, and the bookkeeping of the events queued without their count on the
+/// fd while a getter spins (module doc).
+pub(crate) struct EventQueue {
+    events: VecDeque<QueuedEvent>,
+    /// Getters in the spin phase of a blocking wait.
+    spinners: usize,
+    /// Queued events whose count is not on the fd (at most `events.len()`).
+    uncounted: usize,
+}
+
+impl std::ops::Deref for EventQueue {
+    type Target = VecDeque<QueuedEvent>;
+    fn deref(&self) -> &Self::Target {
+        &self.events
+    }
+}
+
+impl std::ops::DerefMut for EventQueue {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.events
+    }
+}
+
 impl ChannelInner {
-    pub(crate) fn lock_queue(&self) -> MutexGuard<'_, VecDeque<QueuedEvent>> {
+    pub(crate) fn lock_queue(&self) -> MutexGuard<'_, EventQueue> {
         lock(&self.queue)
     }
 
-    /// Counts one queued event; called with the queue lock held, so `queued` always equals
-    /// the queue length once the lock is released.
-    pub(crate) fn note_queued(&self) {
+    /// Counts one event just queued in `queue` (whose lock the caller holds, so `queued`
+    /// always equals the queue length once it is released). Returns whether its count is
+    /// to be written to the fd ([`ChannelInner::wake_one`], after the lock is released):
+    /// not while a getter spins, which takes it without a read (module doc).
+    pub(crate) fn note_queued(&self, queue: &mut EventQueue) -> bool {
         self.queued.fetch_add(1, Ordering::Release);
+        if queue.spinners > 0 {
+            queue.uncounted += 1;
+            false
+        } else {
+            true
+        }
     }
 
     /// Wakes one getter: one more count on the event fd. Called after queueing an event,
     /// outside the queue lock.
     pub(crate) fn wake_one(&self) {
-        #[cfg(not(loom))]
-        {
-            // An eventfd write of 1 fails only if the counter would overflow, which 2^64-2
-            // queued events cannot reach.
-            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
-        }
+        self.add_counts(1);
     }
 
-    /// Records events withdrawn from the queue (called with the queue lock held) and
-    /// removes their counts from the fd.
-    pub(crate) fn note_purged(&self, n: usize) {
+    /// Adds `n` counts to the event fd.
+    fn add_counts(&self, n: u64) {
+        #[cfg(not(loom))]
+        {
+            // An eventfd write fails only if the counter would overflow, which 2^64-2
+            // queued events cannot reach.
+            let _ = rustix::io::write(&self.fd, &n.to_ne_bytes());
+            self.fd_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        #[cfg(loom)]
+        let _ = n;
+    }
+
+    /// Records `n` events withdrawn from `queue` (whose lock the caller holds) and removes
+    /// their counts from the fd (uncounted ones first: they have none).
+    pub(crate) fn note_purged(&self, queue: &mut EventQueue, n: usize) {
         self.queued.fetch_sub(n, Ordering::Release);
-        for _ in 0..n {
+        let uncounted = n.min(queue.uncounted);
+        queue.uncounted -= uncounted;
+        for _ in uncounted..n {
             self.consume_count();
         }
     }
@@ -227,6 +281,8 @@ impl ChannelInner {
         {
             let mut buf = [0u8; 8];
             loop {
+                self.fd_calls
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 match rustix::io::read(&self.fd, &mut buf) {
                     Ok(_) => return,
                     Err(rustix::io::Errno::INTR) => {}
@@ -238,18 +294,46 @@ impl ChannelInner {
         }
     }
 
-    /// Takes the next event and its fd count.
+    /// Takes the next event and its fd count (none if an uncounted event is queued).
     fn pop(&self) -> Option<QueuedEvent> {
         let mut queue = self.lock_queue();
-        let ev = queue.pop_front();
-        if ev.is_some() {
+        let ev = queue.events.pop_front();
+        let mut counted = ev.is_some();
+        if counted {
             self.queued.fetch_sub(1, Ordering::Release);
+            if queue.uncounted > 0 {
+                queue.uncounted -= 1;
+                counted = false;
+            }
         }
         drop(queue);
-        if ev.is_some() {
+        if counted {
             self.consume_count();
         }
         ev
+    }
+
+    /// A getter starts spinning: events queued from now on are left uncounted.
+    #[cfg(not(loom))]
+    fn start_spinning(&self) {
+        self.lock_queue().spinners += 1;
+    }
+
+    /// A getter stops spinning; the last one writes the counts of the uncounted events
+    /// left, so that a sleeper on the fd sees them.
+    #[cfg(not(loom))]
+    fn stop_spinning(&self) {
+        let mut queue = self.lock_queue();
+        queue.spinners -= 1;
+        let left = if queue.spinners == 0 {
+            std::mem::take(&mut queue.uncounted)
+        } else {
+            0
+        };
+        drop(queue);
+        if left > 0 {
+            self.add_counts(left as u64);
+        }
     }
 
     fn take(&self) -> Option<CqEvent> {
@@ -303,10 +387,16 @@ impl CompletionChannel {
             inner: Arc::new(ChannelInner {
                 #[cfg(not(loom))]
                 fd,
-                queue: Mutex::new(VecDeque::new()),
+                queue: Mutex::new(EventQueue {
+                    events: VecDeque::new(),
+                    spinners: 0,
+                    uncounted: 0,
+                }),
                 queued: AtomicUsize::new(0),
                 attached: AtomicUsize::new(0),
                 spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
+                #[cfg(not(loom))]
+                fd_calls: std::sync::atomic::AtomicU64::new(0),
                 #[cfg(not(loom))]
                 progress: std::sync::OnceLock::new(),
             }),
@@ -348,6 +438,16 @@ impl CompletionChannel {
         self.inner.queued.load(Ordering::Relaxed)
     }
 
+    /// System calls the channel made on its fd to add and remove events' counts (eventfd
+    /// writes and reads), since it was created: two per event, none for an event that a
+    /// getter spinning in [`CompletionChannel::get_event`] takes (module doc).
+    #[cfg(not(loom))]
+    pub fn fd_calls(&self) -> u64 {
+        self.inner
+            .fd_calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Takes one event without waiting: `None` if none is queued.
     pub fn try_get_event(&self) -> io::Result<Option<CqEvent>> {
         Ok(self.inner.take())
@@ -367,7 +467,9 @@ impl CompletionChannel {
             // EAGAIN itself (kind `WouldBlock`), so the C side can hand the errno on.
             return Err(io::Error::from(rustix::io::Errno::AGAIN));
         }
-        self.spin_for_event(Duration::MAX);
+        if let Some(event) = self.spin_for_event(Duration::MAX) {
+            return Ok(event);
+        }
         loop {
             if let Some(event) = self.inner.take() {
                 return Ok(event);
@@ -380,7 +482,9 @@ impl CompletionChannel {
     /// [`CompletionChannel::get_event`] does (at most `timeout`).
     pub fn get_event_timeout(&self, timeout: Duration) -> io::Result<Option<CqEvent>> {
         let deadline = std::time::Instant::now() + timeout;
-        self.spin_for_event(timeout);
+        if let Some(event) = self.spin_for_event(timeout) {
+            return Ok(Some(event));
+        }
         loop {
             if let Some(event) = self.inner.take() {
                 return Ok(Some(event));
@@ -481,30 +585,58 @@ impl CompletionChannel {
     }
 
     /// The spin phase of a blocking wait: watches the queue for up to the channel's spin
-    /// time, and with a [wait progress](CompletionChannel::set_wait_progress) runs it every
-    /// [`SPINS_PER_PROGRESS`] rounds, so the packet that makes the completion is received
-    /// by the spinning thread itself as soon as it arrives. Spins at most `at_most`.
-    fn spin_for_event(&self, at_most: Duration) {
+    /// time (at most `at_most`) and takes the first event that comes, which its deliverer
+    /// left uncounted (module doc); with a [wait
+    /// progress](CompletionChannel::set_wait_progress) runs it every [`SPINS_PER_PROGRESS`]
+    /// rounds, so the packet that makes the completion is received by the spinning thread
+    /// itself as soon as it arrives.
+    fn spin_for_event(&self, at_most: Duration) -> Option<CqEvent> {
         let spin = self.inner.spin_ns.load(Ordering::Relaxed);
-        if spin == 0 || at_most.is_zero() || self.inner.queued.load(Ordering::Acquire) > 0 {
-            return;
+        if spin == 0 || at_most.is_zero() {
+            return None;
         }
         let start = std::time::Instant::now();
         let limit = Duration::from_nanos(spin).min(at_most);
         let progress = self.inner.progress.get();
+        let _spinning = Spinning::start(&self.inner);
         let mut i = 0u32;
-        while self.inner.queued.load(Ordering::Acquire) == 0 {
+        loop {
+            if self.inner.queued.load(Ordering::Acquire) > 0 {
+                if let Some(event) = self.inner.take() {
+                    return Some(event);
+                }
+            }
             std::hint::spin_loop();
             i = i.wrapping_add(1);
             if i.is_multiple_of(SPINS_PER_PROGRESS) {
                 if start.elapsed() >= limit {
-                    return;
+                    return None;
                 }
                 if let Some(progress) = progress {
                     (progress.run)();
                 }
             }
         }
+    }
+}
+
+/// A getter's spin phase, ended when dropped (also if the wait progress panics, so events
+/// are never left uncounted without a spinner to take them).
+#[cfg(not(loom))]
+struct Spinning<'a>(&'a ChannelInner);
+
+#[cfg(not(loom))]
+impl<'a> Spinning<'a> {
+    fn start(inner: &'a ChannelInner) -> Self {
+        inner.start_spinning();
+        Spinning(inner)
+    }
+}
+
+#[cfg(not(loom))]
+impl Drop for Spinning<'_> {
+    fn drop(&mut self) {
+        self.0.stop_spinning();
     }
 }
 

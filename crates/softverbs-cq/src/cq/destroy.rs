@@ -71,7 +71,7 @@ impl CqShared {
             let purged = before - q.len();
             ev.raised -= purged as u64;
             if let Some(ch) = this.events.channel() {
-                ch.note_purged(purged);
+                ch.note_purged(&mut q, purged);
             }
         }
         // With the queue lock released (a push takes it inside the producer lock).
@@ -93,7 +93,7 @@ pub(super) fn mark_dropped(shared: &Arc<CqShared>) {
             q.retain(|e| e.id() != shared.id());
             let purged = before - q.len();
             if let Some(ch) = shared.events.channel() {
-                ch.note_purged(purged);
+                ch.note_purged(&mut q, purged);
             }
             drop(q);
             if purged > 0 {

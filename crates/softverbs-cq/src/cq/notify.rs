@@ -71,10 +71,12 @@ impl CqShared {
             return;
         }
         queue.push_back(QueuedEvent::new(this.events.clone()));
-        channel.note_queued();
+        let counted = channel.note_queued(&mut queue);
         this.events.note_raised();
         drop(queue);
-        channel.wake_one();
+        if counted {
+            channel.wake_one();
+        }
     }
 
     pub(super) fn arm(&self, solicited_only: bool) {
