@@ -31,10 +31,11 @@ limit() {
 # runs bindgen: its example runs on the drop-in); librdmacm-dev and rdmacm-utils (the
 # connection manager's header, man pages and programs: rping, ucmatose, udaddy, cmtime, …,
 # on the drop-in librdmacm.so.1); the stacks that must run on softverbs: UCX (ucx-utils),
-# Open MPI (openmpi-bin, libopenmpi-dev: mpirun, mpicc) and libfabric (libfabric-bin).
+# Open MPI (openmpi-bin, libopenmpi-dev: mpirun, mpicc) and libfabric (libfabric-bin);
+# strace (counts the system calls a CQ arm makes).
 packages=(libibverbs-dev rdma-core ibverbs-utils perftest gcc libc6-dev pkg-config binutils
   tshark wireshark-common iproute2 iptables valgrind python3-pyverbs cmake libclang-dev
-  librdmacm-dev rdmacm-utils ucx-utils openmpi-bin libopenmpi-dev libfabric-bin)
+  librdmacm-dev rdmacm-utils ucx-utils openmpi-bin libopenmpi-dev libfabric-bin strace)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

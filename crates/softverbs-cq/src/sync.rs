@@ -2,9 +2,9 @@
 //!
 //! Under `--cfg loom` every atomic, lock and thread comes from loom so that the models in
 //! `tests/loom.rs` explore every interleaving the C11 memory model allows; otherwise from
-//! `std`. The asymmetric barrier pair ([`light_barrier`] on the hot producer path,
-//! [`heavy_barrier`] on the rare arming path) is what makes notification race-free without
-//! a full fence per pushed completion:
+//! `std`. The asymmetric barrier pair ([`light_barrier`] on the hot path of a biased lock's
+//! owner, [`heavy_barrier`] on the rare revocation of the bias, `cq/biased_lock.rs`) is what
+//! lets the thread that keeps taking a CQ's lock enter it without a locked instruction:
 //!
 //! - With `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` available, the light side is a
 //!   compiler fence and the heavy side is the syscall, which runs a full memory barrier on
@@ -115,9 +115,8 @@ pub(crate) fn init_barriers() -> bool {
     }
 }
 
-/// The producer's half of the asymmetric barrier: orders its earlier publication of an
-/// entry before its later read of the notification flag, against [`heavy_barrier`].
-/// `membarrier` is what [`init_barriers`] returned.
+/// The fast half of the asymmetric barrier: orders the caller's earlier store before its
+/// later load, against [`heavy_barrier`]. `membarrier` is what [`init_barriers`] returned.
 #[inline(always)]
 pub(crate) fn light_barrier(membarrier: bool) {
     #[cfg(not(any(loom, miri)))]
@@ -135,8 +134,10 @@ pub(crate) fn light_barrier(membarrier: bool) {
     }
 }
 
-/// The arming side's half of the asymmetric barrier: orders its earlier store of the
-/// notification flag before its later read of the ring, against [`light_barrier`].
+/// The slow half of the asymmetric barrier: orders the caller's earlier store before its
+/// later load, against [`light_barrier`]. A `membarrier` system call: an interrupt to every
+/// CPU running a thread of the process (15 us on the benchmark VMs when another thread
+/// runs), so only for what happens once in a CQ's life.
 pub(crate) fn heavy_barrier() {
     #[cfg(not(any(loom, miri)))]
     {

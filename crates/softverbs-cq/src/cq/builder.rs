@@ -160,13 +160,7 @@ impl CqBuilder {
             notify: AtomicU8::new(ARM_NONE),
             moderation_active: AtomicBool::new(false),
             timestamps,
-            membarrier,
-            // Under loom and Miri the light barrier is a SeqCst fence whatever it is told
-            // (`sync.rs`), so the models run the plain push too.
-            plain_push: (membarrier || cfg!(any(loom, miri)))
-                && !timestamps
-                && self.policy != OverrunPolicy::Overwrite
-                && !with_extra,
+            plain_push: !timestamps && self.policy != OverrunPolicy::Overwrite && !with_extra,
             policy: self.policy,
             fields: self.fields,
             comp_vector: self.comp_vector,

@@ -111,13 +111,9 @@ struct CqShared {
     notify: AtomicU8,
     moderation_active: AtomicBool,
     timestamps: bool,
-    /// Whether the asymmetric barrier's light half may be a compiler fence (what
-    /// `init_barriers` found when the CQ was created; see `sync.rs`).
-    membarrier: bool,
     /// Whether a push is the plain one (`produce.rs`): no timestamp, no seqlock mark
-    /// (not `IGNORE_OVERRUN`), no extra fields, and the light barrier a compiler fence
-    /// (under loom and Miri, where it is always a `SeqCst` fence, the models take this path
-    /// too). Fixed at creation, so one test replaces four on every push.
+    /// (not `IGNORE_OVERRUN`), no extra fields. Fixed at creation, so one test replaces
+    /// three on every push.
     plain_push: bool,
     policy: OverrunPolicy,
     fields: WcFields,

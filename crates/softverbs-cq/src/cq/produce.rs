@@ -5,8 +5,8 @@
 //! Guarantees: pushes are serialised by the producer lock (`biased_lock.rs`: a spin lock,
 //! one locked instruction per burst, biased towards the thread that keeps pushing, which
 //! enters with none); a push writes one slot and publishes it with a `Release` store of the tail; it
-//! then reads the notification flag behind the light half of the asymmetric barrier, so a
-//! concurrent arm (`notify.rs`) either sees the entry or is seen. What a full ring does is
+//! then reads the notification flag, still under the lock, which an arm (`notify.rs`) also
+//! takes: an arm either sees the entry or is seen. What a full ring does is
 //! the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
 //! released.
 //!
@@ -33,7 +33,7 @@ use super::{CqShared, CqStats, OverrunPolicy, STATE_ERROR, STATE_OK};
 use crate::clock::DeviceClock;
 use crate::error::PushError;
 use crate::ring::{Ring, WcExtra};
-use crate::sync::{light_barrier, Arc, Ordering};
+use crate::sync::{Arc, Ordering};
 use crate::wc::WorkCompletion;
 use std::fmt;
 
@@ -212,9 +212,6 @@ impl CqShared {
             // Release: a lapped IGNORE_OVERRUN consumer that reads the tail sees the
             // entries (the same store as below).
             p.tail.store(pos + 1, Ordering::Release);
-            // The light barrier of the other branch, known to be a compiler fence here
-            // (`plain_push`; a SeqCst fence under loom and Miri, as always).
-            light_barrier(true);
             0
         } else {
             let timestamp = if this.timestamps {
@@ -230,12 +227,9 @@ impl CqShared {
                 this.policy == OverrunPolicy::Overwrite,
             );
             p.tail.store(pos + 1, Ordering::Release);
-            // Order the publication above before the read of the arm flag, against the
-            // heavy barrier in `arm` (`notify.rs`; see sync.rs): either we see the arm, or
-            // the armer sees the entry.
-            light_barrier(this.membarrier);
             timestamp
         };
+        // Under the producer lock, as an arm stores it (`notify.rs`).
         if this.notify.load(Ordering::Relaxed) != ARM_NONE {
             Self::completion_added_while_armed(this, wc.status(), solicited, timestamp);
         }
