@@ -1150,13 +1150,13 @@ fn bench_diagnosis(options: &Options) {
         }) / 1e3,
     );
     line(
-        "req_notify (membarrier), the other CPU idle",
+        "req_notify (the producer lock), the other CPU idle",
         ns_per_call(calls, || {
             cq.req_notify(false);
         }) / 1e3,
     );
-    // The same with a thread of this process spinning on the other CPU: membarrier must
-    // interrupt it.
+    // The same with a thread of this process spinning on the other CPU (a membarrier, which
+    // arming ran before it took the producer lock, must interrupt it).
     let stop = AtomicU64::new(0);
     let cpus = cpu_pair();
     thread::scope(|s| {
@@ -1169,7 +1169,7 @@ fn bench_diagnosis(options: &Options) {
         pin(cpus.map(|c| c.0));
         thread::sleep(Duration::from_millis(5));
         line(
-            "req_notify (membarrier), a thread of ours spinning on the other CPU",
+            "req_notify (the producer lock), a thread of ours spinning on the other CPU",
             ns_per_call(calls, || {
                 cq.req_notify(false);
             }) / 1e3,

@@ -17,9 +17,9 @@
 //! counts when they were set, so that a return to the code before issue 14's work fails
 //! (push 81.7, burst 75.2, polled entry 74.9, empty poll 31.4 then); the instruction counts
 //! of one binary are exact, and the toolchain is pinned. The dev profile's are about 1.25
-//! times. The push workloads count the plain push path, which a CQ takes where `membarrier`
-//! works (`src/cq/produce.rs`): the driver records whether it does under valgrind, and where
-//! it does not the push bounds are the looser ones of the general path. The test fails
+//! times. The push workloads count the biased producer lock, which a CQ grants where
+//! `membarrier` works (`src/cq/biased_lock.rs`): the driver records whether it does under
+//! valgrind, and where it does not the push bounds are the looser ones. The test fails
 //! loudly if valgrind is not installed. Run it alone with `cargo test --release -p
 //! softverbs-cq --test instruction_count -- --nocapture` to see the counts.
 
@@ -133,8 +133,8 @@ const WORKLOADS: [(&str, &str, u64, u64); 7] = [
 ];
 
 /// The bounds of the workloads that push (push, push after revocation, burst) where
-/// `membarrier` does not work under valgrind, so a push takes the general path (a fence, and
-/// the four tests the plain path folds into one): optimised, dev profile.
+/// `membarrier` does not work under valgrind, so no bias is granted and every push takes
+/// the spin lock: optimised, dev profile.
 const GENERAL_PUSH_BOUNDS: (u64, u64) = (120, 400);
 
 /// Whether this process may use `membarrier` as a CQ does (`sync::init_barriers`).
