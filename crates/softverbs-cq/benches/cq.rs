@@ -1144,7 +1144,7 @@ fn bench_diagnosis(options: &Options) {
         }) / 1e3,
     );
     line(
-        "Condvar::notify_all, no waiter (every event ack does it)",
+        "Condvar::notify_all, no waiter (an ack does it only while a destroy waits)",
         ns_per_call(calls, || {
             condvar.notify_all();
         }) / 1e3,
