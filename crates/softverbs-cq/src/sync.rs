@@ -11,7 +11,8 @@
 //!   every CPU running a thread of this process. Together they order like a pair of
 //!   `SeqCst` fences (the scheme of Linux `sys_membarrier` users and folly's asymmetric
 //!   fences).
-//! - Without it (older kernels, sandboxes, Miri, loom), both sides are `SeqCst` fences.
+//! - Without it (older kernels, sandboxes) no bias is granted and neither side runs; under
+//!   Miri and loom both sides are `SeqCst` fences.
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{
@@ -102,8 +103,9 @@ mod membarrier_state {
 }
 
 /// Prepares the asymmetric barrier (registers for membarrier). Called when a CQ is created,
-/// before any producer can run for it. Returns whether [`light_barrier`] may be a compiler
-/// fence: registration succeeded, and it never becomes undone, so the CQ keeps the answer.
+/// before any producer can run for it. Returns whether its locks may grant a bias (whose
+/// owner runs [`light_barrier`], a compiler fence): registration succeeded, and it never
+/// becomes undone, so the CQ keeps the answer.
 pub(crate) fn init_barriers() -> bool {
     #[cfg(not(any(loom, miri)))]
     {
@@ -116,22 +118,15 @@ pub(crate) fn init_barriers() -> bool {
 }
 
 /// The fast half of the asymmetric barrier: orders the caller's earlier store before its
-/// later load, against [`heavy_barrier`]. `membarrier` is what [`init_barriers`] returned.
+/// later load, against [`heavy_barrier`]. A compiler fence: only a biased lock's owner
+/// runs it, and a bias is granted only where [`init_barriers`] found `membarrier` (or a
+/// model runs, where it is a `SeqCst` fence).
 #[inline(always)]
-pub(crate) fn light_barrier(membarrier: bool) {
+pub(crate) fn light_barrier() {
     #[cfg(not(any(loom, miri)))]
-    {
-        if membarrier {
-            std::sync::atomic::compiler_fence(Ordering::SeqCst);
-        } else {
-            fence(Ordering::SeqCst);
-        }
-    }
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
     #[cfg(any(loom, miri))]
-    {
-        let _ = membarrier;
-        fence(Ordering::SeqCst);
-    }
+    fence(Ordering::SeqCst);
 }
 
 /// The slow half of the asymmetric barrier: orders the caller's earlier store before its

@@ -106,7 +106,7 @@ impl BiasedLock {
             // Order the store of `busy` before the re-read of `owner`, against the heavy
             // barrier of `revoke` (module doc). A bias exists only where this is a compiler
             // fence (`membarrier`) or a model's SeqCst fence (`grantable`).
-            light_barrier(true);
+            light_barrier();
             if self.owner.load(Ordering::Relaxed) == owner {
                 return Hold::Biased;
             }

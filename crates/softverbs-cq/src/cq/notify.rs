@@ -6,8 +6,8 @@
 //! the next solicited or unsuccessful one), at most once per arm, and none is lost to a
 //! push racing the arm: the arming side stores the flag under the producer lock, and the
 //! producer (`produce.rs`) reads it under that lock after publishing its entry, so either
-//! the producer sees the arm or the armer's check sees the entry. Moderation (`moderation.rs`) may hold a qualifying
-//! completion's event back. Delivery to a destroyed CQ is dropped, ordered against
+//! the producer sees the arm or the armer's check sees the entry. Moderation
+//! (`moderation.rs`) may hold a qualifying completion's event back. Delivery to a destroyed CQ is dropped, ordered against
 //! destruction (`destroy.rs`) by the channel's queue lock.
 
 use super::CqShared;

@@ -4,10 +4,10 @@
 //!
 //! Guarantees: pushes are serialised by the producer lock (`biased_lock.rs`: a spin lock,
 //! one locked instruction per burst, biased towards the thread that keeps pushing, which
-//! enters with none); a push writes one slot and publishes it with a `Release` store of the tail; it
-//! then reads the notification flag, still under the lock, which an arm (`notify.rs`) also
-//! takes: an arm either sees the entry or is seen. What a full ring does is
-//! the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
+//! enters with none); a push writes one slot and publishes it with a `Release` store of the
+//! tail; it then reads the notification flag, still under the lock, which an arm
+//! (`notify.rs`) also takes: an arm either sees the entry or is seen. What a full ring does
+//! is the overrun policy's (`overrun.rs`); the async CQ error is raised after the lock is
 //! released.
 //!
 //! What a push costs beside a burst (issue 14, measured on the 2-vCPU benchmark machines with
