@@ -461,10 +461,9 @@ fn a_large_write_and_read_between_processes_over_udp_take_path_mtu_packets() {
     );
 }
 
-/// Set (to anything) in the process that runs
-/// [`a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus`] inside its own
-/// mount namespace.
-const FULL_SHM_ENV: &str = "SOFTVERBS_TEST_SHM_FULL";
+/// Set (to anything) in the process that runs a test inside a mount namespace of its own
+/// ([`in_own_dev_shm`]).
+const OWN_SHM_ENV: &str = "SOFTVERBS_TEST_OWN_DEV_SHM";
 
 /// A device's inbox and its senders' rings are files in `/dev/shm`, a tmpfs that other
 /// programs fill too. A sender writes its packets into the rings through a shared
@@ -475,16 +474,56 @@ const FULL_SHM_ENV: &str = "SOFTVERBS_TEST_SHM_FULL";
 /// instead: the WRITE and READ of 60,000 bytes still complete with every byte, as on the
 /// wire (path-MTU packets, nothing through shared memory), and nobody dies.
 ///
-/// The test runs itself again (as root, as the suite does) in a private mount namespace
-/// with a tmpfs of 600 MiB on `/dev/shm`, where the target's device makes its inbox; then
-/// a file takes every byte left, and the sender's process starts.
+/// In a tmpfs of 600 MiB on `/dev/shm` ([`in_own_dev_shm`]), the target's device makes its
+/// inbox; then a file takes every byte left, and the sender's process starts.
 #[test]
 fn a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus() {
     const NAME: &str = "a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus";
-    if std::env::var(CHILD_ENV).is_ok() || std::env::var(FULL_SHM_ENV).is_ok() {
+    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
         segments_between_processes(NAME, Through::SharedMemoryFull);
         return;
     }
+    in_own_dev_shm(NAME, c"size=600m,mode=1777");
+}
+
+/// A container's `/dev/shm` is small: 64 MiB by default (Docker's `--shm-size`, the job
+/// containers of CI services), and that is where many of our users run both ends of their
+/// program. Two processes there still talk through shared memory, exactly as on a host's
+/// `/dev/shm`: 32 KiB packets, the payload straight from the region into the ring, every
+/// packet handled in place (a device that refused to make its inbox where `/dev/shm` had
+/// less than 512 MiB free sent all of it over UDP).
+#[test]
+fn two_processes_in_a_container_sized_dev_shm_of_64_mib_talk_through_shared_memory() {
+    const NAME: &str =
+        "two_processes_in_a_container_sized_dev_shm_of_64_mib_talk_through_shared_memory";
+    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
+        segments_between_processes(NAME, Through::SharedMemorySmall);
+        return;
+    }
+    in_own_dev_shm(NAME, c"size=64m,mode=1777");
+}
+
+/// Other programs of the host write their own sparse files in `/dev/shm` (Open MPI's and
+/// UCX's shared-memory transports among them), and a full tmpfs is a `SIGBUS` in whichever
+/// writes a new page next: a sender takes a ring only where a quarter of `/dev/shm` stays
+/// free after it, and otherwise talks over UDP. In a 64 MiB `/dev/shm` with a quarter and
+/// a little less than a ring (4 MiB) left, the WRITE and READ of 60,000 bytes go over UDP
+/// (whole 32 KiB packets: both devices have an inbox, which decides the packets' size),
+/// complete with every byte, and the quarter is still free afterwards.
+#[test]
+fn a_sender_leaves_a_quarter_of_dev_shm_to_other_programs() {
+    const NAME: &str = "a_sender_leaves_a_quarter_of_dev_shm_to_other_programs";
+    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
+        segments_between_processes(NAME, Through::SharedMemoryCrowded);
+        return;
+    }
+    in_own_dev_shm(NAME, c"size=64m,mode=1777");
+}
+
+/// Runs test `name` again in a private mount namespace with a tmpfs on `/dev/shm`
+/// mounted with `options` (mount(2)'s data, e.g. `size=64m,mode=1777`); its children (the
+/// test's other process) share it. Needs root, as the suite runs.
+fn in_own_dev_shm(name: &str, options: &'static std::ffi::CStr) {
     assert_eq!(
         // SAFETY: geteuid(2) has no preconditions.
         unsafe { libc::geteuid() },
@@ -494,12 +533,12 @@ fn a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus() {
     let _alone = alone();
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
-        .env(FULL_SHM_ENV, "1");
+        .args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env(OWN_SHM_ENV, "1");
     // SAFETY: between fork and exec the closure makes only system calls (unshare(2),
     // mount(2)) with static strings; it allocates nothing and takes no lock.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
             let ok = |rc: libc::c_int| {
                 if rc == 0 {
                     Ok(())
@@ -520,7 +559,7 @@ fn a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus() {
                 c"/dev/shm".as_ptr(),
                 c"tmpfs".as_ptr(),
                 0,
-                c"size=600m,mode=1777".as_ptr().cast(),
+                options.as_ptr().cast(),
             ))
         });
     }
@@ -540,24 +579,32 @@ enum Through {
     Udp,
     /// Shared memory on, but `/dev/shm` full once the target's inbox is made.
     SharedMemoryFull,
+    /// Shared memory on, in a `/dev/shm` of 64 MiB.
+    SharedMemorySmall,
+    /// Shared memory on, in a `/dev/shm` of 64 MiB that has a quarter and a little less
+    /// than a ring free once the target's inbox is made.
+    SharedMemoryCrowded,
 }
 
-/// Takes every byte `/dev/shm` has left (a file of them, allocated).
-fn fill_dev_shm() {
+/// Bytes `/dev/shm` has free, and its size.
+fn dev_shm_room() -> (u64, u64) {
+    // SAFETY: statvfs(3) fills the struct it is given from a NUL-terminated path.
+    unsafe {
+        let mut room: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(c"/dev/shm".as_ptr(), &mut room), 0);
+        (room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize)
+    }
+}
+
+/// Takes every byte `/dev/shm` has beyond `leave` (a file of them, allocated).
+fn fill_dev_shm(leave: u64) {
     use std::os::fd::AsRawFd;
-    let available = || {
-        // SAFETY: statvfs(3) fills the struct it is given from a NUL-terminated path.
-        unsafe {
-            let mut room: libc::statvfs = std::mem::zeroed();
-            assert_eq!(libc::statvfs(c"/dev/shm".as_ptr(), &mut room), 0);
-            room.f_bavail * room.f_frsize
-        }
-    };
     let file = std::fs::File::create("/dev/shm/softverbs-test-filler").expect("a filler file");
+    let take = dev_shm_room().0 - leave;
     // SAFETY: fallocate(2) on a file this test owns.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, available() as libc::off_t) };
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, take as libc::off_t) };
     assert_eq!(rc, 0, "fill /dev/shm: {}", std::io::Error::last_os_error());
-    assert_eq!(available(), 0, "/dev/shm is full");
+    assert_eq!(dev_shm_room().0, leave, "/dev/shm has {leave} bytes left");
 }
 
 fn segments_between_processes(name: &str, path: Through) {
@@ -566,15 +613,25 @@ fn segments_between_processes(name: &str, path: Through) {
         return;
     }
     let shared_memory = path != Through::Udp;
-    let _alone = (path != Through::SharedMemoryFull).then(alone);
+    // A test in a namespace of its own holds the lock in its parent process.
+    let _alone = matches!(path, Through::SharedMemory | Through::Udp).then(alone);
     let (target_last, child_last) = match path {
         Through::SharedMemory => (162, 163),
         Through::Udp => (164, 165),
         Through::SharedMemoryFull => (166, 167),
+        Through::SharedMemorySmall => (168, 169),
+        Through::SharedMemoryCrowded => (170, 171),
     };
     let target = side(host_device(target_last, shared_memory), QpType::Rc);
-    if path == Through::SharedMemoryFull {
-        fill_dev_shm();
+    // A ring's data and header page.
+    const RING: u64 = (4 << 20) + 4096;
+    let quarter = dev_shm_room().1 / 4;
+    match path {
+        Through::SharedMemoryFull => fill_dev_shm(0),
+        // Less than a ring beyond the quarter once the child's device has made its members
+        // file and inbox (a few pages).
+        Through::SharedMemoryCrowded => fill_dev_shm(quarter + RING - 4096),
+        _ => {}
     }
     target
         .qp
@@ -598,7 +655,9 @@ fn segments_between_processes(name: &str, path: Through) {
     let fields: Vec<u64> = result.split(' ').map(|f| f.parse().unwrap()).collect();
     let (write, read, mtu) = (fields[0], fields[1], fields[2]);
     let (write_direct, read_in_place) = (fields[3], fields[4]);
-    let expected = if path == Through::SharedMemory {
+    // Both devices have an inbox, unless /dev/shm had no room for the child's.
+    let both_inboxes = !matches!(path, Through::Udp | Through::SharedMemoryFull);
+    let expected = if both_inboxes {
         (SEGMENT_LEN as u64).div_ceil(32 * 1024)
     } else {
         (SEGMENT_LEN as u64).div_ceil(mtu)
@@ -607,14 +666,24 @@ fn segments_between_processes(name: &str, path: Through) {
     // The target: the READ's responses went straight from its region, the WRITE's
     // packets (and the READ request) were handled in place.
     let (target_direct, target_in_place) = shm_copies_saved(&target.ctx);
-    if path == Through::SharedMemoryFull {
+    if matches!(
+        path,
+        Through::SharedMemoryFull | Through::SharedMemoryCrowded
+    ) {
         assert_eq!(
             shm_packets(&target.ctx),
             (0, 0),
             "with no room for a ring, nothing went through shared memory"
         );
     }
-    if path == Through::SharedMemory {
+    if path == Through::SharedMemoryCrowded {
+        let free = dev_shm_room().0;
+        assert!(
+            free >= quarter,
+            "a quarter of /dev/shm ({quarter} bytes) is left to other programs: {free} free"
+        );
+    }
+    if matches!(path, Through::SharedMemory | Through::SharedMemorySmall) {
         assert_eq!(
             (write_direct, read_in_place),
             (SEGMENT_LEN as u64, read),

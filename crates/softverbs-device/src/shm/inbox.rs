@@ -46,9 +46,13 @@ const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
 /// Bytes of an inbox file.
 pub(crate) const INBOX_LEN: usize = PAGE + RINGS * RING_LEN;
 
-/// Free bytes `/dev/shm` must have for a device to make an inbox there: room for every
-/// ring of four inboxes.
-const MIN_FREE: u64 = 4 * INBOX_LEN as u64;
+/// The part of `/dev/shm` a sender leaves free for other programs when it takes a ring:
+/// `1 / HEADROOM_SHARE` of the filesystem's size. Other programs write their own sparse
+/// files there (Open MPI's and UCX's shared-memory transports, `shm_open(3)` users), and a
+/// full tmpfs is a `SIGBUS` in whichever of them writes a new page next; so rings stop
+/// where a quarter is left, and the senders that find no room use UDP. Where `/dev/shm`
+/// is a default container's 64 MiB, that is still room for eleven rings.
+const HEADROOM_SHARE: u64 = 4;
 
 /// The inbox header (the first page).
 #[repr(C)]
@@ -203,16 +207,9 @@ impl OwnInbox {
     /// Creates the inbox at `path`, replacing one a dead process left there (the device
     /// holds the slot the name carries, so no live device owns this inbox).
     pub(crate) fn create(path: &Path) -> io::Result<OwnInbox> {
-        // The file is sparse, but a page written in a full tmpfs is a SIGBUS in the writer:
-        // where /dev/shm is small (64 MiB in a default container), no inbox (UDP only).
-        let room = rustix::fs::statvfs(SHM_DIR)?;
-        let free = room.f_bavail.saturating_mul(room.f_frsize);
-        if free < MIN_FREE {
-            return Err(io::Error::new(
-                io::ErrorKind::StorageFull,
-                format!("{SHM_DIR} has {free} bytes free, fewer than {MIN_FREE}"),
-            ));
-        }
+        // The file is sparse: it takes its header page now (refused, `ENOSPC`, where
+        // /dev/shm is full), and each ring's pages when a sender claims it
+        // (`PeerInbox::open`, which leaves other programs their share).
         let temporary = PathBuf::from(format!("{}.new{}", path.display(), std::process::id()));
         let fd = rustix::fs::open(
             &temporary,
@@ -271,6 +268,17 @@ impl Drop for OwnInbox {
         at_exit::forget(&self.path);
         unlink_if(&self.path, self.mapping.inode);
     }
+}
+
+/// Whether `/dev/shm` has room for one more ring with [`HEADROOM_SHARE`] of its size still
+/// free after it. A tmpfs without a size limit (`size=0`) reports no blocks: room. A
+/// filesystem that cannot be asked has none.
+fn room_for_a_ring() -> bool {
+    rustix::fs::statvfs(SHM_DIR).is_ok_and(|room| {
+        let size = room.f_blocks.saturating_mul(room.f_frsize);
+        let free = room.f_bavail.saturating_mul(room.f_frsize);
+        size == 0 || free >= RING_LEN as u64 + size / HEADROOM_SHARE
+    })
 }
 
 /// Where ring `index` (its header page, then its data) starts in an inbox file.
@@ -428,9 +436,16 @@ impl PeerInbox {
     /// Opens the inbox at `path` and claims a ring in it, writing `from` (the sender's
     /// GID) into it. A ring is claimed only once its pages are allocated ([`reserve`]):
     /// where `/dev/shm` has no room for one, the inbox is refused ("no room"), and the
-    /// sender uses UDP instead of dying of a `SIGBUS` in its first write.
+    /// sender uses UDP instead of dying of a `SIGBUS` in its first write. Nor is one
+    /// claimed where it would leave other programs less than their share of `/dev/shm`
+    /// ([`HEADROOM_SHARE`]).
     pub(crate) fn open(path: &Path, from: [u8; 16]) -> Result<PeerInbox, Refused> {
         let (mapping, owner, fd) = open_live(path)?;
+        if !room_for_a_ring() {
+            return Err(Refused::Unusable(
+                "no room in /dev/shm for a ring beside other programs' share",
+            ));
+        }
         let header = mapping.header();
         let me = std::process::id();
         let mut no_room = false;

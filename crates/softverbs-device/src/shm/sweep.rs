@@ -6,7 +6,8 @@
 //! page its senders wrote: up to a ring (4 MiB) per peer that sent to it. The next device
 //! to take the same slot of the same address replaces the file; until then it stays, so a
 //! developer whose programs crash or are interrupted fills `/dev/shm` address by address
-//! (and a nearly full `/dev/shm` makes every new device UDP only, `inbox.rs`).
+//! (and a `/dev/shm` that has no room for another ring sends every new pair of devices
+//! over UDP, `inbox.rs`).
 //!
 //! So the first device of a process to make an inbox sweeps its user's files first (in
 //! every network namespace: one that is gone leaves files no device of it will sweep): in
