@@ -34,8 +34,10 @@
 //! ready once its inbox exists, and frees it when it closes; the device that binds the
 //! socket writes `holder`, and clears it when it closes. A process ID reused by an unrelated
 //! process keeps a dead member's slot until that process ends (the slot's range is lost
-//! meanwhile, nothing else). The file is never removed (its size is fixed; a device that
-//! finds it takes it as it is).
+//! meanwhile, nothing else). The file stays while a live process holds a slot or the
+//! socket; once none does, the next sweep removes it (`sweep.rs`, [`Members::retire`]),
+//! and a device opening it at that moment opens the new one ([`Members::join`]). Its size
+//! is fixed; a device that finds it takes it as it is.
 
 use super::inbox::pid_alive;
 use rustix::fs::{Mode, OFlags};
@@ -48,6 +50,19 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Slots of an address: devices that can share it at a time.
 pub(crate) const SLOTS: usize = 256;
+
+/// Times [`Members::join`] opens the members file again after a sweep removed it.
+const JOIN_TRIES: usize = 4;
+
+/// Set in a slot's process ID while a sweep holds the slot to remove the file
+/// ([`Members::retire`]): the slot is held (by the live sweeper), but nobody is a member
+/// there. Process IDs are below 2^22 (`pid_max`).
+const RETIRING: u32 = 1 << 31;
+
+/// Whether the process holding a slot (`held`, its process ID or a sweep's claim) is alive.
+fn holder_alive(held: u32) -> bool {
+    pid_alive(held & !RETIRING)
+}
 
 /// QPNs per slot.
 const SLOT_QPNS: u32 = 1 << 16;
@@ -132,6 +147,8 @@ const GSI_QPN: u32 = 1;
 /// A shared mapping of an address's members file.
 pub(crate) struct Members {
     base: *const MembersFile,
+    /// The file's inode: whether its path still names it ([`Members::is_at`]).
+    inode: u64,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics only.
@@ -208,7 +225,68 @@ impl Members {
         };
         Ok(Members {
             base: base as *const MembersFile,
+            inode: stat.st_ino,
         })
+    }
+
+    /// Whether `path` still names this file: a sweep may have removed it
+    /// ([`Members::retire`]) since it was opened.
+    pub(crate) fn is_at(&self, path: &Path) -> bool {
+        rustix::fs::stat(path).is_ok_and(|stat| stat.st_ino == self.inode)
+    }
+
+    /// Opens the members file at `path` (`members`, if already open) and claims a slot in
+    /// it for this process, as [`Members::claim`]; retried with the file at `path` again
+    /// if a sweep removed the one opened ([`Members::retire`]: the slot claimed there, or
+    /// none to claim, counts for nothing). `AddrInUse` when every slot is held.
+    pub(crate) fn join(members: Option<Members>, path: &Path) -> io::Result<(Members, usize)> {
+        let mut members = match members {
+            Some(members) => members,
+            None => Members::open(path)?,
+        };
+        for _ in 0..JOIN_TRIES {
+            match members.claim() {
+                Some(slot) if members.is_at(path) => return Ok((members, slot)),
+                Some(slot) => members.release(slot),
+                None if members.is_at(path) => break,
+                None => {}
+            }
+            members = Members::open(path)?;
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("all {SLOTS} slots of {} are held", path.display()),
+        ))
+    }
+
+    /// Removes the file from `path` if no live process holds a slot of it or the address's
+    /// socket: every slot is claimed for this process first, marked [`RETIRING`] (so no
+    /// device can join it meanwhile, nor take the claims for members; one that opened it
+    /// and claims nothing, or a slot only after this process is gone, finds the path no
+    /// longer names it and opens the file there again, [`Members::join`]), and the file is
+    /// removed only if `path` still names it. The slots stay claimed in the removed file.
+    /// Whether it was removed.
+    pub(crate) fn retire(&self, path: &Path) -> bool {
+        let me = std::process::id();
+        let slots = &self.file().slots;
+        let mut taken = 0;
+        while taken < SLOTS {
+            let slot = &slots[taken];
+            let pid = slot.pid.load(Ordering::Acquire);
+            if (pid != 0 && (pid == me || holder_alive(pid))) || !take(slot, pid, me | RETIRING) {
+                break;
+            }
+            taken += 1;
+        }
+        let holder = self.holder();
+        let unused = taken == SLOTS && (holder == 0 || !pid_alive(holder));
+        if unused && self.is_at(path) && rustix::fs::unlink(path).is_ok() {
+            return true;
+        }
+        for index in 0..taken {
+            self.release(index);
+        }
+        false
     }
 
     fn file(&self) -> &MembersFile {
@@ -223,7 +301,7 @@ impl Members {
         for (index, slot) in self.file().slots.iter().enumerate() {
             // Acquire: pairs with a leaving member's Release of 0.
             let pid = slot.pid.load(Ordering::Acquire);
-            if pid != 0 && pid_alive(pid) {
+            if pid != 0 && holder_alive(pid) {
                 continue;
             }
             if take(slot, pid, me) {
@@ -233,17 +311,18 @@ impl Members {
         None
     }
 
-    /// Claims each slot whose member is gone, as [`Members::claim`] would, calls `remove`
+    /// Claims each slot whose member is gone, as [`Members::claim`] would but marked
+    /// [`RETIRING`] (no member for a device looking for members meanwhile), calls `remove`
     /// with it (the sweep removes its inbox, `sweep.rs`) and frees it again: no device can
     /// be making an inbox in a slot while it is claimed.
     pub(crate) fn reclaim_dead(&self, mut remove: impl FnMut(usize)) {
         let me = std::process::id();
         for (index, slot) in self.file().slots.iter().enumerate() {
             let pid = slot.pid.load(Ordering::Acquire);
-            if pid == 0 || pid == me || pid_alive(pid) {
+            if pid == 0 || pid == me || holder_alive(pid) {
                 continue;
             }
-            if take(slot, pid, me) {
+            if take(slot, pid, me | RETIRING) {
                 remove(index);
                 self.release(index);
             }
@@ -281,7 +360,8 @@ impl Members {
         let slot = &self.file().slots[slot];
         // Acquire both: pairs with the claimant's and `set_ready`'s Release stores.
         let pid = slot.pid.load(Ordering::Acquire);
-        (pid != 0 && slot.state.load(Ordering::Acquire) == READY).then_some(pid)
+        (pid != 0 && pid & RETIRING == 0 && slot.state.load(Ordering::Acquire) == READY)
+            .then_some(pid)
     }
 
     /// Whether a live member other than this process holds a slot; and whether one of this
@@ -292,6 +372,8 @@ impl Members {
         for slot in &self.file().slots {
             match slot.pid.load(Ordering::Acquire) {
                 0 => {}
+                // A sweep's claim is no member.
+                pid if pid & RETIRING != 0 => {}
                 pid if pid == me => mine = true,
                 pid => others |= pid_alive(pid),
             }
@@ -304,7 +386,7 @@ impl Members {
         let me = std::process::id();
         let pids = self.file().slots.iter();
         pids.map(|slot| slot.pid.load(Ordering::Acquire))
-            .filter(|&pid| pid != 0 && pid != me && pid_alive(pid))
+            .filter(|&pid| pid != 0 && pid & RETIRING == 0 && pid != me && pid_alive(pid))
             .count() as u32
     }
 
@@ -569,6 +651,85 @@ mod tests {
         assert_eq!(members.ready_member(0), None, "joining, not ready");
         assert_eq!(members.claim(), Some(1));
         assert_eq!(members.live_members(), (false, true));
+        std::fs::remove_file(&path).unwrap();
+    }
+    /// A members file goes only when no live process is at the address: a live member's
+    /// slot, or a live holder of the socket, keeps it (and every slot the sweep took on the
+    /// way is free again); a file of dead members only is removed.
+    #[test]
+    fn a_members_file_is_retired_only_when_no_live_process_is_at_the_address() {
+        let path = std::env::temp_dir().join(format!("softverbs-retire-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        let sweeper = Members::open(&path).unwrap();
+        // A live member (this process) in slot 3.
+        members.set_member(3, std::process::id());
+        assert!(!sweeper.retire(&path));
+        assert!(path.exists());
+        assert_eq!(
+            members.claim(),
+            Some(0),
+            "the slots the sweep took are free"
+        );
+        members.release(0);
+        // Only the socket's holder is alive (it has not claimed its slot yet).
+        members.release(3);
+        members.set_holder();
+        assert!(!sweeper.retire(&path));
+        assert!(path.exists());
+        members.clear_holder();
+        // Dead members only.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        members.set_member(5, dead);
+        members.file().holder.store(dead, Ordering::Relaxed);
+        assert!(sweeper.retire(&path));
+        assert!(!path.exists());
+        assert!(!members.is_at(&path));
+    }
+
+    /// While a sweep holds the slots of a file it is about to remove, a device looking for
+    /// the address's members (to join a socket another process holds) sees none: a claim
+    /// of the sweep is no member, neither ready nor live, and not free either.
+    #[test]
+    fn a_sweeps_claims_are_no_members() {
+        let path = std::env::temp_dir().join(format!("softverbs-sweeping-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        // A sweep of this process, and one of process 1 (alive), hold slots 0 and 1.
+        members.set_member(0, std::process::id() | RETIRING);
+        members.set_member(1, 1 | RETIRING);
+        assert_eq!(members.live_members(), (false, false));
+        assert_eq!(members.other_members(), 0);
+        assert_eq!(members.ready_member(0), None);
+        assert_eq!(members.ready_member(1), None);
+        assert_eq!(members.claim(), Some(2), "held slots are not claimed");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A device that opened a members file a sweep then removed joins the file at the path
+    /// instead (made anew), not the removed one, where it would be alone: whether it had yet
+    /// to claim (every slot held by the sweep) or claimed a slot after the sweeper was gone.
+    #[test]
+    fn a_device_joins_the_file_at_the_path_not_one_a_sweep_removed() {
+        let path = std::env::temp_dir().join(format!("softverbs-rejoin-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        // Every slot held by the sweep (this process: alive).
+        let opened = Members::open(&path).unwrap();
+        assert!(Members::open(&path).unwrap().retire(&path));
+        let (members, slot) = Members::join(Some(opened), &path).unwrap();
+        assert!(members.is_at(&path), "the file at the path");
+        assert_eq!(slot, 0, "alone in a new file");
+        std::fs::remove_file(&path).unwrap();
+        // The slots of a removed file free (its sweeper gone): one is claimed, and let go.
+        let opened = Members::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let new = Members::open(&path).unwrap();
+        new.set_member(0, std::process::id());
+        let (members, slot) = Members::join(Some(opened), &path).unwrap();
+        assert!(members.is_at(&path));
+        assert_eq!(slot, 1, "beside the member of the file at the path");
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -276,12 +276,7 @@ impl Shm {
     ) -> io::Result<Shm> {
         // What devices of dead processes left goes first (and frees room for this inbox).
         sweep::once(&scope);
-        let slot = members.claim().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("all {} slots of {local} are held", members::SLOTS),
-            )
-        })?;
+        let (members, slot) = Members::join(Some(members), &scope.members_path(&local))?;
         let membership = Membership { members, slot };
         let doorbell = rustix::net::socket_with(
             AddressFamily::UNIX,

@@ -17,7 +17,10 @@
 //! (`…-sK.newPID`, renamed into place once made) goes too, and so does an inbox of the
 //! layout before shared addresses (`…-ADDRESS-PORT`, no slot), which no device of this
 //! version makes, once its owner (in its header) is gone. A slot whose member is alive, or
-//! whose process ID was reused by an unrelated live process, is left as it is.
+//! whose process ID was reused by an unrelated live process, is left as it is. An
+//! address's members file goes once no live process holds a slot of it or its socket
+//! (`Members::retire`): addresses and network namespaces come and go (a test suite makes
+//! namespaces by the hundred), and each left a file that every process's sweep then opened.
 
 use std::path::Path;
 use std::sync::Once;
@@ -62,6 +65,10 @@ pub(crate) fn sweep(scope: &Scope, dir: &Path) -> usize {
                     removed += 1;
                 }
             });
+            // An address no live device is at (any more): its members file goes too.
+            if members.retire(&entry.path()) {
+                removed += 1;
+            }
         } else if let Some((_, pid)) = name.rsplit_once(".new") {
             let dead = pid.parse().is_ok_and(|pid| !pid_alive(pid));
             if dead && std::fs::remove_file(entry.path()).is_ok() {
@@ -131,17 +138,25 @@ mod tests {
         };
         let there = elsewhere.path(&local, 0);
         let there = dir.join(there.file_name().unwrap());
-        let there_members =
-            Members::open(&dir.join(elsewhere.members_path(&local).file_name().unwrap())).unwrap();
+        let there_members_path = dir.join(elsewhere.members_path(&local).file_name().unwrap());
+        let there_members = Members::open(&there_members_path).unwrap();
         there_members.set_member(0, GONE);
         std::fs::write(&there, b"inbox").unwrap();
         let foreign = dir.join("softverbs-99999-1-127.0.0.99-4791-s1");
         std::fs::write(&foreign, b"inbox").unwrap();
 
-        assert_eq!(sweep(&scope, &dir), 4);
+        assert_eq!(sweep(&scope, &dir), 5);
         assert!(
             !there.exists(),
             "a dead member's inbox in another namespace goes"
+        );
+        assert!(
+            !there_members_path.exists(),
+            "so does the members file of an address no live device is at"
+        );
+        assert!(
+            name(".members").exists(),
+            "the members file of an address with a live member stays"
         );
         assert!(!old_gone.exists(), "an old inbox whose owner is gone goes");
         assert!(old_alive.exists() && not_an_inbox.exists());
