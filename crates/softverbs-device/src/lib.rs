@@ -8,7 +8,7 @@
 //! | [`memory`] | [`MemoryTable`]: registrations, keys, the one place that copies application memory |
 //! | [`transport`] | the [`Transport`] trait, [`Endpoint`] and [`Gid`], counters, UDP source port choice |
 //! | [`udp`] | [`UdpTransport`]: real RoCEv2 over UDP sockets (IPv4 and IPv6), automatic 127.0.0.x address, batches in one system call, segmentation offload (GSO / GRO) |
-//! | [`shm`] | [`HostTransport`]: a UDP transport and a shared-memory inbox in `/dev/shm`, through which devices of other processes of this host (same user, same network namespace) hand packets without a system call |
+//! | [`shm`] | [`HostTransport`]: a UDP transport and a shared-memory inbox in `/dev/shm`, through which devices of other processes of this host (same user, same PID and network namespaces) hand packets without a system call |
 //! | `multicast` | the IP multicast groups a UDP device receives: a socket per group, the epoll set a receiver waits on |
 //! | [`loopback`] | [`LoopbackNetwork`] / [`LoopbackTransport`]: several endpoints in one process, no syscalls |
 //! | [`fault`] | [`FaultTransport`]: seeded drop / duplicate / delay / reorder / corrupt middleware |

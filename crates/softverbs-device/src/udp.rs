@@ -521,7 +521,7 @@ fn bind_error(addr: SocketAddr, error: io::Error) -> io::Error {
     let message = match error.kind() {
         io::ErrorKind::AddrInUse => format!(
             "UDP {addr} is already in use ({error}), by a program or a device this one cannot \
-             share it with (devices of one user and network namespace share an address, \
+             share it with (devices of one user, PID and network namespace share an address, \
              except two of one process or with {NETWORK_ENV}=udp): give this device another \
              address with {ADDR_ENV} (`softverbs run --addr`), or leave {ADDR_ENV} unset to \
              take the first free 127.0.0.x"

@@ -44,7 +44,7 @@ pub struct DeviceConfig {
     /// device of this process (in-process devices too).
     pub capture: Option<Arc<Capture>>,
     /// Whether a UDP device hands its packets for devices of other processes of this host
-    /// (same user, same network namespace) through shared memory instead of the socket
+    /// (same user, same PID and network namespaces) through shared memory instead of the socket
     /// ([`HostTransport`](crate::shm::HostTransport)); true unless
     /// `SOFTVERBS_NETWORK=udp`. No effect in-process.
     pub shared_memory: bool,

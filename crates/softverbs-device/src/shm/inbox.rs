@@ -139,21 +139,30 @@ impl Mapping {
     }
 }
 
-/// The identity of this user and network namespace, which every inbox name carries: a
-/// device reaches through shared memory only devices it could reach over UDP on this host.
+/// The identity of this user, PID namespace and network namespace, which every file name
+/// carries: a device reaches through shared memory only devices it could reach over UDP on
+/// this host, and whose process IDs mean in its PID namespace what they mean in theirs.
+/// Processes of two PID namespaces can share `/dev/shm` and a network namespace (a
+/// container run with `--ipc=host --network=host`, the containers of one Kubernetes pod):
+/// a process ID in a file of the other namespace names another process, or none, here, so
+/// a device would take a live member's slot for a dead one's, and its sweep remove live
+/// devices' inboxes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Scope {
     pub(crate) euid: u32,
+    pub(crate) pidns: u64,
     pub(crate) netns: u64,
 }
 
 impl Scope {
-    /// This process's scope; `None` where the network namespace cannot be told
-    /// (no `/proc`), so no inbox is used.
+    /// This process's scope; `None` where the namespaces cannot be told (no `/proc`), so
+    /// no inbox is used.
     pub(crate) fn current() -> Option<Scope> {
+        let pidns = rustix::fs::stat("/proc/self/ns/pid").ok()?.st_ino;
         let netns = rustix::fs::stat("/proc/self/ns/net").ok()?.st_ino;
         Some(Scope {
             euid: rustix::process::geteuid().as_raw(),
+            pidns,
             netns,
         })
     }
@@ -177,20 +186,21 @@ impl Scope {
         format!("{}-s{slot}", self.name(endpoint))
     }
 
-    /// `softverbs-UID-NETNS-ADDRESS-PORT`.
+    /// `softverbs-UID-PIDNS-NETNS-ADDRESS-PORT`.
     fn name(&self, endpoint: &crate::transport::Endpoint) -> String {
         format!("{}{}-{}", self.prefix(), endpoint.addr(), endpoint.port())
     }
 
-    /// `softverbs-UID-NETNS-`: what the name of every file of this scope starts with.
+    /// `softverbs-UID-PIDNS-NETNS-`: what the name of every file of this scope starts with.
     pub(crate) fn prefix(&self) -> String {
         format!("{}{}-", self.user_prefix(), self.netns)
     }
 
-    /// `softverbs-UID-`: what the name of every file of this user starts with, in any
-    /// network namespace.
+    /// `softverbs-UID-PIDNS-`: what the name of every file of this user and PID namespace
+    /// starts with, in any network namespace (the sweep's: process IDs are this PID
+    /// namespace's).
     pub(crate) fn user_prefix(&self) -> String {
-        format!("softverbs-{}-", self.euid)
+        format!("softverbs-{}-{}-", self.euid, self.pidns)
     }
 }
 

@@ -1,5 +1,5 @@
-//! The members of an address: the devices of this host's processes (one user, one network
-//! namespace) that share one (address, UDP port) pair.
+//! The members of an address: the devices of this host's processes (one user, one PID
+//! namespace, one network namespace) that share one (address, UDP port) pair.
 //!
 //! RoCEv2 fixes the UDP port (4791), and only one socket can own `address:4791`. A NIC
 //! tells its QPs apart by the destination QPN of each packet; so do devices sharing an
@@ -9,8 +9,8 @@
 //! forwards every packet for another member's slot into that member's inbox; devices of
 //! this host send straight to the member's inbox (`mod.rs`).
 //!
-//! The file, `/dev/shm/softverbs-UID-NETNS-ADDRESS-PORT.members` (mode 0600, only its user
-//! can open it), is [`SLOTS`] slots after a header; all fields are `u32` atomics, zero when
+//! The file, `/dev/shm/softverbs-UID-PIDNS-NETNS-ADDRESS-PORT.members` (mode 0600, only its
+//! user can open it), is [`SLOTS`] slots after a header; all fields are `u32` atomics, zero when
 //! free:
 //!
 //! | offset | field |

@@ -9,8 +9,9 @@
 //! (and a `/dev/shm` that has no room for another ring sends every new pair of devices
 //! over UDP, `inbox.rs`).
 //!
-//! So the first device of a process to make an inbox sweeps its user's files first (in
-//! every network namespace: one that is gone leaves files no device of it will sweep): in
+//! So the first device of a process to make an inbox sweeps the files of its user and PID
+//! namespace first (in every network namespace: one that is gone leaves files no device of
+//! it will sweep; not those of another PID namespace, whose process IDs mean nothing here): in
 //! every address's members file, each slot whose member is gone is claimed as a joining
 //! device claims it — so no device can be making an inbox in that slot meanwhile — its
 //! inbox removed, and the slot freed. An inbox a dead process was still making
