@@ -393,9 +393,12 @@ pub(crate) fn owner_gone(path: &Path) -> bool {
     !pid_alive(u32::from_ne_bytes(head[8..].try_into().unwrap()))
 }
 
-/// Whether process `pid` exists (`kill(pid, 0)` does not say ESRCH).
+/// Whether process `pid` exists (`kill(pid, 0)` does not say ESRCH). A value no process
+/// ID can be (0, or one above `i32::MAX`, which `kill` would take for a process group) is
+/// no live process.
 pub(crate) fn pid_alive(pid: u32) -> bool {
-    match rustix::process::Pid::from_raw(pid as i32) {
+    let pid = i32::try_from(pid).ok().filter(|&pid| pid > 0);
+    match pid.and_then(rustix::process::Pid::from_raw) {
         Some(pid) => !matches!(
             rustix::process::test_kill_process(pid),
             Err(rustix::io::Errno::SRCH)

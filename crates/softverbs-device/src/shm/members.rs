@@ -36,7 +36,8 @@
 //! process keeps a dead member's slot until that process ends (the slot's range is lost
 //! meanwhile, nothing else). The file stays while a live process holds a slot or the
 //! socket; once none does, the next sweep removes it (`sweep.rs`, [`Members::retire`]),
-//! and a device opening it at that moment opens the new one ([`Members::join`]). Its size
+//! and a device that opened it at that moment claims its slot in the file made at the path
+//! after it ([`Members::join`]). Its size
 //! is fixed; a device that finds it takes it as it is.
 
 use super::inbox::pid_alive;
@@ -51,8 +52,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// Slots of an address: devices that can share it at a time.
 pub(crate) const SLOTS: usize = 256;
 
-/// Times [`Members::join`] opens the members file again after a sweep removed it.
-const JOIN_TRIES: usize = 4;
+/// How long [`Members::join`] keeps trying while sweeps remove the file it opened or hold
+/// its slots (a sweep holds them for microseconds).
+const JOIN_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Set in a slot's process ID while a sweep holds the slot to remove the file
 /// ([`Members::retire`]): the slot is held (by the live sweeper), but nobody is a member
@@ -236,27 +238,50 @@ impl Members {
     }
 
     /// Opens the members file at `path` (`members`, if already open) and claims a slot in
-    /// it for this process, as [`Members::claim`]; retried with the file at `path` again
-    /// if a sweep removed the one opened ([`Members::retire`]: the slot claimed there, or
-    /// none to claim, counts for nothing). `AddrInUse` when every slot is held.
+    /// it for this process, as [`Members::claim`]: with the file at `path` again if a sweep
+    /// removed the one opened ([`Members::retire`]: the slot claimed there, or none to
+    /// claim, counts for nothing), and again a moment later while a sweep holds slots of
+    /// it; for at most [`JOIN_PATIENCE`]. `AddrInUse` when live members hold every slot.
     pub(crate) fn join(members: Option<Members>, path: &Path) -> io::Result<(Members, usize)> {
         let mut members = match members {
             Some(members) => members,
             None => Members::open(path)?,
         };
-        for _ in 0..JOIN_TRIES {
-            match members.claim() {
-                Some(slot) if members.is_at(path) => return Ok((members, slot)),
+        let deadline = std::time::Instant::now() + JOIN_PATIENCE;
+        loop {
+            let claimed = members.claim();
+            let here = members.is_at(path);
+            match claimed {
+                Some(slot) if here => return Ok((members, slot)),
                 Some(slot) => members.release(slot),
-                None if members.is_at(path) => break,
+                None if here && !members.sweep_holds_slots() => break,
                 None => {}
             }
-            members = Members::open(path)?;
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            if here {
+                // A sweep holds slots: it lets go, or removes the file, in microseconds.
+                std::thread::sleep(JOIN_PATIENCE / 100);
+            } else {
+                members = Members::open(path)?;
+            }
         }
         Err(io::Error::new(
             io::ErrorKind::AddrInUse,
-            format!("all {SLOTS} slots of {} are held", path.display()),
+            format!(
+                "no slot of {} could be claimed: live devices hold all {SLOTS}",
+                path.display()
+            ),
         ))
+    }
+
+    /// Whether a live sweep holds a slot ([`RETIRING`]).
+    fn sweep_holds_slots(&self) -> bool {
+        self.file().slots.iter().any(|slot| {
+            let held = slot.pid.load(Ordering::Acquire);
+            held & RETIRING != 0 && holder_alive(held)
+        })
     }
 
     /// Removes the file from `path` if no live process holds a slot of it or the address's
@@ -273,7 +298,10 @@ impl Members {
         while taken < SLOTS {
             let slot = &slots[taken];
             let pid = slot.pid.load(Ordering::Acquire);
-            if (pid != 0 && (pid == me || holder_alive(pid))) || !take(slot, pid, me | RETIRING) {
+            // Free, or a claim of a sweep that died; not a member, even a dead one (the
+            // next sweep removes its inbox first, `reclaim_dead`).
+            let free = pid == 0 || (pid & RETIRING != 0 && !holder_alive(pid));
+            if !free || !take(slot, pid, me | RETIRING) {
                 break;
             }
             taken += 1;
@@ -655,7 +683,8 @@ mod tests {
     }
     /// A members file goes only when no live process is at the address: a live member's
     /// slot, or a live holder of the socket, keeps it (and every slot the sweep took on the
-    /// way is free again); a file of dead members only is removed.
+    /// way is free again); a file of dead members only is removed once their slots are
+    /// reclaimed.
     #[test]
     fn a_members_file_is_retired_only_when_no_live_process_is_at_the_address() {
         let path = std::env::temp_dir().join(format!("softverbs-retire-{}", std::process::id()));
@@ -684,6 +713,8 @@ mod tests {
         child.wait().unwrap();
         members.set_member(5, dead);
         members.file().holder.store(dead, Ordering::Relaxed);
+        // As the sweep does: the dead member's slot (and inbox) first.
+        sweeper.reclaim_dead(|_| {});
         assert!(sweeper.retire(&path));
         assert!(!path.exists());
         assert!(!members.is_at(&path));
@@ -706,6 +737,57 @@ mod tests {
         assert_eq!(members.ready_member(1), None);
         assert_eq!(members.claim(), Some(2), "held slots are not claimed");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A sweep holds every slot for the microseconds it takes to see whether the file is
+    /// in use: a device joining then waits for it to let go, and takes a slot, instead of
+    /// failing as if live members held them all.
+    #[test]
+    fn a_device_joining_while_a_sweep_holds_the_slots_waits_for_it() {
+        let path = std::env::temp_dir().join(format!("softverbs-wait-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        // A live sweep (process 1's): every slot held.
+        for slot in 0..SLOTS {
+            members.set_member(slot, 1 | RETIRING);
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(JOIN_PATIENCE / 10);
+                for slot in 0..SLOTS {
+                    members.release(slot);
+                }
+            });
+            let (joined, slot) = Members::join(None, &path).unwrap();
+            assert!(joined.is_at(&path));
+            assert_eq!(slot, 0);
+        });
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A member that died after the sweep reclaimed the dead ones keeps the file for the
+    /// next sweep, which removes its inbox first: the file is not removed with its inbox
+    /// left behind.
+    #[test]
+    fn a_dead_members_slot_stops_a_retirement() {
+        let path = std::env::temp_dir().join(format!("softverbs-dead-stop-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        members.set_member(5, dead);
+        assert!(!members.retire(&path));
+        assert!(path.exists());
+        assert_eq!(members.file().slots[5].pid.load(Ordering::Relaxed), dead);
+        assert_eq!(
+            members.claim(),
+            Some(0),
+            "the slots the sweep took are free"
+        );
+        members.release(0);
+        members.reclaim_dead(|_| {});
+        assert!(members.retire(&path));
     }
 
     /// A device that opened a members file a sweep then removed joins the file at the path

@@ -274,8 +274,6 @@ impl Shm {
         holds_socket: bool,
         udp_fd: BorrowedFd<'_>,
     ) -> io::Result<Shm> {
-        // What devices of dead processes left goes first (and frees room for this inbox).
-        sweep::once(&scope);
         let (members, slot) = Members::join(Some(members), &scope.members_path(&local))?;
         let membership = Membership { members, slot };
         let doorbell = rustix::net::socket_with(
@@ -930,6 +928,10 @@ impl HostTransport {
             let opened = Scope::current()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no /proc/self/ns/net"))
                 .and_then(|scope| {
+                    // What devices of dead processes left goes first (and frees room for
+                    // this inbox), before the address's members file is opened: a sweep
+                    // removes one nobody is in yet.
+                    sweep::once(&scope);
                     let members = Members::open(&scope.members_path(&local))?;
                     Shm::open(local, scope, members, true, udp.wait_fd())
                 });
@@ -968,7 +970,9 @@ impl HostTransport {
         let Some(scope) = Scope::current() else {
             return Err(error);
         };
-        let Ok(members) = Members::open(&scope.members_path(&local)) else {
+        sweep::once(&scope);
+        let path = scope.members_path(&local);
+        let Ok(mut members) = Members::open(&path) else {
             return Err(error);
         };
         // Another program, a device without shared memory, or a device of this process
@@ -982,6 +986,14 @@ impl HostTransport {
                 (_, true) => return Err(error),
                 (false, false) if Instant::now() >= deadline => return Err(error),
                 (false, false) => std::thread::sleep(JOIN_WAIT / 10),
+            }
+            // A sweep may have removed the file opened (no member was in it yet): the
+            // members are in the one at the path.
+            if !members.is_at(&path) {
+                match Members::open(&path) {
+                    Ok(fresh) => members = fresh,
+                    Err(_) => return Err(error),
+                }
             }
         }
         let udp = UdpTransport::bind(UdpConfig {

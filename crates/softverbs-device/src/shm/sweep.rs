@@ -29,7 +29,7 @@ use std::sync::Once;
 use super::inbox::{owner_gone, pid_alive, Scope, SHM_DIR};
 use super::members::Members;
 
-/// Sweeps the files of `scope`'s user once per process (module doc).
+/// Sweeps the files of `scope`'s user and PID namespace once per process (module doc).
 pub(crate) fn once(scope: &Scope) {
     static SWEPT: Once = Once::new();
     SWEPT.call_once(|| {
@@ -43,8 +43,9 @@ pub(crate) fn once(scope: &Scope) {
     });
 }
 
-/// Removes from `dir` the inboxes of the dead members of `scope`'s user (module doc);
-/// returns how many files went.
+/// Removes from `dir` the inboxes of the dead members of `scope`'s user and PID namespace,
+/// and the members files of addresses no live device is at (module doc); returns how many
+/// files went.
 pub(crate) fn sweep(scope: &Scope, dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
