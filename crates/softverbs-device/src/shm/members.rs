@@ -37,8 +37,8 @@
 //! meanwhile, nothing else). The file stays while a live process holds a slot or the
 //! socket; once none does, the next sweep removes it (`sweep.rs`, [`Members::retire`]),
 //! and a device that opened it at that moment claims its slot in the file made at the path
-//! after it ([`Members::join`]). Its size
-//! is fixed; a device that finds it takes it as it is.
+//! after it ([`Members::join`]). Its size is fixed; a device that finds it takes it as it
+//! is.
 
 use super::inbox::pid_alive;
 use rustix::fs::{Mode, OFlags};
@@ -681,6 +681,7 @@ mod tests {
         assert_eq!(members.live_members(), (false, true));
         std::fs::remove_file(&path).unwrap();
     }
+
     /// A members file goes only when no live process is at the address: a live member's
     /// slot, or a live holder of the socket, keeps it (and every slot the sweep took on the
     /// way is free again); a file of dead members only is removed once their slots are
