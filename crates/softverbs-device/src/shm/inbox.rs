@@ -200,7 +200,13 @@ impl Scope {
     /// starts with, in any network namespace (the sweep's: process IDs are this PID
     /// namespace's).
     pub(crate) fn user_prefix(&self) -> String {
-        format!("softverbs-{}-{}-", self.euid, self.pidns)
+        format!("{}{}-", self.any_pid_namespace_prefix(), self.pidns)
+    }
+
+    /// `softverbs-UID-`: what the name of every file of this user starts with, in any PID
+    /// namespace.
+    pub(crate) fn any_pid_namespace_prefix(&self) -> String {
+        format!("softverbs-{}-", self.euid)
     }
 }
 
@@ -211,6 +217,24 @@ pub(crate) const SHM_DIR: &str = "/dev/shm";
 pub(crate) struct OwnInbox {
     pub(crate) mapping: Mapping,
     path: PathBuf,
+    /// The file, with a shared `flock(2)` on it from before it took its name until the
+    /// owner closes it or dies (the kernel lets go of it then, in whatever PID namespace):
+    /// the sign of life a sweep of another PID namespace goes by ([`abandoned`]).
+    _alive: OwnedFd,
+}
+
+/// The inbox (or inbox being made, or members file) at `path`, locked exclusively, if no
+/// process holds it: its owner's (its members') shared `flock(2)` ([`OwnInbox`],
+/// `Members::join`), which the kernel drops when the holder closes it or dies, keeps an
+/// exclusive one from being taken. How a device tells whether the devices of another PID
+/// namespace, whose process IDs mean nothing here, are gone. `None` while one lives, and
+/// where the file cannot be opened or locked (nothing is taken for gone that is not known
+/// to be).
+pub(crate) fn abandoned(path: &Path) -> Option<(OwnedFd, u64)> {
+    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive).ok()?;
+    let inode = rustix::fs::fstat(&fd).ok()?.st_ino;
+    Some((fd, inode))
 }
 
 impl OwnInbox {
@@ -227,6 +251,8 @@ impl OwnInbox {
             Mode::RUSR | Mode::WUSR,
         )?;
         let made = (|| {
+            // Alive from before the file has its name (`abandoned`).
+            rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockShared)?;
             rustix::fs::ftruncate(&fd, INBOX_LEN as u64)?;
             // The header page, which the owner writes now.
             reserve(&fd, 0, PAGE)?;
@@ -243,6 +269,7 @@ impl OwnInbox {
                 Ok(OwnInbox {
                     mapping,
                     path: path.to_owned(),
+                    _alive: fd,
                 })
             }
             Err(error) => {

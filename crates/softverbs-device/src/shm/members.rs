@@ -151,6 +151,9 @@ pub(crate) struct Members {
     base: *const MembersFile,
     /// The file's inode: whether its path still names it ([`Members::is_at`]).
     inode: u64,
+    /// The file: a member holds a shared `flock(2)` on it ([`Members::join`]), its sign of
+    /// life to a sweep of another PID namespace (`inbox::abandoned`).
+    fd: rustix::fd::OwnedFd,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics only.
@@ -228,6 +231,7 @@ impl Members {
         Ok(Members {
             base: base as *const MembersFile,
             inode: stat.st_ino,
+            fd,
         })
     }
 
@@ -249,6 +253,9 @@ impl Members {
         };
         let deadline = std::time::Instant::now() + JOIN_PATIENCE;
         loop {
+            // Held from before the check that the path names the file: a sweep of another
+            // PID namespace removes the file only while nobody holds it.
+            rustix::fs::flock(&members.fd, rustix::fs::FlockOperation::LockShared)?;
             let claimed = members.claim();
             let here = members.is_at(path);
             match claimed {

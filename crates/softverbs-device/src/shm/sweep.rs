@@ -11,7 +11,8 @@
 //!
 //! So the first device of a process to make an inbox sweeps the files of its user and PID
 //! namespace first (in every network namespace: one that is gone leaves files no device of
-//! it will sweep; not those of another PID namespace, whose process IDs mean nothing here): in
+//! it will sweep; another PID namespace's process IDs mean nothing here, and its files
+//! are removed once nobody holds their lock, `inbox::abandoned`): in
 //! every address's members file, each slot whose member is gone is claimed as a joining
 //! device claims it — so no device can be making an inbox in that slot meanwhile — its
 //! inbox removed, and the slot freed. An inbox a dead process was still making
@@ -26,7 +27,7 @@
 use std::path::Path;
 use std::sync::Once;
 
-use super::inbox::{owner_gone, pid_alive, Scope, SHM_DIR};
+use super::inbox::{abandoned, owner_gone, pid_alive, Scope, SHM_DIR};
 use super::members::Members;
 
 /// Sweeps the files of `scope`'s user and PID namespace once per process (module doc).
@@ -51,12 +52,21 @@ pub(crate) fn sweep(scope: &Scope, dir: &Path) -> usize {
         return 0;
     };
     let prefix = scope.user_prefix();
+    let any_pid_namespace = scope.any_pid_namespace_prefix();
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str().filter(|n| n.starts_with(&prefix)) else {
+        let Some(name) = name.to_str().filter(|n| n.starts_with(&any_pid_namespace)) else {
             continue;
         };
+        if !name.starts_with(&prefix) {
+            // Another PID namespace's: its process IDs mean nothing here, its holders' lock
+            // does (`inbox::abandoned`).
+            if foreign_file(&name[any_pid_namespace.len()..]) && remove_abandoned(&entry.path()) {
+                removed += 1;
+            }
+            continue;
+        }
         if let Some(address) = name.strip_suffix(".members") {
             let Ok(members) = Members::open(&entry.path()) else {
                 continue;
@@ -89,6 +99,41 @@ pub(crate) fn sweep(scope: &Scope, dir: &Path) -> usize {
     removed
 }
 
+/// Whether `rest`, a file name after `softverbs-UID-`, is an inbox (or one being made) or
+/// an address's members file of another PID namespace: `PIDNS-NETNS-ADDRESS-PORT-sK`, or
+/// that and `.newPID`, or `PIDNS-NETNS-ADDRESS-PORT.members`. (A name of the layout before
+/// PID namespaces, `NETNS-ADDRESS-…`, has an address where the network namespace would
+/// be: not one.)
+fn foreign_file(rest: &str) -> bool {
+    let number = |part: Option<&str>| {
+        part.is_some_and(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let mut parts = rest.splitn(3, '-');
+    if !(number(parts.next()) && number(parts.next())) {
+        return false;
+    }
+    let Some(tail) = parts.next() else {
+        return false;
+    };
+    if tail.ends_with(".members") {
+        return true;
+    }
+    let inbox = tail.split_once(".new").map_or(tail, |(inbox, _)| inbox);
+    inbox
+        .rsplit_once("-s")
+        .is_some_and(|(_, slot)| number(Some(slot)))
+}
+
+/// Removes the file at `path` if nobody holds it ([`abandoned`]) and the path still names
+/// the file found so; whether it did.
+fn remove_abandoned(path: &Path) -> bool {
+    let Some((_locked, inode)) = abandoned(path) else {
+        return false;
+    };
+    rustix::fs::stat(path).is_ok_and(|stat| stat.st_ino == inode)
+        && rustix::fs::unlink(path).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +142,46 @@ mod tests {
 
     /// A process ID no process has: the highest `pid_max` allows is below it.
     const GONE: u32 = (1 << 22) + 1;
+
+    /// The names of another PID namespace's files are told from every other name.
+    #[test]
+    fn a_file_of_another_pid_namespace_is_told_by_its_name() {
+        for file in [
+            "4026532001-4026531833-127.0.0.5-4791-s0",
+            "4026532001-4026531833-fd00::1-4791-s17",
+            "4026532001-4026531833-127.0.0.5-4791-s3.new42",
+            "4026532001-4026531833-127.0.0.5-4791.members",
+        ] {
+            assert!(foreign_file(file), "{file}");
+        }
+        for other in [
+            // The layout before PID namespaces: an address where NETNS would be.
+            "4026531833-127.0.0.5-4791.members",
+            "4026531833-127.0.0.5-4791-s0",
+            "4026531833-127.0.0.5-4791",
+            "4026532001-4026531833-127.0.0.5-4791-sx",
+            "x-4026531833-127.0.0.5-4791-s0",
+        ] {
+            assert!(!foreign_file(other), "{other}");
+        }
+    }
+
+    /// A file whose owner holds its lock stays; one nobody holds goes.
+    #[test]
+    fn a_file_goes_only_once_nobody_holds_its_lock() {
+        let dir = std::env::temp_dir().join(format!("softverbs-locks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("inbox");
+        std::fs::write(&path, b"inbox").unwrap();
+        let held = std::fs::File::open(&path).unwrap();
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockShared).unwrap();
+        assert!(!remove_abandoned(&path));
+        assert!(path.exists(), "its owner holds it");
+        drop(held);
+        assert!(remove_abandoned(&path));
+        assert!(!path.exists(), "nobody holds it");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn only_the_inboxes_of_slots_whose_member_is_gone_are_removed() {
