@@ -303,7 +303,7 @@ impl Drop for OwnInbox {
     fn drop(&mut self) {
         self.mapping.header().closed.store(1, Ordering::Release);
         at_exit::forget(&self.path);
-        unlink_if(&self.path, self.mapping.inode);
+        let _ = unlink_if(&self.path, self.mapping.inode);
     }
 }
 
@@ -340,11 +340,10 @@ pub(crate) fn reserve(fd: &OwnedFd, at: usize, len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Removes the file at `path` if it is still the one with inode `inode`.
-fn unlink_if(path: &Path, inode: u64) {
-    if rustix::fs::stat(path).is_ok_and(|stat| stat.st_ino == inode) {
-        let _ = rustix::fs::unlink(path);
-    }
+/// Removes the file at `path` if it is still the one with inode `inode`; whether it did.
+pub(crate) fn unlink_if(path: &Path, inode: u64) -> bool {
+    rustix::fs::stat(path).is_ok_and(|stat| stat.st_ino == inode)
+        && rustix::fs::unlink(path).is_ok()
 }
 
 /// The inboxes of this process's devices, removed when the process exits with devices it
@@ -383,7 +382,7 @@ mod at_exit {
         };
         let me = std::process::id();
         for (path, inode, _) in open.iter().filter(|(_, _, pid)| *pid == me) {
-            super::unlink_if(path, *inode);
+            let _ = super::unlink_if(path, *inode);
         }
     }
 }

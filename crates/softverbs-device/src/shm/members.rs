@@ -315,7 +315,7 @@ impl Members {
         }
         let holder = self.holder();
         let unused = taken == SLOTS && (holder == 0 || !pid_alive(holder));
-        if unused && self.is_at(path) && rustix::fs::unlink(path).is_ok() {
+        if unused && super::inbox::unlink_if(path, self.inode) {
             return true;
         }
         for index in 0..taken {

@@ -27,7 +27,7 @@
 use std::path::Path;
 use std::sync::Once;
 
-use super::inbox::{abandoned, owner_gone, pid_alive, Scope, SHM_DIR};
+use super::inbox::{abandoned, owner_gone, pid_alive, unlink_if, Scope, SHM_DIR};
 use super::members::Members;
 
 /// Sweeps the files of `scope`'s user and PID namespace once per process (module doc).
@@ -127,11 +127,7 @@ fn foreign_file(rest: &str) -> bool {
 /// Removes the file at `path` if nobody holds it ([`abandoned`]) and the path still names
 /// the file found so; whether it did.
 fn remove_abandoned(path: &Path) -> bool {
-    let Some((_locked, inode)) = abandoned(path) else {
-        return false;
-    };
-    rustix::fs::stat(path).is_ok_and(|stat| stat.st_ino == inode)
-        && rustix::fs::unlink(path).is_ok()
+    abandoned(path).is_some_and(|(_locked, inode)| unlink_if(path, inode))
 }
 
 #[cfg(test)]
