@@ -252,6 +252,10 @@ impl Members {
             None => Members::open(path)?,
         };
         let deadline = std::time::Instant::now() + JOIN_PATIENCE;
+        // Whether the last claim found every slot held and no sweep among the holders: a
+        // sweep that let go of the slots behind the claim's scan, and finished before the
+        // look for sweeps, leaves exactly that, so it takes two in a row to give up.
+        let mut full = false;
         loop {
             // Held from before the check that the path names the file: a sweep of another
             // PID namespace removes the file only while nobody holds it.
@@ -261,9 +265,16 @@ impl Members {
             match claimed {
                 Some(slot) if here => return Ok((members, slot)),
                 Some(slot) => members.release(slot),
-                None if here && !members.sweep_holds_slots() => break,
+                None if here && !members.sweep_holds_slots() => {
+                    if full {
+                        break;
+                    }
+                    full = true;
+                    continue;
+                }
                 None => {}
             }
+            full = false;
             if std::time::Instant::now() >= deadline {
                 break;
             }
@@ -775,6 +786,21 @@ mod tests {
                 std::process::id()
             );
         });
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Live members holding every slot is a full address: joining fails with `AddrInUse`
+    /// (it does not take them for a sweep's claims and wait for ever).
+    #[test]
+    fn a_device_joining_an_address_whose_slots_live_members_hold_gets_addr_in_use() {
+        let path = std::env::temp_dir().join(format!("softverbs-full-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let members = Members::open(&path).unwrap();
+        for slot in 0..SLOTS {
+            members.set_member(slot, 1);
+        }
+        let error = Members::join(None, &path).err().expect("no slot is free");
+        assert_eq!(error.kind(), io::ErrorKind::AddrInUse);
         std::fs::remove_file(&path).unwrap();
     }
 
