@@ -217,21 +217,12 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_piece_of_unmapped_memory_marks_its_region_and_refuses_the_packet() {
-        use rustix::mm::{mmap_anonymous, munmap, MapFlags, ProtFlags};
-        let page = 4096;
-        // SAFETY: a fresh private anonymous page, unmapped right away: only its address
-        // is kept, to read from through the guarded copy.
-        let gone = unsafe {
-            let p = mmap_anonymous(
-                std::ptr::null_mut(),
-                page,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-            .expect("mmap");
-            munmap(p, page).expect("munmap");
-            p as usize
-        };
+        // A page unmapped right away: only its address is kept, to read from through the
+        // guarded copy. Mapped far from where the other tests' mappings land, so that
+        // none is at that address meanwhile (a test of the same process, in parallel).
+        let gone = crate::mappings::map_far(1, libc::PROT_READ | libc::PROT_WRITE);
+        // SAFETY: the mapping just made, used by nothing.
+        assert_eq!(unsafe { libc::munmap(gone as *mut libc::c_void, 4096) }, 0);
         let mark = Arc::new(AtomicBool::new(false));
         let pieces = [Deferred {
             at: 4,
