@@ -507,14 +507,30 @@ fn two_processes_in_a_container_sized_dev_shm_of_64_mib_talk_through_shared_memo
 /// UCX's shared-memory transports among them), and a full tmpfs is a `SIGBUS` in whichever
 /// writes a new page next: a sender takes a ring only where a quarter of `/dev/shm` stays
 /// free after it, and otherwise talks over UDP. In a 64 MiB `/dev/shm` with a quarter and
-/// a little less than a ring (4 MiB) left, the WRITE and READ of 60,000 bytes go over UDP
-/// (whole 32 KiB packets: both devices have an inbox, which decides the packets' size),
-/// complete with every byte, and the quarter is still free afterwards.
+/// a little less than the smallest ring (256 KiB) left, the WRITE and READ of 60,000 bytes
+/// go over UDP (whole 32 KiB packets: both devices have an inbox, which decides the
+/// packets' size), complete with every byte, and the quarter is still free afterwards.
 #[test]
 fn a_sender_leaves_a_quarter_of_dev_shm_to_other_programs() {
     const NAME: &str = "a_sender_leaves_a_quarter_of_dev_shm_to_other_programs";
     if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
         segments_between_processes(NAME, Through::SharedMemoryCrowded);
+        return;
+    }
+    in_own_dev_shm(NAME, c"size=64m,mode=1777");
+}
+
+/// Where `/dev/shm` has little room, a sender takes a smaller ring rather than none: many
+/// pairs of processes in a container (the ranks of an MPI job, all to all) each need one,
+/// and a 64 MiB `/dev/shm` held only eleven of 4 MiB. With a quarter and 3 MiB left, both
+/// directions of the WRITE and READ of 60,000 bytes go through shared memory (the payload
+/// straight into the rings, the packets handled in place), and the quarter is still free
+/// afterwards. (With 4 MiB rings only, both went over UDP.)
+#[test]
+fn a_sender_takes_a_smaller_ring_where_dev_shm_has_little_room() {
+    const NAME: &str = "a_sender_takes_a_smaller_ring_where_dev_shm_has_little_room";
+    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
+        segments_between_processes(NAME, Through::SharedMemoryTight);
         return;
     }
     in_own_dev_shm(NAME, c"size=64m,mode=1777");
@@ -582,8 +598,11 @@ enum Through {
     /// Shared memory on, in a `/dev/shm` of 64 MiB.
     SharedMemorySmall,
     /// Shared memory on, in a `/dev/shm` of 64 MiB that has a quarter and a little less
-    /// than a ring free once the target's inbox is made.
+    /// than the smallest ring free once the target's inbox is made.
     SharedMemoryCrowded,
+    /// Shared memory on, in a `/dev/shm` of 64 MiB that has a quarter and 3 MiB free once
+    /// the target's inbox is made: room for small rings only.
+    SharedMemoryTight,
 }
 
 /// Bytes `/dev/shm` has free, and its size.
@@ -621,16 +640,18 @@ fn segments_between_processes(name: &str, path: Through) {
         Through::SharedMemoryFull => (166, 167),
         Through::SharedMemorySmall => (168, 169),
         Through::SharedMemoryCrowded => (170, 171),
+        Through::SharedMemoryTight => (205, 206),
     };
     let target = side(host_device(target_last, shared_memory), QpType::Rc);
-    // A ring's data and header page.
-    const RING: u64 = (4 << 20) + 4096;
+    // The smallest ring's data and header page.
+    const LEAST_RING: u64 = (256 << 10) + 4096;
     let quarter = dev_shm_room().1 / 4;
     match path {
         Through::SharedMemoryFull => fill_dev_shm(0),
-        // Less than a ring beyond the quarter once the child's device has made its members
-        // file and inbox (a few pages).
-        Through::SharedMemoryCrowded => fill_dev_shm(quarter + RING - 4096),
+        // Less than the smallest ring beyond the quarter once the child's device has made
+        // its members file and inbox (a few pages).
+        Through::SharedMemoryCrowded => fill_dev_shm(quarter + LEAST_RING - 4096),
+        Through::SharedMemoryTight => fill_dev_shm(quarter + (3 << 20)),
         _ => {}
     }
     target
@@ -676,14 +697,20 @@ fn segments_between_processes(name: &str, path: Through) {
             "with no room for a ring, nothing went through shared memory"
         );
     }
-    if path == Through::SharedMemoryCrowded {
+    if matches!(
+        path,
+        Through::SharedMemoryCrowded | Through::SharedMemoryTight
+    ) {
         let free = dev_shm_room().0;
         assert!(
             free >= quarter,
             "a quarter of /dev/shm ({quarter} bytes) is left to other programs: {free} free"
         );
     }
-    if matches!(path, Through::SharedMemory | Through::SharedMemorySmall) {
+    if matches!(
+        path,
+        Through::SharedMemory | Through::SharedMemorySmall | Through::SharedMemoryTight
+    ) {
         assert_eq!(
             (write_direct, read_in_place),
             (SEGMENT_LEN as u64, read),

@@ -3,7 +3,8 @@
 //!
 //! Layout (all offsets in bytes): a header page, then [`RINGS`] rings of a header page and
 //! [`RING_CAP`] bytes of data each. The file is sparse: only the header page and the rings
-//! senders claimed take memory. Every page is allocated in the file ([`reserve`]) before
+//! senders claimed take memory, each as much as its sender reserved ([`ring_cap`]: all of
+//! it where `/dev/shm` has room, down to [`MIN_RING_CAP`] where it has little). Every page is allocated in the file ([`reserve`]) before
 //! anyone writes to it through a mapping: a write to a page a full tmpfs cannot give is a
 //! `SIGBUS` in the writer, while a reservation that fails is an error (`ENOSPC`) — the
 //! device goes without an inbox, or the sender to this inbox uses UDP.
@@ -37,8 +38,23 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// shared memory at a time (more send over UDP).
 pub(crate) const RINGS: usize = 32;
 
-/// Bytes of data per ring.
+/// Bytes of data per ring: the most a sender reserves.
 pub(crate) const RING_CAP: usize = 4 << 20;
+
+/// The least a sender reserves for its ring's data: 8 packets of 32 KiB.
+pub(crate) const MIN_RING_CAP: usize = 256 << 10;
+
+/// While `/dev/shm` has room for [`FULL_RINGS`] more rings of [`RING_CAP`] (beyond
+/// [`HEADROOM_SHARE`]), a sender takes one; below, at most `1 / RING_SHARE` of the room
+/// left, in halvings of [`RING_CAP`]: rings get smaller as `/dev/shm` fills, so that many
+/// pairs of processes still find room (a default container's 64 MiB holds some sixty
+/// rings, where 4 MiB rings would be eleven: an MPI job of eight ranks talking all to all
+/// needs 56), while the first pairs keep the bandwidth of the largest (a 64 KiB RDMA WRITE
+/// stream through a 2 MiB ring ran at 0.79 times that of a 4 MiB one).
+const RING_SHARE: u64 = 16;
+
+/// See [`RING_SHARE`].
+const FULL_RINGS: u64 = 6;
 
 const PAGE: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
@@ -50,8 +66,7 @@ pub(crate) const INBOX_LEN: usize = PAGE + RINGS * RING_LEN;
 /// `1 / HEADROOM_SHARE` of the filesystem's size. Other programs write their own sparse
 /// files there (Open MPI's and UCX's shared-memory transports, `shm_open(3)` users), and a
 /// full tmpfs is a `SIGBUS` in whichever of them writes a new page next; so rings stop
-/// where a quarter is left, and the senders that find no room use UDP. Where `/dev/shm`
-/// is a default container's 64 MiB, that is still room for eleven rings.
+/// where a quarter is left, and the senders that find no room use UDP.
 const HEADROOM_SHARE: u64 = 4;
 
 /// The inbox header (the first page).
@@ -70,6 +85,14 @@ pub(crate) struct InboxHeader {
     pub(crate) rung: AtomicU32,
     _pad2: [u8; 60],
     pub(crate) active: AtomicU64,
+}
+
+impl InboxHeader {
+    /// The bits of `active` that name rings (a bit beyond [`RINGS`], which no correct sender
+    /// sets, names none).
+    pub(crate) fn active_rings(&self) -> u64 {
+        self.active.load(Ordering::Acquire) & ((1 << RINGS) - 1)
+    }
 }
 
 /// A shared mapping of an inbox file, unmapped when dropped.
@@ -123,19 +146,18 @@ impl Mapping {
         unsafe { &*(self.base as *const InboxHeader) }
     }
 
-    /// Ring `index` (< [`RINGS`]).
+    /// Ring `index` (< [`RINGS`]), with the capacity its producer reserved.
     pub(crate) fn ring(&self, index: usize) -> Ring {
         assert!(index < RINGS);
         let at = ring_at(index);
-        // SAFETY: the ring's header page and data area lie inside the mapping (`INBOX_LEN`),
-        // page-aligned; the `Ring` is used only while `self` lives (owners keep both).
-        unsafe {
-            Ring::new(
-                self.base.add(at) as *const RingHeader,
-                self.base.add(at + PAGE),
-                RING_CAP,
-            )
-        }
+        let header = self.base.wrapping_add(at) as *const RingHeader;
+        // SAFETY: the ring's header lies inside the mapping (`INBOX_LEN`), page-aligned,
+        // atomics only (valid for any bytes).
+        let cap = ring_cap_of(unsafe { &*header }.cap.load(Ordering::Relaxed));
+        // SAFETY: the ring's header page and data area (at most `RING_CAP` bytes) lie
+        // inside the mapping, page-aligned; the `Ring` is used only while `self` lives
+        // (owners keep both).
+        unsafe { Ring::new(header, self.base.add(at + PAGE), cap) }
     }
 }
 
@@ -307,15 +329,47 @@ impl Drop for OwnInbox {
     }
 }
 
-/// Whether `/dev/shm` has room for one more ring with [`HEADROOM_SHARE`] of its size still
-/// free after it. A tmpfs without a size limit (`size=0`) reports no blocks: room. A
-/// filesystem that cannot be asked has none.
-fn room_for_a_ring() -> bool {
-    rustix::fs::statvfs(SHM_DIR).is_ok_and(|room| {
-        let size = room.f_blocks.saturating_mul(room.f_frsize);
-        let free = room.f_bavail.saturating_mul(room.f_frsize);
-        size == 0 || free >= RING_LEN as u64 + size / HEADROOM_SHARE
-    })
+/// The data capacity of a ring a sender can take in `/dev/shm` now ([`ring_cap`]); `None`
+/// if there is no room for one. A filesystem that cannot be asked has none.
+fn ring_cap_now() -> Option<usize> {
+    let room = rustix::fs::statvfs(SHM_DIR).ok()?;
+    ring_cap(
+        room.f_blocks.saturating_mul(room.f_frsize),
+        room.f_bavail.saturating_mul(room.f_frsize),
+    )
+}
+
+/// The data capacity of a ring a sender takes in a `/dev/shm` of `size` bytes with `free`
+/// free, given the room rings have there (what is free beyond [`HEADROOM_SHARE`] of the
+/// size): [`RING_CAP`] while the room holds [`FULL_RINGS`] such rings, else the largest
+/// halving of it, down to [`MIN_RING_CAP`], of at most `1 / RING_SHARE` of the room; and
+/// only if it fits in the room with its header page (`None` if not even the least does).
+/// A tmpfs without a size limit (`size=0`) reports no blocks: room for the largest.
+fn ring_cap(size: u64, free: u64) -> Option<usize> {
+    if size == 0 {
+        return Some(RING_CAP);
+    }
+    let room = free.saturating_sub(size / HEADROOM_SHARE);
+    let mut cap = RING_CAP;
+    if room < FULL_RINGS * RING_CAP as u64 {
+        while cap > MIN_RING_CAP && cap as u64 > room / RING_SHARE {
+            cap /= 2;
+        }
+    }
+    (room >= (PAGE + cap) as u64).then_some(cap)
+}
+
+/// The capacity a ring's header says (`RingHeader::cap`): 0 for [`RING_CAP`]; a value no
+/// sender writes (not a power of two in [`MIN_RING_CAP`] ..= [`RING_CAP`]) for the least,
+/// so that a producer that wrote one never makes the consumer look past what the least
+/// reservation holds (its records then read as inconsistent, and are dropped).
+fn ring_cap_of(raw: u32) -> usize {
+    let cap = raw as usize;
+    match cap {
+        0 => RING_CAP,
+        _ if cap.is_power_of_two() && (MIN_RING_CAP..=RING_CAP).contains(&cap) => cap,
+        _ => MIN_RING_CAP,
+    }
 }
 
 /// Where ring `index` (its header page, then its data) starts in an inbox file.
@@ -477,20 +531,20 @@ impl PeerInbox {
     /// where `/dev/shm` has no room for one, the inbox is refused ("no room"), and the
     /// sender uses UDP instead of dying of a `SIGBUS` in its first write. Nor is one
     /// claimed where it would leave other programs less than their share of `/dev/shm`
-    /// ([`HEADROOM_SHARE`]).
+    /// ([`HEADROOM_SHARE`]), as large as the room allows ([`ring_cap`]).
     pub(crate) fn open(path: &Path, from: [u8; 16]) -> Result<PeerInbox, Refused> {
         let (mapping, owner, fd) = open_live(path)?;
-        if !room_for_a_ring() {
+        let Some(cap) = ring_cap_now() else {
             return Err(Refused::Unusable(
                 "no room in /dev/shm for a ring beside other programs' share",
             ));
-        }
+        };
         let header = mapping.header();
         let me = std::process::id();
         let mut no_room = false;
         for index in 0..RINGS {
             // Its header page (the compare-and-swap below writes it) and its data.
-            if reserve(&fd, ring_at(index), RING_LEN).is_err() {
+            if reserve(&fd, ring_at(index), PAGE + cap).is_err() {
                 no_room = true;
                 continue;
             }
@@ -502,6 +556,8 @@ impl PeerInbox {
                 .is_ok()
             {
                 ring_header.pid.store(me, Ordering::Relaxed);
+                // Before the active bit's Release: a consumer that sees the ring sees it.
+                ring_header.cap.store(cap as u32, Ordering::Relaxed);
                 for (word, bytes) in ring_header.from.iter().zip(from.chunks_exact(4)) {
                     word.store(
                         u32::from_ne_bytes(bytes.try_into().unwrap_or_default()),
@@ -517,7 +573,7 @@ impl PeerInbox {
                 let _ = unsafe {
                     rustix::mm::madvise(
                         mapping.base.add(ring_at(index)).cast::<c_void>(),
-                        RING_LEN,
+                        PAGE + cap,
                         rustix::mm::Advice::LinuxPopulateWrite,
                     )
                 };
@@ -529,8 +585,13 @@ impl PeerInbox {
                 });
             }
         }
-        // Every ring is held: hand back those of senders that died, for the next try.
-        for index in 0..RINGS {
+        // Every ring is held: hand back those of senders that died, for the next try. Only
+        // the active ones are looked at: a ring never claimed may have no pages, and a read
+        // of a page a full tmpfs cannot give is a `SIGBUS` too.
+        let mut active = header.active_rings();
+        while active != 0 {
+            let index = active.trailing_zeros() as usize;
+            active &= active - 1;
             let ring = mapping.ring(index);
             let ring_header = ring.header();
             let pid = ring_header.pid.load(Ordering::Relaxed);
@@ -569,5 +630,85 @@ impl Drop for PeerInbox {
     fn drop(&mut self) {
         // The owner frees the ring once it has taken what is left in it.
         self.ring().header().state.store(CLOSING, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A sender takes the largest ring where `/dev/shm` has room (a host's, or a tmpfs
+    /// without a size limit), smaller ones as it fills, and none where even the least would
+    /// eat into the quarter left to other programs.
+    #[test]
+    fn a_ring_is_as_large_as_the_room_allows_down_to_the_least() {
+        assert_eq!(ring_cap(0, 0), Some(RING_CAP), "no size limit");
+        assert_eq!(
+            ring_cap(8 << 30, 8 << 30),
+            Some(RING_CAP),
+            "a host's /dev/shm"
+        );
+        // A default container's: 48 MiB for rings, room for six of the largest and more.
+        assert_eq!(ring_cap(64 * MIB, 64 * MIB), Some(RING_CAP));
+        let quarter = 16 * MIB;
+        assert_eq!(ring_cap(64 * MIB, quarter + 24 * MIB), Some(RING_CAP));
+        // Below six of the largest, a sixteenth of the room: 24 MiB less a byte, 1 MiB.
+        assert_eq!(ring_cap(64 * MIB, quarter + 24 * MIB - 1), Some(1 << 20));
+        let least = (PAGE + MIN_RING_CAP) as u64;
+        assert_eq!(ring_cap(64 * MIB, quarter + least), Some(MIN_RING_CAP));
+        assert_eq!(ring_cap(64 * MIB, quarter + least - 1), None);
+        assert_eq!(ring_cap(64 * MIB, quarter), None);
+        assert_eq!(ring_cap(64 * MIB, 0), None);
+    }
+
+    /// An MPI job of eight ranks on one host, all to all, needs 56 rings; in a default
+    /// container's 64 MiB `/dev/shm` (eight inboxes made: a page each) every one of them
+    /// finds room, none smaller than the least, and a quarter stays free. (Rings of 4 MiB
+    /// were eleven.)
+    #[test]
+    fn a_default_containers_dev_shm_holds_the_rings_of_eight_ranks_talking_all_to_all() {
+        let size = 64 * MIB;
+        let mut free = size - 8 * PAGE as u64;
+        let mut rings = 0;
+        while let Some(cap) = ring_cap(size, free) {
+            assert!((MIN_RING_CAP..=RING_CAP).contains(&cap));
+            free -= (PAGE + cap) as u64;
+            rings += 1;
+        }
+        assert!(rings >= 56, "{rings} rings");
+        assert!(free >= size / HEADROOM_SHARE, "{free} bytes left");
+    }
+
+    /// The bits of `active` beyond the rings (no correct sender sets them; a buggy one
+    /// may) name no ring: a receiver that looks at the active rings never asks for ring 40
+    /// (which would panic, or read outside the inbox).
+    #[test]
+    fn active_bits_beyond_the_rings_name_none() {
+        // SAFETY: all-zero bytes are a valid `InboxHeader` (atomics and byte arrays).
+        let header: InboxHeader = unsafe { std::mem::zeroed() };
+        header.active.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(header.active_rings(), (1 << RINGS) - 1);
+        header.active.store(1 << 40 | 1 << 3, Ordering::Relaxed);
+        assert_eq!(header.active_rings(), 1 << 3);
+    }
+
+    /// A ring's capacity is read from its header, as its producer wrote it; a value no
+    /// producer writes reads as the least (no look beyond what any reservation holds).
+    #[test]
+    fn a_rings_capacity_is_what_its_producer_reserved() {
+        assert_eq!(ring_cap_of(0), RING_CAP);
+        assert_eq!(ring_cap_of(MIN_RING_CAP as u32), MIN_RING_CAP);
+        assert_eq!(ring_cap_of(1 << 20), 1 << 20);
+        for bad in [
+            1,
+            3 << 18,
+            (RING_CAP * 2) as u32,
+            (MIN_RING_CAP / 2) as u32,
+            u32::MAX,
+        ] {
+            assert_eq!(ring_cap_of(bad), MIN_RING_CAP, "{bad}");
+        }
     }
 }

@@ -482,7 +482,7 @@ impl Shm {
 
     /// True if a ring of the inbox holds a packet.
     fn has_packets(&self) -> bool {
-        let mut active = self.inbox.mapping.header().active.load(Ordering::Acquire);
+        let mut active = self.inbox.mapping.header().active_rings();
         while active != 0 {
             let index = active.trailing_zeros() as usize;
             active &= active - 1;

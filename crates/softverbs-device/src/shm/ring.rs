@@ -36,7 +36,11 @@ pub(crate) struct RingHeader {
     /// The producer's device address (a GID: IPv4-mapped or IPv6), written before the ring
     /// is marked active.
     pub(crate) from: [AtomicU32; 4],
-    _pad0: [u8; 40],
+    /// The bytes of data the producer reserved and produces into (`inbox.rs`: smaller
+    /// where `/dev/shm` has little room), written before the ring is marked active; 0 (a
+    /// ring no producer sized) for the largest.
+    pub(crate) cap: AtomicU32,
+    _pad0: [u8; 36],
     /// Bytes ever written (producer).
     pub(crate) tail: AtomicU64,
     _pad1: [u8; 56],
