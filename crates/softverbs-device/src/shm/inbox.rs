@@ -4,10 +4,11 @@
 //! Layout (all offsets in bytes): a header page, then [`RINGS`] rings of a header page and
 //! [`RING_CAP`] bytes of data each. The file is sparse: only the header page and the rings
 //! senders claimed take memory, each as much as its sender reserved ([`ring_cap`]: all of
-//! it where `/dev/shm` has room, down to [`MIN_RING_CAP`] where it has little). Every page is allocated in the file ([`reserve`]) before
-//! anyone writes to it through a mapping: a write to a page a full tmpfs cannot give is a
-//! `SIGBUS` in the writer, while a reservation that fails is an error (`ENOSPC`) — the
-//! device goes without an inbox, or the sender to this inbox uses UDP.
+//! it where `/dev/shm` has room, down to [`MIN_RING_CAP`] where it has little). Every page
+//! is allocated in the file ([`reserve`]) before anyone writes to it through a mapping: a
+//! write to a page a full tmpfs cannot give is a `SIGBUS` in the writer, while a
+//! reservation that fails is an error (`ENOSPC`) — the device goes without an inbox, or the
+//! sender to this inbox uses UDP.
 //!
 //! | offset | field |
 //! |---|---|
@@ -22,8 +23,9 @@
 //! and writes the magic and its process ID before anyone can see the file (it is created
 //! under a temporary name and renamed into place), `closed` and `waiters`, `head` of every
 //! ring, and frees closing rings; a sender claims a free ring (compare-and-swap of its
-//! state), writes its address, sets the ring's `active` bit, produces into it, and marks it
-//! closing when it lets go; a sender also sets `rung`, the owner clears it.
+//! state), writes its address and the capacity it reserved, sets the ring's `active` bit,
+//! produces into it, and marks it closing when it lets go; a sender also sets `rung`, the
+//! owner clears it.
 
 use super::ring::{Ring, RingHeader, CLAIMED, CLOSING, FREE};
 use rustix::fd::OwnedFd;
