@@ -244,7 +244,7 @@ pub(crate) struct OwnInbox {
     /// The file, with a shared `flock(2)` on it from before it took its name until the
     /// owner closes it or dies (the kernel lets go of it then, in whatever PID namespace):
     /// the sign of life a sweep of another PID namespace goes by ([`abandoned`]).
-    _alive: OwnedFd,
+    file: OwnedFd,
 }
 
 /// The inbox (or inbox being made, or members file) at `path`, locked exclusively, if no
@@ -293,7 +293,7 @@ impl OwnInbox {
                 Ok(OwnInbox {
                     mapping,
                     path: path.to_owned(),
-                    _alive: fd,
+                    file: fd,
                 })
             }
             Err(error) => {
@@ -303,7 +303,10 @@ impl OwnInbox {
         }
     }
 
-    /// Frees the rings whose producers let go and that are empty.
+    /// Frees the rings whose producers let go and that are empty, and gives their data
+    /// pages back to `/dev/shm` (the next sender to claim one reserves what it needs
+    /// again): a device that served many senders in turn holds the rings of those it
+    /// serves now, not of every one it ever had.
     pub(crate) fn free_closed(&self, active: u64) {
         let mut bits = active;
         while bits != 0 {
@@ -312,6 +315,16 @@ impl OwnInbox {
             let ring = self.mapping.ring(index);
             let header = ring.header();
             if header.state.load(Ordering::Acquire) == CLOSING && ring.is_empty() {
+                // While the ring is still closing: nobody writes it, nor claims it.
+                let punched = rustix::fs::fallocate(
+                    &self.file,
+                    rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                    (ring_at(index) + PAGE) as u64,
+                    RING_CAP as u64,
+                );
+                if let Err(error) = punched {
+                    tracing::debug!(%error, ring = index, "a freed ring's pages stay allocated");
+                }
                 self.mapping
                     .header()
                     .active

@@ -223,6 +223,8 @@ struct Shm {
     /// By address and slot of the destination QPN; looked up for every packet sent (so
     /// FxHash: the keys are the peers this device sends to, not a peer's choice).
     routes: Mutex<FxHashMap<(Endpoint, usize), Route>>,
+    /// When the routes were last looked over ([`coarse_now`], [`Shm::forget_gone`]).
+    routes_looked_at: AtomicU64,
     /// The consumer's state (one receiving thread at a time).
     consumer: Mutex<Consumer>,
     /// Set by a wait that saw the UDP socket readable: the next receive looks at it.
@@ -310,6 +312,7 @@ impl Shm {
             doorbell,
             epoll,
             routes: Mutex::new(FxHashMap::default()),
+            routes_looked_at: AtomicU64::new(0),
             consumer: Mutex::new(Consumer::default()),
             udp_ready: AtomicBool::new(false),
             in_place: AtomicBool::new(false),
@@ -393,6 +396,40 @@ impl Shm {
             Some(Route::Shared(peer)) => Some(peer),
             _ => None,
         }
+    }
+
+    /// At most once every [`RECHECK`] (`now`: [`coarse_now`]): drops the routes to devices
+    /// that are gone (closed, dead, or replaced at their address) and those over UDP that
+    /// are due to be looked at again. A route is otherwise looked at only when a packet
+    /// goes its way, and a device that no longer sends to a peer that left (a server whose
+    /// client exited) kept its mapping of the peer's inbox, and with it the inbox's pages
+    /// and the ring it had claimed there: 4 MiB of `/dev/shm` per departed peer, until
+    /// `/dev/shm` had no room for anyone's ring.
+    fn forget_gone(&self, now: u64) {
+        let last = self.routes_looked_at.load(Ordering::Relaxed);
+        if now < last.saturating_add(RECHECK.as_nanos() as u64)
+            || self
+                .routes_looked_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        // Never in a sender's way: the next look is soon enough.
+        let Ok(mut routes) = self.routes.try_lock() else {
+            return;
+        };
+        let at = Instant::now();
+        routes.retain(|(to, slot), route| match route {
+            Route::Shared(peer) => {
+                let there = peer.inbox.still_there();
+                if !there {
+                    tracing::debug!(to = %to, slot, "the device there is gone: its ring let go");
+                }
+                there
+            }
+            Route::Wire(until) => at < *until,
+        });
     }
 
     /// Rings `peer`'s doorbell if a thread of it waits (after its ring was published).
@@ -1137,6 +1174,7 @@ impl HostTransport {
             self.check_holder(shm);
         }
         let now = coarse_now();
+        shm.forget_gone(now);
         let look_at_udp = !senders
             || woken
             || call.is_multiple_of(UDP_EVERY)
@@ -1173,6 +1211,7 @@ impl HostTransport {
     /// most `timeout` (`None`: no limit).
     fn wait(&self, shm: &Shm, timeout: Option<Duration>) -> io::Result<()> {
         self.check_holder(shm);
+        shm.forget_gone(coarse_now());
         if self.sockets_hold_packets(shm) || shm.has_packets() {
             return Ok(());
         }
