@@ -479,11 +479,7 @@ const OWN_SHM_ENV: &str = "SOFTVERBS_TEST_OWN_DEV_SHM";
 #[test]
 fn a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus() {
     const NAME: &str = "a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus";
-    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
-        segments_between_processes(NAME, Through::SharedMemoryFull);
-        return;
-    }
-    in_own_dev_shm(NAME, c"size=600m,mode=1777");
+    segments_in_own_dev_shm(NAME, Through::SharedMemoryFull, c"size=600m,mode=1777");
 }
 
 /// A container's `/dev/shm` is small: 64 MiB by default (Docker's `--shm-size`, the job
@@ -496,11 +492,7 @@ fn a_sender_finding_dev_shm_full_uses_udp_instead_of_dying_of_sigbus() {
 fn two_processes_in_a_container_sized_dev_shm_of_64_mib_talk_through_shared_memory() {
     const NAME: &str =
         "two_processes_in_a_container_sized_dev_shm_of_64_mib_talk_through_shared_memory";
-    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
-        segments_between_processes(NAME, Through::SharedMemorySmall);
-        return;
-    }
-    in_own_dev_shm(NAME, c"size=64m,mode=1777");
+    segments_in_own_dev_shm(NAME, Through::SharedMemorySmall, c"size=64m,mode=1777");
 }
 
 /// Other programs of the host write their own sparse files in `/dev/shm` (Open MPI's and
@@ -513,11 +505,7 @@ fn two_processes_in_a_container_sized_dev_shm_of_64_mib_talk_through_shared_memo
 #[test]
 fn a_sender_leaves_a_quarter_of_dev_shm_to_other_programs() {
     const NAME: &str = "a_sender_leaves_a_quarter_of_dev_shm_to_other_programs";
-    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
-        segments_between_processes(NAME, Through::SharedMemoryCrowded);
-        return;
-    }
-    in_own_dev_shm(NAME, c"size=64m,mode=1777");
+    segments_in_own_dev_shm(NAME, Through::SharedMemoryCrowded, c"size=64m,mode=1777");
 }
 
 /// Where `/dev/shm` has little room, a sender takes a smaller ring rather than none: many
@@ -529,11 +517,7 @@ fn a_sender_leaves_a_quarter_of_dev_shm_to_other_programs() {
 #[test]
 fn a_sender_takes_a_smaller_ring_where_dev_shm_has_little_room() {
     const NAME: &str = "a_sender_takes_a_smaller_ring_where_dev_shm_has_little_room";
-    if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
-        segments_between_processes(NAME, Through::SharedMemoryTight);
-        return;
-    }
-    in_own_dev_shm(NAME, c"size=64m,mode=1777");
+    segments_in_own_dev_shm(NAME, Through::SharedMemoryTight, c"size=64m,mode=1777");
 }
 
 /// A device that served peers in turn gives their memory back to `/dev/shm` once they are
@@ -546,11 +530,18 @@ fn a_sender_takes_a_smaller_ring_where_dev_shm_has_little_room() {
 #[test]
 fn a_device_gives_back_the_memory_of_peers_that_left() {
     const NAME: &str = "a_device_gives_back_the_memory_of_peers_that_left";
+    segments_in_own_dev_shm(NAME, Through::SharedMemoryReturned, c"size=64m,mode=1777");
+}
+
+/// [`segments_between_processes`] through `path` in a private `/dev/shm` mounted with
+/// `options` ([`in_own_dev_shm`]): test `name` runs itself again there, and that run (and
+/// its child) does the transfer.
+fn segments_in_own_dev_shm(name: &str, path: Through, options: &'static std::ffi::CStr) {
     if std::env::var(CHILD_ENV).is_ok() || std::env::var(OWN_SHM_ENV).is_ok() {
-        segments_between_processes(NAME, Through::SharedMemoryReturned);
-        return;
+        segments_between_processes(name, path);
+    } else {
+        in_own_dev_shm(name, options);
     }
-    in_own_dev_shm(NAME, c"size=64m,mode=1777");
 }
 
 /// Runs test `name` again in a private mount namespace with a tmpfs on `/dev/shm`

@@ -596,6 +596,14 @@ impl Members {
 mod tests {
     use super::*;
 
+    /// A path in the temporary directory for a test's members file, named by `what` and
+    /// this process, with nothing left there by an earlier run.
+    fn fresh_path(what: &str) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("softverbs-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        path
+    }
+
     #[test]
     fn the_destination_qpn_names_the_slot() {
         let mut bth = [0u8; 12];
@@ -612,8 +620,7 @@ mod tests {
 
     #[test]
     fn slots_are_claimed_once_and_freed() {
-        let path = std::env::temp_dir().join(format!("softverbs-members-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("members");
         let members = Members::open(&path).unwrap();
         let again = Members::open(&path).unwrap();
         let a = members.claim().unwrap();
@@ -634,8 +641,7 @@ mod tests {
     /// the holder while its member is there, freed by release and by the member's going.
     #[test]
     fn a_service_has_one_listener_among_the_members() {
-        let path = std::env::temp_dir().join(format!("softverbs-services-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("services");
         let members = Members::open(&path).unwrap();
         let slot = members.claim().unwrap();
         assert_eq!(members.service_slot(0x0106_1D2F), None);
@@ -660,8 +666,7 @@ mod tests {
     /// slots stay as they were.
     #[test]
     fn a_members_file_without_the_services_table_is_grown() {
-        let path = std::env::temp_dir().join(format!("softverbs-old-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("old");
         let mut old = vec![0u8; LEN_WITHOUT_SERVICES];
         old[64..68].copy_from_slice(&4_000_000u32.to_ne_bytes());
         std::fs::write(&path, &old).unwrap();
@@ -681,8 +686,7 @@ mod tests {
     /// its slot (the lowest), and it no longer counts as a live member.
     #[test]
     fn the_slot_of_a_dead_process_is_claimed_again() {
-        let path = std::env::temp_dir().join(format!("softverbs-dead-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("dead");
         let members = Members::open(&path).unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
@@ -706,8 +710,7 @@ mod tests {
     /// reclaimed.
     #[test]
     fn a_members_file_is_retired_only_when_no_live_process_is_at_the_address() {
-        let path = std::env::temp_dir().join(format!("softverbs-retire-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("retire");
         let members = Members::open(&path).unwrap();
         let sweeper = Members::open(&path).unwrap();
         // A live member (this process) in slot 3.
@@ -744,8 +747,7 @@ mod tests {
     /// of the sweep is no member, neither ready nor live, and not free either.
     #[test]
     fn a_sweeps_claims_are_no_members() {
-        let path = std::env::temp_dir().join(format!("softverbs-sweeping-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("sweeping");
         let members = Members::open(&path).unwrap();
         // A sweep of this process, and one of process 1 (alive), hold slots 0 and 1.
         members.set_member(0, std::process::id() | RETIRING);
@@ -763,8 +765,7 @@ mod tests {
     /// failing as if live members held them all.
     #[test]
     fn a_device_joining_while_a_sweep_holds_the_slots_waits_for_it() {
-        let path = std::env::temp_dir().join(format!("softverbs-wait-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("wait");
         let members = Members::open(&path).unwrap();
         // A live sweep (process 1's): every slot held.
         for slot in 0..SLOTS {
@@ -793,8 +794,7 @@ mod tests {
     /// (it does not take them for a sweep's claims and wait for ever).
     #[test]
     fn a_device_joining_an_address_whose_slots_live_members_hold_gets_addr_in_use() {
-        let path = std::env::temp_dir().join(format!("softverbs-full-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("full");
         let members = Members::open(&path).unwrap();
         for slot in 0..SLOTS {
             members.set_member(slot, 1);
@@ -809,8 +809,7 @@ mod tests {
     /// left behind.
     #[test]
     fn a_dead_members_slot_stops_a_retirement() {
-        let path = std::env::temp_dir().join(format!("softverbs-dead-stop-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("dead-stop");
         let members = Members::open(&path).unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
@@ -834,8 +833,7 @@ mod tests {
     /// to claim (every slot held by the sweep) or claimed a slot after the sweeper was gone.
     #[test]
     fn a_device_joins_the_file_at_the_path_not_one_a_sweep_removed() {
-        let path = std::env::temp_dir().join(format!("softverbs-rejoin-{}", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = fresh_path("rejoin");
         // Every slot held by the sweep (this process: alive).
         let opened = Members::open(&path).unwrap();
         assert!(Members::open(&path).unwrap().retire(&path));
