@@ -533,6 +533,21 @@ fn a_device_gives_back_the_memory_of_peers_that_left() {
     segments_in_own_dev_shm(NAME, Through::SharedMemoryReturned, c"size=64m,mode=1777");
 }
 
+/// Devices of several processes can share one address: the one holding the address's
+/// socket forwards each packet for another member's QPN into that member's inbox, and so
+/// maps the inbox and claims a ring there. Once the member is gone, the holder gives that
+/// memory back too. Before, it kept the mapping (4 MiB of `/dev/shm` and the inbox's
+/// pages) until another member took the slot. In a 64 MiB `/dev/shm`, a child's device
+/// shares the address of a device of this process (which holds the socket) and writes to
+/// and reads from a device here that has no inbox (UDP only, as a peer on another host),
+/// whose answers reach the child through the holder; after the child exited, `/dev/shm`
+/// has as much free as before it came, in a bounded time.
+#[test]
+fn the_holder_of_a_shared_address_gives_back_the_memory_of_members_that_left() {
+    const NAME: &str = "the_holder_of_a_shared_address_gives_back_the_memory_of_members_that_left";
+    segments_in_own_dev_shm(NAME, Through::SharedAddressReturned, c"size=64m,mode=1777");
+}
+
 /// [`segments_between_processes`] through `path` in a private `/dev/shm` mounted with
 /// `options` ([`in_own_dev_shm`]): test `name` runs itself again there, and that run (and
 /// its child) does the transfer.
@@ -614,6 +629,12 @@ enum Through {
     /// Shared memory on, in a `/dev/shm` of 64 MiB; the memory the child's rings took is
     /// given back once it is gone.
     SharedMemoryReturned,
+    /// In a `/dev/shm` of 64 MiB, the child's device shares its address with a device of
+    /// the parent that holds the address's socket; the target has shared memory off (UDP
+    /// only), so what it sends the child goes through the holder, which forwards it into
+    /// the child's inbox. The memory the holder took there is given back once the child
+    /// is gone.
+    SharedAddressReturned,
 }
 
 /// Bytes `/dev/shm` has free, and its size.
@@ -642,7 +663,8 @@ fn segments_between_processes(name: &str, path: Through) {
         segment_child(&spec);
         return;
     }
-    let shared_memory = path != Through::Udp;
+    let shared_memory = !matches!(path, Through::Udp | Through::SharedAddressReturned);
+    let child_shared_memory = path != Through::Udp;
     // A test in a namespace of its own holds the lock in its parent process.
     let _alone = matches!(path, Through::SharedMemory | Through::Udp).then(alone);
     let (target_last, child_last) = match path {
@@ -653,8 +675,11 @@ fn segments_between_processes(name: &str, path: Through) {
         Through::SharedMemoryCrowded => (170, 171),
         Through::SharedMemoryTight => (205, 206),
         Through::SharedMemoryReturned => (182, 210),
+        Through::SharedAddressReturned => (82, 69),
     };
     let target = side(host_device(target_last, shared_memory), QpType::Rc);
+    // The device holding the socket of the address the child's device shares.
+    let holder = (path == Through::SharedAddressReturned).then(|| host_device(child_last, true));
     // The smallest ring's data and header page.
     const LEAST_RING: u64 = (256 << 10) + 4096;
     let quarter = dev_shm_room().1 / 4;
@@ -671,7 +696,7 @@ fn segments_between_processes(name: &str, path: Through) {
         .qp
         .to_init(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
         .unwrap();
-    let child_path = if shared_memory { "shm" } else { "udp" };
+    let child_path = if child_shared_memory { "shm" } else { "udp" };
     let spec = format!(
         "{child_last} {child_path} {} {}",
         target.qp.local_info(7),
@@ -682,7 +707,16 @@ fn segments_between_processes(name: &str, path: Through) {
     target.qp.to_rts(RtsAttr::new(7)).unwrap();
     writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
     let out = finish(child, lines, Instant::now() + LIMIT, &|| ());
-    if path == Through::SharedMemoryReturned {
+    if let Some(holder) = &holder {
+        assert!(
+            shm_packets(holder).0 > 0,
+            "the holder forwarded the target's packets into the child's inbox"
+        );
+    }
+    if matches!(
+        path,
+        Through::SharedMemoryReturned | Through::SharedAddressReturned
+    ) {
         // A device looks over its peers at most once a second, as it receives or waits.
         const FEW_PAGES: u64 = 64 << 10;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -704,8 +738,12 @@ fn segments_between_processes(name: &str, path: Through) {
     let fields: Vec<u64> = result.split(' ').map(|f| f.parse().unwrap()).collect();
     let (write, read, mtu) = (fields[0], fields[1], fields[2]);
     let (write_direct, read_in_place) = (fields[3], fields[4]);
-    // Both devices have an inbox, unless /dev/shm had no room for the child's.
-    let both_inboxes = !matches!(path, Through::Udp | Through::SharedMemoryFull);
+    // Both devices have an inbox, unless /dev/shm had no room for the child's or the
+    // target has shared memory off.
+    let both_inboxes = !matches!(
+        path,
+        Through::Udp | Through::SharedMemoryFull | Through::SharedAddressReturned
+    );
     let expected = if both_inboxes {
         (SEGMENT_LEN as u64).div_ceil(32 * 1024)
     } else {

@@ -400,11 +400,13 @@ impl Shm {
 
     /// At most once every [`RECHECK`] (`now`: [`coarse_now`]): drops the routes to devices
     /// that are gone (closed, dead, or replaced at their address) and those over UDP that
-    /// are due to be looked at again. A route is otherwise looked at only when a packet
-    /// goes its way, and a device that no longer sends to a peer that left (a server whose
-    /// client exited) kept its mapping of the peer's inbox, and with it the inbox's pages
-    /// and the ring it had claimed there: 4 MiB of `/dev/shm` per departed peer, until
-    /// `/dev/shm` had no room for anyone's ring.
+    /// are due to be looked at again, and likewise what the holder of a shared address's
+    /// socket keeps to forward to members that are gone. A route (or a forward) is
+    /// otherwise looked at only when a packet goes its way, and a device that no longer
+    /// sends to a peer that left (a server whose client exited) kept its mapping of the
+    /// peer's inbox, and with it the inbox's pages and the ring it had claimed there:
+    /// 4 MiB of `/dev/shm` per departed peer, until `/dev/shm` had no room for anyone's
+    /// ring.
     fn forget_gone(&self, now: u64) {
         let last = self.routes_looked_at.load(Ordering::Relaxed);
         if now < last.saturating_add(RECHECK.as_nanos() as u64)
@@ -415,21 +417,33 @@ impl Shm {
         {
             return;
         }
-        // Never in a sender's way: the next look is soon enough.
-        let Ok(mut routes) = self.routes.try_lock() else {
-            return;
-        };
         let at = Instant::now();
-        routes.retain(|(to, slot), route| match route {
-            Route::Shared(peer) => {
-                let there = peer.inbox.still_there();
-                if !there {
-                    tracing::debug!(to = %to, slot, "the device there is gone: its ring let go");
+        // Never in a sender's way: the next look is soon enough.
+        if let Ok(mut routes) = self.routes.try_lock() {
+            routes.retain(|(to, slot), route| match route {
+                Route::Shared(peer) => {
+                    let there = peer.inbox.still_there();
+                    if !there {
+                        tracing::debug!(to = %to, slot, "the device there is gone: its ring let go");
+                    }
+                    there
                 }
-                there
-            }
-            Route::Wire(until) => at < *until,
-        });
+                Route::Wire(until) => at < *until,
+            });
+        }
+        if let Ok(mut forwards) = self.forwards.try_lock() {
+            forwards.retain(|slot, forward| match &forward.peer {
+                Some(peer) => {
+                    let there = peer.inbox.still_there();
+                    if !there {
+                        tracing::debug!(slot, "the member there is gone: its ring let go");
+                    }
+                    there
+                }
+                // Kept while it stands for a wait before the next look for its inbox.
+                None => at < forward.retry,
+            });
+        }
     }
 
     /// Rings `peer`'s doorbell if a thread of it waits (after its ring was published).
