@@ -255,6 +255,64 @@ fn sleeping_receiver(name: &str, shared_memory: bool) {
     }
 }
 
+/// A NIC acknowledges a request as it takes it. Over UDP the device holds the ACK of a
+/// message its application's poll received for the application's next post, so that the
+/// two leave in one system call (IBTA vol. 1 §9.7.5.1.1 lets a responder delay its ACKs);
+/// through shared memory an ACK is a record in the peer's ring, no system call, and it
+/// leaves at once. Held there too, it waited for the application's next post or poll, or
+/// for the progress thread, and the sender's completion with it (a handshake whose
+/// answer waits for that completion, as perftest's set-up does, by up to 100 µs). A
+/// busy-polling receiver of [`EVENTS`] messages through shared memory sends no held ACK
+/// afterwards (`progress_ack_sends`, which counts those sends; one per message before),
+/// and every message is acknowledged.
+#[test]
+fn a_receiver_through_shared_memory_acknowledges_as_it_receives() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        event_child(&spec);
+        return;
+    }
+    let _alone = alone();
+    let target = side(host_device(94, true), QpType::Rc);
+    target.qp.to_init(AccessFlags::empty()).unwrap();
+    let (mut child, lines, info) = spawn_child(
+        "a_receiver_through_shared_memory_acknowledges_as_it_receives",
+        format!("49 shm {}", target.qp.local_info(7)),
+    );
+    target.qp.to_rtr(info).unwrap();
+    target.qp.to_rts(RtsAttr::new(7)).unwrap();
+    for n in 0..EVENTS {
+        let slot = (n as usize % 32) * 64;
+        target
+            .qp
+            .post_recv(RecvRequest::new(
+                n,
+                &[target.mr.slice(slot..slot + 64).unwrap()],
+            ))
+            .unwrap();
+    }
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    for n in 0..EVENTS {
+        let wc = wait_for(&target.cq, 1)[0];
+        assert_eq!(wc.wr_id(), n);
+        wc.result().expect("received");
+    }
+    // The child waited for each send's completion, i.e. for the ACK.
+    let out = finish(child, lines, Instant::now() + LIMIT, &|| ());
+    assert!(
+        out.iter().any(|l| l == &format!("sent {EVENTS}")),
+        "{out:?}"
+    );
+    let (_, received) = shm_packets(&target.ctx);
+    assert!(received >= EVENTS, "through shared memory: {received}");
+    // A loaded machine that keeps this thread off its CPU for a millisecond leaves a
+    // message to the progress thread, which sends its ACK alone: a few are allowed.
+    let alone = target.ctx.device().stats().progress_ack_sends;
+    assert!(
+        alone * 4 <= EVENTS,
+        "{alone} sends of held ACKs for {EVENTS} messages"
+    );
+}
+
 /// A child: connects an RC QP to the target's, waits for "go", makes [`ADDS`] fetch-and-adds
 /// of 1 on the counter and prints how many it made, the sum and the sum of squares of the
 /// original values, and the packets it sent through shared memory.
