@@ -35,4 +35,5 @@ pub use error::{
 };
 pub use memory::{RingAllocator, RingLayout, RingMemory, RingResource, SharedRingAllocator};
 pub use ring::WcExtra;
+pub use sync::await_membarrier;
 pub use wc::{Completed, Failed, RawFields, WcFields, WcFlags, WcOpcode, WcStatus, WorkCompletion};

@@ -68,52 +68,124 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
-#[cfg(not(any(loom, miri)))]
-mod membarrier_state {
-    use std::sync::atomic::{AtomicU8, Ordering};
+/// Where the process stands with its registration for private expedited `membarrier`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Barriers {
+    /// Registered: the heavy side is the system call, a bias may be granted.
+    Ready,
+    /// Being registered on a thread of its own: no bias yet.
+    Pending,
+    /// Not to be had (older kernels, sandboxes): no bias ever.
+    Unavailable,
+}
 
-    const UNKNOWN: u8 = 0;
-    const AVAILABLE: u8 = 1;
-    const UNAVAILABLE: u8 = 2;
+/// The process's registration for private expedited `membarrier`, made once, on a thread of
+/// its own. Registering a process that already runs other threads waits for an RCU grace
+/// period in the kernel (14 ms measured on the benchmark VMs): made by the first CQ's
+/// creation itself, it was most of the time `rdma_create_qp` took (15-20 ms). Until it is
+/// done, CQs lock as they do without `membarrier` (no bias), correct and a little slower;
+/// a lock's grant looks again ([`Registration::state`]).
+pub(crate) struct Registration {
+    /// Process-wide, outside the models (loom and Miri never register): `std`'s atomic.
+    state: std::sync::atomic::AtomicU8,
+    register: fn() -> bool,
+}
 
-    static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const REGISTERING: u8 = 1;
+const AVAILABLE: u8 = 2;
+const UNAVAILABLE: u8 = 3;
 
-    /// Registers this process for private expedited membarrier once. Returns whether the
-    /// heavy side may use it. `Release`/`Acquire`: a producer that sees `AVAILABLE` also
-    /// sees that registration finished before it.
-    pub(super) fn init() -> bool {
-        match STATE.load(Ordering::Acquire) {
-            AVAILABLE => return true,
-            UNAVAILABLE => return false,
-            _ => {}
+impl Registration {
+    /// A registration that `register` makes (true: done and usable).
+    pub(crate) const fn new(register: fn() -> bool) -> Self {
+        Registration {
+            state: std::sync::atomic::AtomicU8::new(UNKNOWN),
+            register,
         }
-        use rustix::thread::{membarrier, MembarrierCommand};
-        let ok = membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
-            && membarrier(MembarrierCommand::PrivateExpedited).is_ok();
-        STATE.store(if ok { AVAILABLE } else { UNAVAILABLE }, Ordering::Release);
-        ok
     }
 
-    pub(super) fn heavy() {
-        use rustix::thread::{membarrier, MembarrierCommand};
-        if membarrier(MembarrierCommand::PrivateExpedited).is_err() {
-            std::sync::atomic::fence(Ordering::SeqCst);
+    /// Starts the registration unless started, and says where it stands. Where no thread
+    /// can be started, it registers on this one.
+    pub(crate) fn start(&'static self) -> Barriers {
+        if self
+            .state
+            .compare_exchange(UNKNOWN, REGISTERING, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            let register = move || self.finish((self.register)());
+            let spawned = std::thread::Builder::new()
+                .name("softverbs-membarrier".into())
+                .spawn(register);
+            if spawned.is_err() {
+                self.finish((self.register)());
+            }
+        }
+        self.state()
+    }
+
+    fn finish(&self, ok: bool) {
+        // Release: a lock that reads `AVAILABLE` (Acquire) sees the registration done.
+        self.state
+            .store(if ok { AVAILABLE } else { UNAVAILABLE }, Ordering::Release);
+    }
+
+    /// Where the registration stands.
+    pub(crate) fn state(&self) -> Barriers {
+        match self.state.load(Ordering::Acquire) {
+            AVAILABLE => Barriers::Ready,
+            UNAVAILABLE => Barriers::Unavailable,
+            _ => Barriers::Pending,
         }
     }
 }
 
-/// Prepares the asymmetric barrier (registers for membarrier). Called when a CQ is created,
-/// before any producer can run for it. Returns whether its locks may grant a bias (whose
-/// owner runs [`light_barrier`], a compiler fence): registration succeeded, and it never
-/// becomes undone, so the CQ keeps the answer.
-pub(crate) fn init_barriers() -> bool {
+/// Registers this process for private expedited `membarrier` and checks the barrier runs.
+#[cfg(not(any(loom, miri)))]
+fn register_membarrier() -> bool {
+    use rustix::thread::{membarrier, MembarrierCommand};
+    membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
+        && membarrier(MembarrierCommand::PrivateExpedited).is_ok()
+}
+
+/// Under loom and Miri both halves are `SeqCst` fences: nothing to register.
+#[cfg(any(loom, miri))]
+fn register_membarrier() -> bool {
+    true
+}
+
+/// The process's registration.
+pub(crate) static BARRIERS: Registration = Registration::new(register_membarrier);
+
+/// Waits, at most `timeout`, for the process's registration for `membarrier`, which the
+/// first CQ made starts on a thread of its own (a CQ's locks grant their bias only once it is
+/// done); true if it is done and usable. For measurements of the steady state (benchmarks,
+/// instruction counts); a CQ is correct without it.
+pub fn await_membarrier(timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match init_barriers() {
+            Barriers::Ready => return true,
+            Barriers::Unavailable => return false,
+            Barriers::Pending if std::time::Instant::now() >= deadline => return false,
+            Barriers::Pending => std::thread::sleep(std::time::Duration::from_micros(200)),
+        }
+    }
+}
+
+/// Prepares the asymmetric barrier: starts the registration for membarrier (on a thread
+/// of its own, [`Registration`]). Called when a CQ is created. Returns where it stands: a
+/// CQ's locks grant a bias (whose owner runs [`light_barrier`], a compiler fence) only once
+/// it is [`Barriers::Ready`], and never where it is unavailable. Under loom and Miri, ready
+/// at once.
+pub(crate) fn init_barriers() -> Barriers {
     #[cfg(not(any(loom, miri)))]
     {
-        membarrier_state::init()
+        BARRIERS.start()
     }
     #[cfg(any(loom, miri))]
     {
-        false
+        Barriers::Ready
     }
 }
 
@@ -136,9 +208,11 @@ pub(crate) fn light_barrier() {
 pub(crate) fn heavy_barrier() {
     #[cfg(not(any(loom, miri)))]
     {
-        if membarrier_state::init() {
-            membarrier_state::heavy();
-        } else {
+        use rustix::thread::{membarrier, MembarrierCommand};
+        // Only a revocation runs it, after a grant, i.e. once the registration is done.
+        if BARRIERS.state() != Barriers::Ready
+            || membarrier(MembarrierCommand::PrivateExpedited).is_err()
+        {
             fence(Ordering::SeqCst);
         }
     }

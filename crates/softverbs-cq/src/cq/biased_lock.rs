@@ -30,14 +30,19 @@
 //! lock's cost, as before the bias existed. Without `membarrier` (old kernels, some
 //! sandboxes) no bias is granted: the light half would be a full fence there, which costs
 //! what the locked instruction does, so the owner's path may take the light half as the
-//! compiler fence it is wherever a bias exists. Under loom and Miri (where the light half is
+//! compiler fence it is wherever a bias exists. The process registers for `membarrier` on a
+//! thread of its own when its first CQ is made (`sync.rs`: it can take an RCU grace period),
+//! and a lock grants no bias before that is done. Under loom and Miri (where the light half is
 //! always a `SeqCst` fence) the bias is granted after one acquisition, so that the models
 //! explore grants and revocations.
 //!
 //! Like the spin lock it is built on, it is not reentrant: a thread that acquires it while
 //! inside waits for itself for ever.
 
-use crate::sync::{assigned_thread_token, heavy_barrier, light_barrier, spin_while, thread_token};
+use crate::sync::{
+    assigned_thread_token, heavy_barrier, light_barrier, spin_while, thread_token, Barriers,
+    Registration, BARRIERS,
+};
 use crate::sync::{AtomicBool, AtomicU64, Ordering, SpinLock};
 
 /// `owner` when no thread holds the bias: never a thread token (they count up from 1), nor
@@ -66,11 +71,13 @@ pub(super) struct BiasedLock {
     /// The owner is inside. Written only by the owner's thread (`Release` when it leaves, so
     /// a revoker that reads `false` with `Acquire` sees its critical section finished).
     busy: AtomicBool,
-    /// Whether the bias may still be granted: `membarrier` is there (or a model runs) and it
-    /// has not been granted yet. With `last_holder` and `streak` (the thread of the last
-    /// acquisition through `lock` and how many in a row it made), bookkeeping of the `lock`
-    /// holder only: `Relaxed`, the spin lock orders them.
+    /// Whether the bias may still be granted: `membarrier` is there or being registered (or
+    /// a model runs) and it has not been granted yet. With `last_holder` and `streak` (the
+    /// thread of the last acquisition through `lock` and how many in a row it made),
+    /// bookkeeping of the `lock` holder only: `Relaxed`, the spin lock orders them.
     grantable: AtomicBool,
+    /// The registration a grant waits for ([`Registration`]): the process's.
+    barriers: &'static Registration,
     last_holder: AtomicU64,
     streak: AtomicU64,
 }
@@ -84,12 +91,21 @@ impl std::fmt::Debug for BiasedLock {
 }
 
 impl BiasedLock {
-    pub(super) fn new(membarrier: bool) -> Self {
+    /// A lock as the registration of `membarrier` stands at its creation
+    /// ([`crate::sync::init_barriers`]): a bias is granted once it is ready, never where it
+    /// is unavailable.
+    pub(super) fn new(barriers: Barriers) -> Self {
+        Self::waiting_for(barriers, &BARRIERS)
+    }
+
+    /// [`BiasedLock::new`] with the registration `registration` (tests).
+    fn waiting_for(barriers: Barriers, registration: &'static Registration) -> Self {
         BiasedLock {
             lock: SpinLock::new(),
             owner: AtomicU64::new(NO_OWNER),
             busy: AtomicBool::new(false),
-            grantable: AtomicBool::new(membarrier || cfg!(any(loom, miri))),
+            grantable: AtomicBool::new(barriers != Barriers::Unavailable || cfg!(any(loom, miri))),
+            barriers: registration,
             last_holder: AtomicU64::new(NO_OWNER),
             streak: AtomicU64::new(0),
         }
@@ -154,6 +170,18 @@ impl BiasedLock {
         if streak < STREAK {
             return Hold::Locked;
         }
+        // Not before the registration is done (the owner's light barrier is only a compiler
+        // fence): looked at again by the next acquisitions of the streak. Models grant at once.
+        if !cfg!(any(loom, miri)) {
+            match self.barriers.state() {
+                Barriers::Ready => {}
+                Barriers::Pending => return Hold::Locked,
+                Barriers::Unavailable => {
+                    self.grantable.store(false, Ordering::Relaxed);
+                    return Hold::Locked;
+                }
+            }
+        }
         // The grant, the only one: once it is revoked, `grantable` stays false. This thread
         // stays inside as the owner (`busy` set), so an acquisition nested in this hold waits
         // for itself as it would have on the spin lock, never entering beside it. A revoker
@@ -186,8 +214,9 @@ mod tests {
     /// A lock as a CQ makes it, or `None` where no bias can be granted (no `membarrier`):
     /// the bias tests have nothing to check there.
     fn biasable() -> Option<BiasedLock> {
-        let lock = BiasedLock::new(crate::sync::init_barriers());
-        lock.grantable.load(Ordering::Relaxed).then_some(lock)
+        // The registration runs on a thread of its own: waited for (bounded).
+        crate::sync::await_membarrier(std::time::Duration::from_secs(10))
+            .then(|| BiasedLock::new(crate::sync::init_barriers()))
     }
 
     /// Acquires and releases once, returning how it got in.
@@ -271,12 +300,58 @@ mod tests {
         });
     }
 
+    /// Lets [`slow_registration`] finish.
+    static REGISTERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// A registration that takes until the test says (as the kernel's may take an RCU grace
+    /// period), then succeeds.
+    fn slow_registration() -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !REGISTERED.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
+    static SLOW: Registration = Registration::new(slow_registration);
+
+    /// A CQ made while the process's registration for `membarrier` is still under way
+    /// (it runs on a thread of its own, so that the creation does not wait for it) locks
+    /// without a bias until it is done — the owner's light barrier is only a compiler fence,
+    /// right only once revocations can run the system call — and is granted its bias then.
+    #[test]
+    #[cfg(not(miri))]
+    fn a_lock_made_while_membarrier_registers_is_granted_its_bias_once_registered() {
+        let barriers = SLOW.start();
+        assert_eq!(barriers, Barriers::Pending, "the creation did not wait");
+        let lock = BiasedLock::waiting_for(barriers, &SLOW);
+        for i in 0..3 * STREAK {
+            assert_eq!(
+                take(&lock),
+                Hold::Locked,
+                "acquisition {i}, still registering"
+            );
+        }
+        REGISTERED.store(true, Ordering::Release);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while SLOW.state() != Barriers::Ready {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the registration ended"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // The streak went on meanwhile: the next acquisition is granted the bias.
+        assert_eq!(take(&lock), Hold::Biased);
+        assert_eq!(take(&lock), Hold::Biased);
+    }
+
     #[test]
     #[cfg(not(miri))]
     fn without_membarrier_no_bias_is_granted() {
         // The owner's path takes the light barrier as a compiler fence, which is only right
         // with membarrier's heavy half.
-        let lock = BiasedLock::new(false);
+        let lock = BiasedLock::new(Barriers::Unavailable);
         for _ in 0..3 * STREAK {
             assert_eq!(take(&lock), Hold::Locked);
         }

@@ -136,7 +136,7 @@ impl CqBuilder {
             return Err(CreateError::UnsupportedFields(unknown));
         }
         let slots = ring_size(self.cqe)?;
-        let membarrier = init_barriers();
+        let barriers = init_barriers();
         let with_extra = self
             .fields
             .intersects(WcFields::CVLAN | WcFields::FLOW_TAG | WcFields::TM_INFO);
@@ -167,14 +167,14 @@ impl CqBuilder {
             events: Arc::new(events),
             overrun_sink: self.overrun_sink,
             producer: CachePadded::new(ProducerSide {
-                lock: BiasedLock::new(membarrier),
+                lock: BiasedLock::new(barriers),
                 tail: AtomicU64::new(0),
                 cached_head: AtomicU64::new(0),
                 slow_at: AtomicU64::new(0),
                 bursts: AtomicU64::new(0),
             }),
             consumer: CachePadded::new(ConsumerSide {
-                lock: BiasedLock::new(membarrier),
+                lock: BiasedLock::new(barriers),
                 head: AtomicU64::new(0),
             }),
             high_water: AtomicU64::new(0),
