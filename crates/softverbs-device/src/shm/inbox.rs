@@ -64,6 +64,10 @@ const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
 /// Bytes of an inbox file.
 pub(crate) const INBOX_LEN: usize = PAGE + RINGS * RING_LEN;
 
+/// The data bytes of a ring its sender maps as it claims it ([`PeerInbox::open`]); the rest
+/// fault in as they are first written.
+const POPULATED: usize = 256 << 10;
+
 /// The part of `/dev/shm` a sender leaves free for other programs when it takes a ring:
 /// `1 / HEADROOM_SHARE` of the filesystem's size. Other programs write their own sparse
 /// files there (Open MPI's and UCX's shared-memory transports, `shm_open(3)` users), and a
@@ -580,15 +584,19 @@ impl PeerInbox {
                     );
                 }
                 header.active.fetch_or(1 << index, Ordering::Release);
-                // Map the ring's pages now (allocated above), not one fault per page in
-                // the first megabytes of packets. Best effort: an older kernel has no
+                // Map the ring's first pages now (allocated above), so that the first
+                // packets take no page fault; the rest fault in as they are first written,
+                // once each. Not all of it: a connected QP's route is prepared as it enters
+                // RTR, i.e. inside `rdma_accept` and before the RTU, and mapping 4 MiB there
+                // took 1-25 ms on the benchmark VMs (`cmtime` connect: 5-40 ms, 2-6 ms with
+                // the header page alone). Best effort: an older kernel has no
                 // MADV_POPULATE_WRITE, and the pages then fault in as they are written.
                 // SAFETY: a range of this process's mapping of the file (`INBOX_LEN` bytes,
                 // page-aligned), whose pages `reserve` allocated; populating changes no byte.
                 let _ = unsafe {
                     rustix::mm::madvise(
                         mapping.base.add(ring_at(index)).cast::<c_void>(),
-                        PAGE + cap,
+                        PAGE + cap.min(POPULATED),
                         rustix::mm::Advice::LinuxPopulateWrite,
                     )
                 };
