@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
@@ -178,6 +179,30 @@ static __attribute__((unused)) void connect_rc(struct ibv_qp *qp, uint32_t remot
 			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0,
 	       "modify QP %u to RTS", qp->qp_num);
+}
+
+/*
+ * Fresh pages, placed far below the kernel's usual mmap area (a distinct 16 MiB slot per
+ * call, clear of AddressSanitizer's shadow and heap) so that once a rule unmaps them no
+ * other mapping of the process (a thread stack, a malloc arena) lands at the same address:
+ * an address unmapped and mapped again by something else is the one case the device
+ * cannot see.
+ */
+static inline void *map_far_pages(size_t pages, int prot)
+{
+	const size_t page = 4096;
+	static uintptr_t next = 0x500000000000ULL;
+	for (int tries = 0; tries < 64; tries++, next += 0x1000000) {
+		void *p = mmap((void *)next, pages * page, prot,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		if (p == (void *)next) {
+			next += 0x1000000;
+			return p;
+		}
+		if (p != MAP_FAILED)
+			munmap(p, pages * page);
+	}
+	FAIL("no free address for %zu pages", pages);
 }
 
 #endif
