@@ -72,23 +72,6 @@ static struct ibv_mr *src_mr;
 		       strerror(expected));                                           \
 	} while (0)
 
-/* Fresh pages at addresses no other mapping of the process takes (as registration.c). */
-static void *map_pages(size_t pages, int prot)
-{
-	static uintptr_t next = 0x520000000000ULL;
-	for (int tries = 0; tries < 64; tries++, next += 0x1000000) {
-		void *p = mmap((void *)next, pages * PAGE, prot,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-		if (p == (void *)next) {
-			next += 0x1000000;
-			return p;
-		}
-		if (p != MAP_FAILED)
-			munmap(p, pages * PAGE);
-	}
-	FAIL("no free address for %zu pages", pages);
-}
-
 /* Maps `pages` read-write pages exactly at `at`, where nothing is mapped. */
 static void map_at(void *at, size_t pages)
 {
@@ -170,8 +153,8 @@ static struct ibv_mr *protected_mr, *unmapped_mr;
 static void rule_register_unmapped(void)
 {
 	start_rule("2");
-	protected_range = map_pages(2, PROT_NONE);
-	unmapped_range = map_pages(2, PROT_READ | PROT_WRITE);
+	protected_range = map_far_pages(2, PROT_NONE);
+	unmapped_range = map_far_pages(2, PROT_READ | PROT_WRITE);
 	CHECK(munmap(unmapped_range, 2 * PAGE) == 0);
 	REFUSED(ibv_reg_mr(pd, protected_range, 2 * PAGE, RW), EFAULT);
 	REFUSED(ibv_reg_mr(pd, unmapped_range, 2 * PAGE, RW), EFAULT);
@@ -279,7 +262,7 @@ static void rule_advise(void)
 	CHECK(ibv_advise_mr(other, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &sge,
 			    1) == EPERM);
 	CHECK(ibv_dealloc_pd(other) == 0);
-	char *ro = map_pages(1, PROT_READ);
+	char *ro = map_far_pages(1, PROT_READ);
 	struct ibv_mr *ro_mr = ibv_reg_mr(pd, ro, PAGE, IBV_ACCESS_ON_DEMAND);
 	CHECK(ro_mr != NULL);
 	struct ibv_sge ro_sge = { .addr = (uintptr_t)ro, .length = PAGE, .lkey = ro_mr->lkey };

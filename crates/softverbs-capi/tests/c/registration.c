@@ -68,33 +68,10 @@ static union ibv_gid gid;
 		       strerror(expected));                                           \
 	} while (0)
 
-/*
- * Fresh pages, placed far below the kernel's usual mmap area (a distinct 16 MiB slot per
- * call, clear of AddressSanitizer's shadow and heap) so that once a rule unmaps them no
- * other mapping (a thread stack of the device, a malloc arena) lands at the same address:
- * an address unmapped and mapped again by something else is the one case the device
- * cannot see.
- */
-static void *map_pages(size_t pages, int prot)
-{
-	static uintptr_t next = 0x500000000000ULL;
-	for (int tries = 0; tries < 64; tries++, next += 0x1000000) {
-		void *p = mmap((void *)next, pages * PAGE, prot,
-			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-		if (p == (void *)next) {
-			next += 0x1000000;
-			return p;
-		}
-		if (p != MAP_FAILED)
-			munmap(p, pages * PAGE);
-	}
-	FAIL("no free address for %zu pages", pages);
-}
-
 static void rule_unmapped(void)
 {
 	start_rule("1");
-	char *gone = map_pages(2, PROT_READ | PROT_WRITE);
+	char *gone = map_far_pages(2, PROT_READ | PROT_WRITE);
 	CHECK(munmap(gone, 2 * PAGE) == 0);
 	REFUSED(ibv_reg_mr(pd, gone, 2 * PAGE, IBV_ACCESS_LOCAL_WRITE), EFAULT);
 	REFUSED(ibv_reg_mr(pd, gone + 8, 16, 0), EFAULT);
@@ -106,7 +83,7 @@ static void rule_unmapped(void)
 
 static void rule_read_only(void)
 {
-	char *ro = map_pages(2, PROT_READ);
+	char *ro = map_far_pages(2, PROT_READ);
 
 	start_rule("2");
 	REFUSED(ibv_reg_mr(pd, ro, 2 * PAGE, IBV_ACCESS_LOCAL_WRITE), EFAULT);
@@ -205,7 +182,7 @@ static void rule_write_into_unmapped(void)
 	struct ibv_mr *src_mr = ibv_reg_mr(pd, src, PAGE, 0);
 	CHECKF(src_mr != NULL, "ibv_reg_mr(source)");
 
-	char *target = map_pages(2, PROT_READ | PROT_WRITE);
+	char *target = map_far_pages(2, PROT_READ | PROT_WRITE);
 	struct ibv_mr *target_mr = ibv_reg_mr(pd, target, 2 * PAGE,
 					      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	CHECKF(target_mr != NULL, "ibv_reg_mr(target)");
@@ -258,7 +235,7 @@ static void rule_memlock(void)
 	CHECK(setrlimit(RLIMIT_MEMLOCK, &low) == 0);
 	CHECK(memlock_applies());
 
-	char *buf = map_pages(32, PROT_READ | PROT_WRITE);
+	char *buf = map_far_pages(32, PROT_READ | PROT_WRITE);
 	struct ibv_mr *half = ibv_reg_mr(pd, buf, 8 * PAGE, IBV_ACCESS_LOCAL_WRITE);
 	CHECKF(half != NULL, "ibv_reg_mr(32 KiB) under a 64 KiB RLIMIT_MEMLOCK");
 	REFUSED(ibv_reg_mr(pd, buf + 8 * PAGE, 16 * PAGE, IBV_ACCESS_LOCAL_WRITE), ENOMEM);
