@@ -7,8 +7,9 @@
 //! it where `/dev/shm` has room, down to [`MIN_RING_CAP`] where it has little). Every page
 //! is allocated in the file ([`reserve`]) before anyone writes to it through a mapping: a
 //! write to a page a full tmpfs cannot give is a `SIGBUS` in the writer, while a
-//! reservation that fails is an error (`ENOSPC`) — the device goes without an inbox, or the
-//! sender to this inbox uses UDP.
+//! reservation that fails is an error (`ENOSPC`) — the device goes without an inbox, the
+//! sender to this inbox uses UDP, or (for the part of its ring a sender reserves after
+//! claiming it, [`PeerInbox::usable`]) the sender keeps to the pages it has.
 //!
 //! | offset | field |
 //! |---|---|
@@ -34,7 +35,9 @@ use rustix::mm::{MapFlags, ProtFlags};
 use std::ffi::c_void;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 /// Rings in an inbox: devices of other processes that can send to one device through
 /// shared memory at a time (more send over UDP).
@@ -64,9 +67,11 @@ const MAGIC: u64 = u64::from_le_bytes(*b"softvrb1");
 /// Bytes of an inbox file.
 pub(crate) const INBOX_LEN: usize = PAGE + RINGS * RING_LEN;
 
-/// The data bytes of a ring its sender maps as it claims it ([`PeerInbox::open`]); the rest
-/// fault in as they are first written.
-const POPULATED: usize = 256 << 10;
+/// The data bytes of a ring its sender allocates and maps as it claims it
+/// ([`PeerInbox::open`]); the rest are allocated by a thread of their own meanwhile, and
+/// fault in as they are first written. Room for a record of the largest packet (a direct
+/// segment, 32 KiB and its headers) with a wrap marker after it.
+const POPULATED: usize = 64 << 10;
 
 /// The part of `/dev/shm` a sender leaves free for other programs when it takes a ring:
 /// `1 / HEADROOM_SHARE` of the filesystem's size. Other programs write their own sparse
@@ -466,6 +471,11 @@ pub(crate) struct PeerInbox {
     pub(crate) index: usize,
     pub(crate) owner: u32,
     path: PathBuf,
+    /// The bytes of the ring's data allocated so far: the sender writes within them
+    /// ([`PeerInbox::usable`]).
+    usable: Arc<AtomicUsize>,
+    /// The thread allocating the rest of the ring, until it is done.
+    reserving: Option<JoinHandle<()>>,
 }
 
 /// Why a peer's inbox cannot be used.
@@ -546,11 +556,13 @@ pub(crate) fn offers_direct_segments(path: &Path) -> bool {
 
 impl PeerInbox {
     /// Opens the inbox at `path` and claims a ring in it, writing `from` (the sender's
-    /// GID) into it. A ring is claimed only once its pages are allocated ([`reserve`]):
-    /// where `/dev/shm` has no room for one, the inbox is refused ("no room"), and the
-    /// sender uses UDP instead of dying of a `SIGBUS` in its first write. Nor is one
-    /// claimed where it would leave other programs less than their share of `/dev/shm`
-    /// ([`HEADROOM_SHARE`]), as large as the room allows ([`ring_cap`]).
+    /// GID) into it. A ring is claimed only once its first pages are allocated
+    /// ([`reserve`]): where `/dev/shm` has no room for them, the inbox is refused ("no
+    /// room"), and the sender uses UDP instead of dying of a `SIGBUS` in its first write;
+    /// the rest of the ring is allocated on another thread, and the sender writes within
+    /// what is allocated ([`PeerInbox::usable`]). Nor is one claimed where it would leave
+    /// other programs less than their share of `/dev/shm` ([`HEADROOM_SHARE`]), as large as
+    /// the room allows ([`ring_cap`]).
     pub(crate) fn open(path: &Path, from: [u8; 16]) -> Result<PeerInbox, Refused> {
         let (mapping, owner, fd) = open_live(path)?;
         let Some(cap) = ring_cap_now() else {
@@ -561,9 +573,11 @@ impl PeerInbox {
         let header = mapping.header();
         let me = std::process::id();
         let mut no_room = false;
+        // The ring's first pages now, the rest on another thread (below).
+        let first = cap.min(POPULATED);
         for index in 0..RINGS {
-            // Its header page (the compare-and-swap below writes it) and its data.
-            if reserve(&fd, ring_at(index), PAGE + cap).is_err() {
+            // Its header page (the compare-and-swap below writes it) and its first data.
+            if reserve(&fd, ring_at(index), PAGE + first).is_err() {
                 no_room = true;
                 continue;
             }
@@ -586,25 +600,31 @@ impl PeerInbox {
                 header.active.fetch_or(1 << index, Ordering::Release);
                 // Map the ring's first pages now (allocated above), so that the first
                 // packets take no page fault; the rest fault in as they are first written,
-                // once each. Not all of it: a connected QP's route is prepared as it enters
-                // RTR, i.e. inside `rdma_accept` and before the RTU, and mapping 4 MiB there
-                // took 1-25 ms on the benchmark VMs (`cmtime` connect: 5-40 ms, 2-6 ms with
-                // the header page alone). Best effort: an older kernel has no
-                // MADV_POPULATE_WRITE, and the pages then fault in as they are written.
+                // once each. Not more: a connected QP's route is prepared as it enters RTR,
+                // i.e. inside `rdma_accept` and before the RTU, and on the benchmark VMs
+                // mapping 4 MiB there took 1-25 ms, 256 KiB about half a millisecond
+                // (`cmtime` connect through the drop-in: 2.5-3.6 ms with 256 KiB mapped and
+                // allocated, 1.4-1.7 ms with 64 KiB; 1.0-1.9 ms over UDP alone). Best
+                // effort: an older kernel has no MADV_POPULATE_WRITE, and the pages then
+                // fault in as they are written.
                 // SAFETY: a range of this process's mapping of the file (`INBOX_LEN` bytes,
                 // page-aligned), whose pages `reserve` allocated; populating changes no byte.
                 let _ = unsafe {
                     rustix::mm::madvise(
                         mapping.base.add(ring_at(index)).cast::<c_void>(),
-                        PAGE + cap.min(POPULATED),
+                        PAGE + first,
                         rustix::mm::Advice::LinuxPopulateWrite,
                     )
                 };
+                let usable = Arc::new(AtomicUsize::new(first));
+                let reserving = (first < cap).then(|| reserve_rest(fd, index, first, cap, &usable));
                 return Ok(PeerInbox {
                     mapping,
                     index,
                     owner,
                     path: path.to_owned(),
+                    usable,
+                    reserving: reserving.flatten(),
                 });
             }
         }
@@ -639,6 +659,14 @@ impl PeerInbox {
         self.mapping.ring(self.index)
     }
 
+    /// The bytes at the start of the ring's data that are allocated, within which the
+    /// sender writes (`Ring::producer_within`): the first [`POPULATED`] until the rest is
+    /// allocated too, all of it after. (Where `/dev/shm` then has no room for the rest,
+    /// the ring stays that small.)
+    pub(crate) fn usable(&self) -> usize {
+        self.usable.load(Ordering::Acquire)
+    }
+
     /// Whether the inbox still reaches a live device: not closed, its owner alive, and the
     /// file at its path still the one mapped (a device that re-opened the address made a
     /// new one).
@@ -649,8 +677,55 @@ impl PeerInbox {
     }
 }
 
+/// Allocates the data of ring `index` after its `first` bytes, up to `cap`, on a thread of
+/// its own, then makes it usable: `fallocate(2)` of 4 MiB took 0.5-0.7 ms on the benchmark
+/// VMs, which a connection's set-up (the route is prepared as the QP enters RTR, inside
+/// `rdma_accept` and before the RTU) need not wait for; the sender writes within the first
+/// bytes meanwhile. Done here if no thread can be started; `None` then.
+fn reserve_rest(
+    fd: OwnedFd,
+    index: usize,
+    first: usize,
+    cap: usize,
+    usable: &Arc<AtomicUsize>,
+) -> Option<JoinHandle<()>> {
+    let at = ring_at(index) + PAGE + first;
+    let rest = cap - first;
+    let run = {
+        let usable = Arc::clone(usable);
+        move |fd: &OwnedFd| match reserve(fd, at, rest) {
+            Ok(()) => usable.store(cap, Ordering::Release),
+            Err(error) => tracing::debug!(
+                %error,
+                ring = index,
+                usable = first,
+                "no room in /dev/shm for the rest of a ring: it stays small"
+            ),
+        }
+    };
+    let fd = Arc::new(fd);
+    let spawned = std::thread::Builder::new()
+        .name("softverbs-shm-ring".into())
+        .spawn({
+            let (fd, run) = (Arc::clone(&fd), run.clone());
+            move || run(&fd)
+        });
+    match spawned {
+        Ok(handle) => Some(handle),
+        Err(_) => {
+            run(&fd);
+            None
+        }
+    }
+}
+
 impl Drop for PeerInbox {
     fn drop(&mut self) {
+        // Nothing is allocated in the ring once it is closing: the owner may give its pages
+        // back as soon as it has taken what is left in it.
+        if let Some(reserving) = self.reserving.take() {
+            let _ = reserving.join();
+        }
         // The owner frees the ring once it has taken what is left in it.
         self.ring().header().state.store(CLOSING, Ordering::Release);
     }

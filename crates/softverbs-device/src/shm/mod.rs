@@ -961,7 +961,7 @@ impl Shm {
         record.extend_from_slice(&[u8::from(packet.icrc_checked), 0, 0, 0]);
         record.extend_from_slice(bytes);
         let ring = peer.inbox.ring();
-        let mut producer = ring.producer();
+        let mut producer = ring.producer_within(peer.inbox.usable());
         if self.push(
             peer,
             &mut producer,
@@ -1321,7 +1321,7 @@ impl HostTransport {
             return false;
         };
         let ring = peer.inbox.ring();
-        let mut producer = ring.producer();
+        let mut producer = ring.producer_within(peer.inbox.usable());
         match shm.push(peer, &mut producer, src_port, flags, (bytes, 0, &[])) {
             Pushed::Yes => {
                 producer.publish();
@@ -1383,7 +1383,7 @@ impl Transport for HostTransport {
             match shm.route(&mut routes, &to, to_slot, local.gid(), &mut now) {
                 Some(peer) => {
                     let ring = peer.inbox.ring();
-                    let mut producer = ring.producer();
+                    let mut producer = ring.producer_within(peer.inbox.usable());
                     let mut pushed = 0;
                     let mut refused = false;
                     for packet in &mut packets[start..end] {

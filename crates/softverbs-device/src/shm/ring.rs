@@ -6,7 +6,9 @@
 //! a cache line of its own. A record is 8 header bytes — the packet's length (`u32`), its
 //! UDP source port (`u16`) and flags (`u16`) — then the packet, padded to 8 bytes. A record
 //! never wraps: where the rest of the area is too short, the producer writes a wrap marker
-//! (length `u32::MAX`) and starts again at offset 0.
+//! (length `u32::MAX`) and starts again at offset 0. A producer may also keep to the first
+//! bytes of the area ([`Ring::producer_within`]: the pages it has allocated so far) by
+//! wrapping early; the consumer follows a marker wherever it finds one.
 //!
 //! Ordering: the producer writes records with plain stores, then publishes them with one
 //! `Release` store of `tail`; the consumer's `Acquire` load of `tail` makes them visible.
@@ -126,13 +128,30 @@ impl Ring {
 
     /// Starts writing records (the producer); nothing is visible before
     /// [`Producer::publish`].
+    #[cfg(test)]
     pub(crate) fn producer(&self) -> Producer<'_> {
+        self.producer_within(self.cap)
+    }
+
+    /// Starts writing records (the producer) into the first `end` bytes of the area only
+    /// (all of it if `end` is `cap` or more): a record placed there ends 8 bytes before
+    /// `end` at the latest, so that the wrap marker after it lies before `end` too, and
+    /// what does not fit starts the next lap. The producer of a ring whose pages are not
+    /// all allocated yet writes none it has not. Nothing is visible before
+    /// [`Producer::publish`].
+    pub(crate) fn producer_within(&self, end: usize) -> Producer<'_> {
         let header = self.header();
+        let limit = if end >= self.cap {
+            self.cap
+        } else {
+            (end / 8 * 8).saturating_sub(RECORD_HEADER)
+        };
         Producer {
             ring: self,
             tail: header.tail.load(Ordering::Relaxed),
             head: header.head.load(Ordering::Acquire),
             written: 0,
+            limit,
         }
     }
 
@@ -210,6 +229,9 @@ pub(crate) struct Producer<'a> {
     tail: u64,
     head: u64,
     written: usize,
+    /// Where records end at the latest ([`Ring::producer_within`]): `cap`, or 8 bytes
+    /// before the end of what the producer may write.
+    limit: usize,
 }
 
 impl Producer<'_> {
@@ -235,21 +257,20 @@ impl Producer<'_> {
         write: impl FnOnce(&mut [u8]) -> bool,
     ) -> Pushed {
         let cap = self.ring.cap;
-        if len > self.ring.max_packet() {
+        let record = padded(len);
+        if len > self.ring.max_packet() || record > self.limit {
             return Pushed::Full;
         }
         let used = self.tail.wrapping_sub(self.head);
         if used > cap as u64 {
             return Pushed::Full;
         }
-        let record = padded(len);
         let mut offset = (self.tail % cap as u64) as usize;
         let to_end = cap - offset;
-        let need = if record <= to_end {
-            record
-        } else {
-            to_end + record
-        };
+        // Past the limit: the rest of the lap is skipped (a marker at `offset`, which a
+        // record that ended before the limit left there, or 0).
+        let wraps = offset + record > self.limit;
+        let need = if wraps { to_end + record } else { record };
         if (cap as u64 - used) < need as u64 {
             // Perhaps the consumer took some since: look again once.
             self.head = self.ring.header().head.load(Ordering::Acquire);
@@ -258,8 +279,10 @@ impl Producer<'_> {
                 return Pushed::Full;
             }
         }
-        if record > to_end {
-            // SAFETY: `offset + 8 <= cap`: offsets are multiples of 8 and `cap` too.
+        if wraps {
+            // SAFETY: `offset + 8 <= cap`: offsets are multiples of 8 and `cap` too (and
+            // `offset + 8 <= end` where the producer keeps within `end`: the last record
+            // ended at `limit = end - 8` at the latest).
             unsafe { ptr::write(self.ring.data.add(offset) as *mut u64, u64::from(WRAP)) };
             self.tail += to_end as u64;
             offset = 0;
@@ -354,6 +377,74 @@ mod tests {
         }
         assert!(expected.is_empty());
         assert!(seq > 100, "the ring wrapped many times ({seq} records)");
+    }
+
+    /// A producer that keeps within the first `end` bytes (its allocated pages) never
+    /// writes a byte at or past `end`, wrap markers included, and the consumer, which
+    /// follows the markers, takes every record in order; once the producer may use the
+    /// whole area, records go past `end` and still come out in order.
+    #[test]
+    fn a_producer_within_its_first_bytes_writes_nothing_past_them() {
+        const UNTOUCHED: u64 = 0xa5a5_a5a5_a5a5_a5a5;
+        let mut heap = HeapRing::new(1024);
+        heap.data.fill(UNTOUCHED);
+        let ring = heap.ring();
+        let end = 200;
+        let mut expected = std::collections::VecDeque::new();
+        let mut seq = 0u32;
+        let take = |expected: &mut std::collections::VecDeque<(u32, usize)>| {
+            ring.consume(|record, bytes| {
+                let (s, len) = expected.pop_front().expect("a record was written");
+                assert_eq!((record.len, record.src_port), (len, s as u16));
+                assert_eq!(bytes, &packet(s, len)[..]);
+                true
+            })
+            .unwrap()
+        };
+        for _ in 0..100 {
+            let mut producer = ring.producer_within(end);
+            for _ in 0..2 {
+                let len = 16 + (seq as usize * 12) % 60;
+                if producer.push(seq as u16, 0, &packet(seq, len)) {
+                    expected.push_back((seq, len));
+                    seq += 1;
+                }
+            }
+            producer.publish();
+            take(&mut expected);
+        }
+        assert!(seq > 150, "the producer wrapped many times ({seq} records)");
+        // SAFETY: the ring's data area: `data` holds 1024 bytes.
+        let past_end = unsafe {
+            std::slice::from_raw_parts(heap.data.as_ptr().cast::<u8>().add(end), 1024 - end)
+        };
+        assert!(
+            past_end.iter().all(|&byte| byte == 0xa5),
+            "a byte past the producer's end was written"
+        );
+        assert!(
+            !ring.producer_within(end).push(0, 0, &[0; 200]),
+            "a record longer than the bytes the producer keeps within is refused"
+        );
+        // The whole area now: the next laps use it.
+        for _ in 0..100 {
+            let mut producer = ring.producer_within(1024);
+            let len = 16 + (seq as usize * 12) % 60;
+            assert!(producer.push(seq as u16, 0, &packet(seq, len)));
+            expected.push_back((seq, len));
+            seq += 1;
+            producer.publish();
+            take(&mut expected);
+        }
+        assert!(expected.is_empty());
+        // SAFETY: as above.
+        let past_end = unsafe {
+            std::slice::from_raw_parts(heap.data.as_ptr().cast::<u8>().add(end), 1024 - end)
+        };
+        assert!(
+            past_end.iter().any(|&byte| byte != 0xa5),
+            "the area past `end` was used"
+        );
     }
 
     #[test]
