@@ -24,6 +24,9 @@
 #      default network, SOFTVERBS_NETWORK unset) and over UDP (row 1), each against UCX's
 #      tag_lat with UCX_TLS=posix,cma (UCX's own shared memory) measured in the same run:
 #      round trip (median; p99 beside row 1's)       target <= 2 us on a quiet machine
+#   7. cmtime -c 10 (rdmacm-utils) on the drop-ins: ten connections set up at once through
+#      the RDMA CM, the time their connect step took, on the shared-memory path against
+#      the same over UDP: what preparing a connection's shared-memory route costs
 # Every other row sets SOFTVERBS_NETWORK=udp, so it measures RoCEv2 over UDP whatever the
 # device's default is; until the device has a shared-memory path, row 6 measures that same
 # UDP path.
@@ -62,6 +65,7 @@ need_pkg ib_send_lat perftest
 need_pkg ib_write_bw perftest
 need_pkg ucx_perftest ucx-utils
 need_pkg sockperf sockperf
+need_pkg cmtime rdmacm-utils
 bench_build "softverbs, udp-baseline and the drop-ins libibverbs.so.1 and librdmacm.so.1" \
     softverbs-capi softverbs-rdmacm softverbs-cli
 CDYLIB="$TARGET_DIR/release/libsoftverbs_capi.so"
@@ -195,6 +199,35 @@ dropin_lat_ev() {
     dropin_pair dropin_lat_ev ib_send_lat -s 8 -n "$LAT_ITERS" -F -e || return 1
     record dropin_lat_ev_rtt_med "$(perftest_col "$WORK/dropin_lat_ev.out" 't_typical[usec]' 2)" || return 1
 }
+# cmtime's connect step for ten connections at once (ms), over UDP or on_shared_memory;
+# its server serves until it is stopped, so it is stopped once the client is done.
+dropin_cmtime() {
+    next_port
+    pick_addrs || return 1
+    local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" rc=0
+    timeout 90 "${PIN_S[@]}" "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$lib" \
+        cmtime -b "$SERVER_IP" -p "$PORT" -c 10 > "$WORK/cmtime.srv" 2>&1 &
+    SERVER_PID=$!
+    if cm_ready; then
+        timeout 90 "${PIN_C[@]}" "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$lib" \
+            cmtime -s "$SERVER_IP" -p "$PORT" -c 10 > "$WORK/cmtime.out" 2> "$WORK/cmtime.err" &
+        CLIENT_PID=$!
+        wait "$CLIENT_PID" || rc=$?
+        CLIENT_PID=""
+    else
+        rc=1
+    fi
+    kill "$SERVER_PID" 2> /dev/null || true
+    wait "$SERVER_PID" 2> /dev/null || true
+    SERVER_PID=""
+    if [ "$rc" != 0 ]; then
+        log "    cmtime failed (client exit $rc):"
+        sed 's/^/      /' "$WORK/cmtime.err" "$WORK/cmtime.srv" >&2
+        return 1
+    fi
+    # "connect      :   total ms   max ms   min us   us / conn"
+    record "${XP_KEY}dropin_cm_connect_ms" "$(awk '$1 == "connect" && $2 == ":" {print $3}' "$WORK/cmtime.out")" || return 1
+}
 # The kernel's UDP ping-pong (sockperf, 14-byte messages, 3 s), each side sleeping in
 # recvfrom, or busy polling with --nonblocked: KEY [--nonblocked]. sockperf prints one-way
 # latencies; recorded as round trips. Its server runs until it is stopped.
@@ -275,6 +308,9 @@ for rep in $(seq "$REPS"); do
     log "  6. 8-byte send latency on the shared-memory path (SOFTVERBS_NETWORK unset) / UCX posix,cma"
     try "drop-in ib_send_lat, shared memory" on_shared_memory dropin_lat
     try "ucx posix,cma tag_lat" ucx_lat ucx_shm_lat_rtt posix,cma
+    log "  7. connection set-up through the RDMA CM (cmtime -c 10): shared memory / UDP"
+    try "drop-in cmtime, shared memory" on_shared_memory dropin_cmtime
+    try "drop-in cmtime, UDP" dropin_cmtime
 done
 bench_done
 
@@ -302,6 +338,7 @@ UCX_SHM = "UCX posix,cma tag_lat"
 row("6. send 8 B RTT median, shared memory vs UCX posix,cma", "shm_dropin_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, ("abs<=", 2.0), UCX_SHM)
 row("6. send 8 B RTT median, UDP vs UCX posix,cma", "dropin_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, None, UCX_SHM)
 row("6. send 8 B RTT p99, shared memory vs UDP", "shm_dropin_lat_rtt_p99", "dropin_lat_rtt_p99", "us", True, None, "ib_send_lat over UDP (drop-in, row 1)")
+row("7. connect of 10 ids (cmtime), shared memory vs UDP", "shm_dropin_cm_connect_ms", "dropin_cm_connect_ms", "ms", True, None, "cmtime -c 10 over UDP (SOFTVERBS_NETWORK=udp)")
 
 def ratio(a, b):
     return med[a] / med[b] if a in med and med.get(b) else None
@@ -324,7 +361,8 @@ print("drop-in = unmodified perftest (ib_send_lat -s 8 -n 20000; ib_write_bw -t 
 print("bare UDP = udp-baseline pingpong (two processes, non-blocking, busy-polled) / udp-baseline stream "
       f"(best of 16384/32768/65507-byte datagrams per run: {best_dgram}; goodput at the receiver).")
 print("Rows 1-5 run with SOFTVERBS_NETWORK=udp; row 6's shared memory with SOFTVERBS_NETWORK unset (the device's default), "
-      "against ucx_perftest -t tag_lat -s 8 with UCX_TLS=posix,cma (median round trip).")
+      "against ucx_perftest -t tag_lat -s 8 with UCX_TLS=posix,cma (median round trip); row 7: cmtime -c 10 on both drop-ins, "
+      "the connect step's total for the ten connections, with SOFTVERBS_NETWORK unset and =udp.")
 labels = {"send_8_rtt_median": "send 8 B RTT median"} | {f"write_bw_{s}": f"write bw {size_name(s)}" for s in SIZES}
 print("For scale, safe API / bare UDP: " + (", ".join(
     f"{labels[k]} {v:.2f}x" for k, v in safe_vs_floor.items() if v is not None) or "n/a") + ".")
