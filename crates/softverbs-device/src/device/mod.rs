@@ -970,11 +970,12 @@ impl Device {
         // A connected QP entering RTR learns its peer: one of a device of this process
         // takes larger packets than the path MTU (both ends decide alike).
         let to_rtr = mask.contains(AttrMask::STATE | AttrMask::AV) && attr.qp_state == QpState::Rtr;
-        let segment = to_rtr.then(|| self.inner.segment_for(attr));
+        // The route first: the segment size is read from the peer's inbox it mapped.
         if let (true, Some(transport), None) = (to_rtr, &self.inner.transport, &self.inner.tap) {
             let dest = Gid(attr.ah_attr.dgid).resolve(self.inner.address);
             transport.prepare_route(&Endpoint::new(dest, self.inner.port()), attr.dest_qp_num);
         }
+        let segment = to_rtr.then(|| self.inner.segment_for(attr));
         self.inner.run(|st| {
             st.engine.modify_qp(qpn, attr, mask)?;
             if let Some(segment) = segment {

@@ -550,8 +550,14 @@ fn open_live(path: &Path) -> Result<(Mapping, u32, OwnedFd), Refused> {
 /// takes packets of direct segments (its header's flag): decided by each end of a
 /// connection from the other's inbox alone, claiming no ring, so both decide alike.
 pub(crate) fn offers_direct_segments(path: &Path) -> bool {
-    open_live(path)
-        .is_ok_and(|(mapping, _, _)| mapping.header().direct.load(Ordering::Acquire) == 1)
+    open_live(path).is_ok_and(|(mapping, _, _)| mapping.offers_direct_segments())
+}
+
+impl Mapping {
+    /// Whether the inbox's owner takes packets of direct segments (its header's flag).
+    fn offers_direct_segments(&self) -> bool {
+        self.header().direct.load(Ordering::Acquire) == 1
+    }
 }
 
 impl PeerInbox {
@@ -665,6 +671,11 @@ impl PeerInbox {
     /// the ring stays that small.)
     pub(crate) fn usable(&self) -> usize {
         self.usable.load(Ordering::Acquire)
+    }
+
+    /// [`offers_direct_segments`] for this inbox, without mapping it again.
+    pub(crate) fn offers_direct_segments(&self) -> bool {
+        self.mapping.offers_direct_segments()
     }
 
     /// Whether the inbox still reaches a live device: not closed, its owner alive, and the
