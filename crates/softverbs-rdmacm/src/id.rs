@@ -475,6 +475,10 @@ pub extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
         let i = st.id(id)?;
         i.phase = Phase::Listening;
         i.backlog = if backlog <= 0 { 128 } else { backlog };
+        // A request that came before the listen and was held for it (`Cm::listen` took it)
+        // is this id's now: the CM thread delivers it at once, not when the hold it slept
+        // for runs out (perftest's -R data connection waited 50 ms for its server).
+        crate::cm::wake();
         Ok(())
     })
 }

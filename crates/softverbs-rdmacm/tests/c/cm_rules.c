@@ -399,6 +399,73 @@ static void libfabric_calls(int server)
 	alarm(0);
 }
 
+/* A request that reaches the server before its rdma_listen (the CM holds it a while
+ * for the listen, as programs that connect right after telling their peer to listen need)
+ * is the listener's as soon as rdma_listen returns: its CONNECT_REQUEST comes at once, not
+ * when the hold runs out (50 ms after the request came). */
+#define LISTEN_AFTER_REQUEST_BOUND_MS 30
+
+static void listen_after_request(int server, int client, int port)
+{
+	int go[2], sent[2], status = 0, i;
+	struct pollfd p;
+	pid_t pid;
+	char c;
+	CHECK(pipe(go) == 0 && pipe(sent) == 0);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		struct rdma_event_channel *ch;
+		struct rdma_cm_id *id;
+		struct rdma_cm_event *e;
+		set_addr(client);
+		p = (struct pollfd){ .fd = go[0], .events = POLLIN };
+		CHECK(poll(&p, 1, WAIT_MS) == 1 && read(go[0], &c, 1) == 1);
+		id = client_connect(server, port, &ch);
+		CHECK(write(sent[1], "s", 1) == 1);
+		e = expect(ch, RDMA_CM_EVENT_REJECTED);
+		CHECK(e->status == 28);
+		CHECK(rdma_ack_cm_event(e) == 0);
+		client_close(id, ch);
+		exit(0);
+	}
+	set_addr(server);
+	{
+		struct rdma_event_channel *ch = rdma_create_event_channel();
+		struct rdma_cm_id *listen;
+		struct sockaddr_in a = sin_of(server, port);
+		struct rdma_cm_event *e;
+		CHECK(ch);
+		CHECK(rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) == 0);
+		CHECK(rdma_bind_addr(listen, (struct sockaddr *)&a) == 0);
+		CHECK(write(go[1], "g", 1) == 1);
+		p = (struct pollfd){ .fd = sent[0], .events = POLLIN };
+		CHECK(poll(&p, 1, WAIT_MS) == 1 && read(sent[0], &c, 1) == 1);
+		/* The request is on its way (one hop on this host): let it arrive. */
+		usleep(2000);
+		CHECK(rdma_listen(listen, 4) == 0);
+		p = (struct pollfd){ .fd = ch->fd, .events = POLLIN };
+		CHECK(poll(&p, 1, LISTEN_AFTER_REQUEST_BOUND_MS) == 1);
+		e = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+		CHECK(e->listen_id == listen);
+		{
+			struct rdma_cm_id *id = e->id;
+			CHECK(rdma_reject(id, NULL, 0) == 0);
+			CHECK(rdma_ack_cm_event(e) == 0);
+			CHECK(rdma_destroy_id(id) == 0);
+		}
+		for (i = 0; i < WAIT_MS / 10; i++) {
+			if (waitpid(pid, &status, WNOHANG) == pid)
+				break;
+			usleep(10000);
+		}
+		CHECK(i < WAIT_MS / 10);
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+		CHECK(rdma_destroy_id(listen) == 0);
+		rdma_destroy_event_channel(ch);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	int server, client, port, r = 0;
@@ -425,6 +492,8 @@ int main(int argc, char **argv)
 		nonblocking_channel(server);
 	else if (!strcmp(scenario, "libfabric_calls"))
 		libfabric_calls(server);
+	else if (!strcmp(scenario, "listen_after_request"))
+		listen_after_request(server, client, port);
 	else if (!strcmp(scenario, "bad_arguments"))
 		bad_arguments(server);
 	else {
