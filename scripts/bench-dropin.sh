@@ -199,32 +199,48 @@ dropin_lat_ev() {
     dropin_pair dropin_lat_ev ib_send_lat -s 8 -n "$LAT_ITERS" -F -e || return 1
     record dropin_lat_ev_rtt_med "$(perftest_col "$WORK/dropin_lat_ev.out" 't_typical[usec]' 2)" || return 1
 }
-# cmtime's connect step for ten connections at once (ms), over UDP or on_shared_memory;
-# its server serves until it is stopped, so it is stopped once the client is done.
-dropin_cmtime() {
-    next_port
-    pick_addrs || return 1
-    local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" rc=0
-    timeout 90 "${PIN_S[@]}" "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$lib" \
-        cmtime -b "$SERVER_IP" -p "$PORT" -c 10 > "$WORK/cmtime.srv" 2>&1 &
+# stopped_pair NAME READY SERVER... -- CLIENT...: a pair whose server serves until it is
+# stopped (sockperf's, cmtime's): the server's output in $WORK/NAME.srv, the client's in
+# $WORK/NAME.out and NAME.err; `READY $PORT` returns once the server listens, and the
+# server is stopped once the client is done. Fails, with what they said, unless the
+# client succeeded.
+stopped_pair() {
+    local name="$1" ready="$2" srv=() rc=0
+    shift 2
+    while [ "$1" != "--" ]; do
+        srv+=("$1")
+        shift
+    done
+    shift
+    timeout 90 "${PIN_S[@]}" "${srv[@]}" > "$WORK/$name.srv" 2>&1 &
     SERVER_PID=$!
-    if cm_ready; then
-        timeout 90 "${PIN_C[@]}" "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$lib" \
-            cmtime -s "$SERVER_IP" -p "$PORT" -c 10 > "$WORK/cmtime.out" 2> "$WORK/cmtime.err" &
+    if "$ready" "$PORT"; then
+        timeout 90 "${PIN_C[@]}" "$@" > "$WORK/$name.out" 2> "$WORK/$name.err" &
         CLIENT_PID=$!
         wait "$CLIENT_PID" || rc=$?
         CLIENT_PID=""
     else
+        log "    $name: the server never listened on port $PORT:"
         rc=1
     fi
     kill "$SERVER_PID" 2> /dev/null || true
     wait "$SERVER_PID" 2> /dev/null || true
     SERVER_PID=""
     if [ "$rc" != 0 ]; then
-        log "    cmtime failed (client exit $rc):"
-        sed 's/^/      /' "$WORK/cmtime.err" "$WORK/cmtime.srv" >&2
+        log "    $name failed (client exit $rc):"
+        cat "$WORK/$name.out" "$WORK/$name.err" 2> /dev/null | sed 's/^/      client: /' >&2
+        sed 's/^/      server: /' "$WORK/$name.srv" >&2
         return 1
     fi
+}
+# cmtime's connect step for ten connections at once (ms), over UDP or on_shared_memory.
+dropin_cmtime() {
+    next_port
+    pick_addrs || return 1
+    local lib="LD_LIBRARY_PATH=$DROPIN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    stopped_pair cmtime cm_ready \
+        "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "$lib" cmtime -b "$SERVER_IP" -p "$PORT" -c 10 \
+        -- "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "$lib" cmtime -s "$SERVER_IP" -p "$PORT" -c 10 || return 1
     # "connect      :   total ms   max ms   min us   us / conn"
     record "${XP_KEY}dropin_cm_connect_ms" "$(awk '$1 == "connect" && $2 == ":" {print $3}' "$WORK/cmtime.out")" || return 1
 }
@@ -235,28 +251,8 @@ kernel_udp_pp() {
     local key="$1"
     shift
     next_port
-    timeout 90 "${PIN_S[@]}" sockperf server -i 127.0.0.1 -p "$PORT" "$@" > "$WORK/sockperf.srv" 2>&1 &
-    SERVER_PID=$!
-    local rc=0
-    if wait_port "$PORT"; then
-        timeout 60 "${PIN_C[@]}" sockperf ping-pong -i 127.0.0.1 -p "$PORT" -t 3 -m 14 "$@" \
-            > "$WORK/sockperf.out" 2>&1 &
-        CLIENT_PID=$!
-        wait "$CLIENT_PID" || rc=$?
-        CLIENT_PID=""
-    else
-        log "    sockperf: the server never listened on port $PORT:"
-        sed 's/^/      /' "$WORK/sockperf.srv" >&2
-        rc=1
-    fi
-    kill "$SERVER_PID" 2> /dev/null || true
-    wait "$SERVER_PID" 2> /dev/null || true
-    SERVER_PID=""
-    if [ "$rc" != 0 ]; then
-        log "    sockperf ping-pong failed (exit $rc):"
-        sed 's/^/      /' "$WORK/sockperf.out" >&2
-        return 1
-    fi
+    stopped_pair sockperf wait_port sockperf server -i 127.0.0.1 -p "$PORT" "$@" \
+        -- sockperf ping-pong -i 127.0.0.1 -p "$PORT" -t 3 -m 14 "$@" || return 1
     local one_way
     one_way="$(sed -n 's/.*percentile 50\.000 = *\([0-9.]*\).*/\1/p' "$WORK/sockperf.out" | head -n 1)"
     record "$key" "$("$PY" -c 'import sys; print(2 * float(sys.argv[1]))' "$one_way")" || return 1
