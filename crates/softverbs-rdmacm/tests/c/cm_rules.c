@@ -112,6 +112,19 @@ static void client_close(struct rdma_cm_id *id, struct rdma_event_channel *ch)
 	rdma_destroy_event_channel(ch);
 }
 
+/* Waits (bounded) for the child and checks that it exited with status 0. */
+static void reap(pid_t child)
+{
+	int status = 0, i;
+	for (i = 0; i < WAIT_MS / 10; i++) {
+		if (waitpid(child, &status, WNOHANG) == child)
+			break;
+		usleep(10000);
+	}
+	CHECK(i < WAIT_MS / 10);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* The server side of a two-process scenario: listen, tell the child, run `serve`, reap
  * the child (bounded) and pass its status on. */
 static int server_main(int server, int port, int ready_fd, pid_t child,
@@ -120,7 +133,6 @@ static int server_main(int server, int port, int ready_fd, pid_t child,
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct rdma_cm_id *listen;
 	struct sockaddr_in a = sin_of(server, port);
-	int status = 0, i;
 	CHECK(ch);
 	CHECK(rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) == 0);
 	CHECK(rdma_bind_addr(listen, (struct sockaddr *)&a) == 0);
@@ -128,15 +140,9 @@ static int server_main(int server, int port, int ready_fd, pid_t child,
 	CHECK(write(ready_fd, "r", 1) == 1);
 	if (serve)
 		serve(ch, listen);
-	for (i = 0; i < WAIT_MS / 10; i++) {
-		if (waitpid(child, &status, WNOHANG) == child)
-			break;
-		usleep(10000);
-	}
-	CHECK(i < WAIT_MS / 10);
+	reap(child);
 	CHECK(rdma_destroy_id(listen) == 0);
 	rdma_destroy_event_channel(ch);
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	return 0;
 }
 
@@ -407,7 +413,7 @@ static void libfabric_calls(int server)
 
 static void listen_after_request(int server, int client, int port)
 {
-	int go[2], sent[2], status = 0, i;
+	int go[2], sent[2];
 	struct pollfd p;
 	pid_t pid;
 	char c;
@@ -454,13 +460,7 @@ static void listen_after_request(int server, int client, int port)
 			CHECK(rdma_ack_cm_event(e) == 0);
 			CHECK(rdma_destroy_id(id) == 0);
 		}
-		for (i = 0; i < WAIT_MS / 10; i++) {
-			if (waitpid(pid, &status, WNOHANG) == pid)
-				break;
-			usleep(10000);
-		}
-		CHECK(i < WAIT_MS / 10);
-		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+		reap(pid);
 		CHECK(rdma_destroy_id(listen) == 0);
 		rdma_destroy_event_channel(ch);
 	}
