@@ -3,7 +3,7 @@
 //!
 //! rustc links cdylibs with its own version script (every `#[no_mangle]` export in an
 //! anonymous node, `local: *`); ours only *defines* the `IBVERBS_*` nodes and
-//! `SOFTVERBS_PRIVATE_1.0` / `_1.1`, the nodes of the private exports of `src/gsi.rs`. Each export is
+//! `SOFTVERBS_PRIVATE_1.0` / `_1.1` / `_1.2`, the nodes of the private exports of `src/gsi.rs`. Each export is
 //! bound to its node by a `.symver` directive next to the function (`symver!` in
 //! `src/lib.rs`), so no symbol is listed here and rustc's `--no-undefined-version` has
 //! nothing to check.
@@ -13,7 +13,7 @@ use std::path::PathBuf;
 /// The version nodes of rdma-core 44's libibverbs, each with the node it inherits from
 /// (the upstream chain; `IBVERBS_PRIVATE_34` stands alone), then softverbs' own private
 /// node (standalone: `softverbs_gsi_*`, for softverbs' librdmacm only).
-const NODES: [(&str, Option<&str>); 15] = [
+const NODES: [(&str, Option<&str>); 16] = [
     ("IBVERBS_1.0", None),
     ("IBVERBS_1.1", Some("IBVERBS_1.0")),
     ("IBVERBS_1.5", Some("IBVERBS_1.1")),
@@ -29,6 +29,7 @@ const NODES: [(&str, Option<&str>); 15] = [
     ("IBVERBS_PRIVATE_34", None),
     ("SOFTVERBS_PRIVATE_1.0", None),
     ("SOFTVERBS_PRIVATE_1.1", Some("SOFTVERBS_PRIVATE_1.0")),
+    ("SOFTVERBS_PRIVATE_1.2", Some("SOFTVERBS_PRIVATE_1.1")),
 ];
 
 fn main() {

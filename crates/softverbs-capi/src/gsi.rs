@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `softverbs_gsi_send`, `softverbs_gsi_recv`, `softverbs_gsi_fd` | `SOFTVERBS_PRIVATE_1.0` | real |
 //! | `softverbs_gsi_share`, `softverbs_gsi_listen`, `softverbs_gsi_unlisten` | `SOFTVERBS_PRIVATE_1.1` | real |
+//! | `softverbs_app_waits` | `SOFTVERBS_PRIVATE_1.2` | real |
 //!
 //! The RDMA connection manager speaks the IB CM protocol in management datagrams (MADs)
 //! through QP1, the General Services Interface (IBTA vol. 1 13.5: QP1, Q_Key 0x80010000).
@@ -60,6 +61,17 @@
 //!
 //! /* Undoes softverbs_gsi_listen. 0, or EINVAL for a context that is not ours. */
 //! int softverbs_gsi_unlisten(struct ibv_context *ctx, uint64_t service_id);
+//! ```
+//!
+//! At `SOFTVERBS_PRIVATE_1.2`:
+//!
+//! ```c
+//! /* The program is about to block in a call of the caller's (rdma_get_cm_event on a
+//!  * channel with no event ready) that receives nothing for the device: packets it polled
+//!  * for itself until now (and the progress thread left to it, napping) are the progress
+//!  * thread's again at once, so the MAD the program waits for is not held for a nap.
+//!  * 0, or EINVAL for a context that is not ours. */
+//! int softverbs_app_waits(struct ibv_context *ctx);
 //! ```
 //!
 //! All contexts of a process share its one device, so they share its QP1: every context
@@ -219,3 +231,18 @@ pub unsafe extern "C" fn softverbs_gsi_unlisten(ctx: *mut ibv_context, service_i
     })
 }
 symver!(softverbs_gsi_unlisten, "SOFTVERBS_PRIVATE_1.1");
+
+/// `softverbs_app_waits` (private, module documentation): 0 or an errno value.
+///
+/// # Safety
+///
+/// `ctx` is NULL or an open context.
+pub unsafe extern "C" fn softverbs_app_waits(ctx: *mut ibv_context) -> c_int {
+    errno_code(|| {
+        // SAFETY: `ctx` is NULL or open (this function's `# Safety`).
+        let device = unsafe { device(ctx) }?;
+        device.app_waits();
+        Ok(())
+    })
+}
+symver!(softverbs_app_waits, "SOFTVERBS_PRIVATE_1.2");

@@ -19,7 +19,7 @@
 //! | [`ah`] | address handles |
 //! | [`misc`] | string tables, fork support, sysfs, rate conversions, kernel-struct copies, async events, device-memory import (refused)/ECE |
 //! | [`private`] | `IBVERBS_PRIVATE_34` provider symbols: inert stubs so libmlx5/libefa/librdmacm load |
-//! | [`gsi`] | `SOFTVERBS_PRIVATE_1.0`: QP1 management datagrams (`softverbs_gsi_send` / `_recv` / `_fd`), a private ABI for softverbs' own librdmacm |
+//! | [`gsi`] | `SOFTVERBS_PRIVATE_1.0` to `_1.2`: QP1 management datagrams (`softverbs_gsi_send` / `_recv` / `_fd`, …) and `softverbs_app_waits`, a private ABI for softverbs' own librdmacm |
 //!
 //! # Symbol versions
 //!

@@ -7,6 +7,8 @@
 //! CM ConnectRequest, the fd polls readable exactly while a MAD waits, and bad arguments
 //! are refused with errno, never a crash. At `SOFTVERBS_PRIVATE_1.1`: the device's share of
 //! its address, and the services its CM listens on (one listener per address and port).
+//! At `SOFTVERBS_PRIVATE_1.2`: `softverbs_app_waits` refuses what is not a context of ours
+//! (what it does is pinned by the device's `tests/progress_naps.rs`).
 //!
 //! Alone in its test binary: it sets the environment before the drop-in opens its device.
 //! Every wait is bounded.
@@ -15,8 +17,8 @@ use softverbs::core::device::{Device, DeviceConfig, UdpConfig};
 use softverbs_capi::abi::{ibv_context, ibv_gid};
 use softverbs_capi::device::{ibv_get_device_list, ibv_open_device, ibv_query_gid};
 use softverbs_capi::gsi::{
-    softverbs_gsi_fd, softverbs_gsi_listen, softverbs_gsi_recv, softverbs_gsi_send,
-    softverbs_gsi_share, softverbs_gsi_unlisten,
+    softverbs_app_waits, softverbs_gsi_fd, softverbs_gsi_listen, softverbs_gsi_recv,
+    softverbs_gsi_send, softverbs_gsi_share, softverbs_gsi_unlisten,
 };
 use softverbs_capi::handles::ContextBlock;
 use std::path::PathBuf;
@@ -251,6 +253,8 @@ fn the_exports_refuse_bad_arguments_with_einval() {
         let fd = softverbs_gsi_fd(ctx);
         assert!(fd >= 0);
         assert_eq!(softverbs_gsi_fd(ctx), fd, "one fd, owned by the device");
+        assert_eq!(softverbs_app_waits(null_ctx), libc::EINVAL);
+        assert_eq!(softverbs_app_waits(ctx), 0);
     }
 }
 

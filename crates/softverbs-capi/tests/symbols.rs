@@ -1,10 +1,10 @@
 //! The dynamic symbol table of the built library: every symbol a target program or one of
 //! its rdma libraries imports (here: every default-version
 //! public symbol of Debian's rdma-core 44 libibverbs, plus the 62 `IBVERBS_PRIVATE_34`
-//! names libmlx5/libefa/ibv_devinfo import) at its version node, softverbs' six private
-//! `softverbs_gsi_*` functions at `SOFTVERBS_PRIVATE_1.0` and `_1.1` (for its librdmacm,
-//! found by `dlvsym`), nothing else exported, the 15 version nodes defined, and the SONAME
-//! `libibverbs.so.1`.
+//! names libmlx5/libefa/ibv_devinfo import) at its version node, softverbs' seven private
+//! functions (`softverbs_gsi_*` at `SOFTVERBS_PRIVATE_1.0` and `_1.1`,
+//! `softverbs_app_waits` at `_1.2`: for its librdmacm, found by `dlvsym`), nothing else
+//! exported, the 16 version nodes defined, and the SONAME `libibverbs.so.1`.
 //!
 //! Reads the library with `objdump` (Debian package binutils); a missing tool is a
 //! failure, never a skip.
@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 /// (symbol, version node): 75 public + 62 provider-private + 3 softverbs-private.
-const EXPECTED: [(&str, &str); 143] = [
+const EXPECTED: [(&str, &str); 144] = [
     ("ibv_copy_path_rec_from_kern", "IBVERBS_1.0"),
     ("ibv_copy_path_rec_to_kern", "IBVERBS_1.0"),
     ("ibv_copy_qp_attr_from_kern", "IBVERBS_1.0"),
@@ -159,9 +159,10 @@ const EXPECTED: [(&str, &str); 143] = [
     ("softverbs_gsi_share", "SOFTVERBS_PRIVATE_1.1"),
     ("softverbs_gsi_listen", "SOFTVERBS_PRIVATE_1.1"),
     ("softverbs_gsi_unlisten", "SOFTVERBS_PRIVATE_1.1"),
+    ("softverbs_app_waits", "SOFTVERBS_PRIVATE_1.2"),
 ];
 
-const NODES: [&str; 15] = [
+const NODES: [&str; 16] = [
     "IBVERBS_1.0",
     "IBVERBS_1.1",
     "IBVERBS_1.5",
@@ -177,6 +178,7 @@ const NODES: [&str; 15] = [
     "IBVERBS_PRIVATE_34",
     "SOFTVERBS_PRIVATE_1.0",
     "SOFTVERBS_PRIVATE_1.1",
+    "SOFTVERBS_PRIVATE_1.2",
 ];
 
 fn objdump(flag: &str) -> String {

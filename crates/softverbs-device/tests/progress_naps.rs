@@ -4,12 +4,14 @@
 //! pinned here as a count: about one per sixteenth of the shortest local ACK timeout of
 //! the device's QPs (IBTA 9.7.6.1.3), at least 1 ms and at most 5 ms apart. Once a
 //! millisecond (the device before), one round trip in a hundred of an 8-byte ping-pong
-//! over UDP took 4-9 times the median.
+//! over UDP took 4-9 times the median. An application that stops polling to block
+//! elsewhere says so (`Device::app_waits`), and the nap ends at once.
 
 mod common;
 
 use common::rc::{connect_to, side, Side};
-use softverbs_device::{DeviceConfig, Gid, UdpConfig};
+use common::{send, send_only};
+use softverbs_device::{DeviceConfig, Endpoint, Gid, UdpConfig, UdpTransport};
 use softverbs_proto::Mtu;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
@@ -53,4 +55,68 @@ fn a_polling_application_is_interrupted_once_per_sixteenth_of_the_ack_timeout() 
         "{naps} naps of the progress thread in {POLLING:?} of polling"
     );
     assert!(a.device.stats().to_string().contains("progress: naps="));
+}
+
+/// How long after the application's last poll the progress thread leaves the packets to
+/// it at least (the device's polling window, 1 ms), less a margin.
+const STILL_POLLING: Duration = Duration::from_micros(800);
+
+/// Trials of [`an_application_about_to_wait_elsewhere_ends_the_progress_threads_nap`].
+const TRIALS: u64 = 20;
+
+/// An application that polled the device (so its progress thread naps, leaving the socket
+/// to it) and then blocks in a call that receives nothing for the device — librdmacm's
+/// `rdma_get_cm_event`, waiting for the REP or the RTU the device must receive — says so
+/// with `Device::app_waits`: the progress thread takes the next packet at once, within
+/// the millisecond during which it would otherwise still leave it to the application, and
+/// not after its nap (up to 5 ms; perftest's `-R` connection waited 3-4 ms for its
+/// ESTABLISHED event so). Without the call the progress thread cannot take a packet before
+/// that millisecond is over, so a trial succeeds only through it; one of [`TRIALS`] is
+/// required (a loaded machine may delay the wake-up of the thread), the count printed.
+#[test]
+fn an_application_about_to_wait_elsewhere_ends_the_progress_threads_nap() {
+    let here = IpAddr::V4(Ipv4Addr::new(127, 0, 2, 1));
+    let a = side(DeviceConfig::udp(UdpConfig {
+        address: Some(here),
+        ..UdpConfig::default()
+    }));
+    let peer = UdpTransport::bind(UdpConfig {
+        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 2, 2))),
+        ..UdpConfig::default()
+    })
+    .expect("bind the peer");
+    let to = Endpoint::new(here, 4791);
+    let received = || a.device.stats().progress_received;
+    let start = Instant::now();
+    let mut at_once = 0;
+    for trial in 0..TRIALS {
+        // The application polls: the progress thread naps.
+        for _ in 0..100 {
+            a.device.progress();
+        }
+        let polled = Instant::now();
+        let before = received();
+        a.device.app_waits();
+        // A SEND to a QP the device does not have: received (and dropped by the engine).
+        send(&peer, &to, send_only(trial as u32, b"wake"));
+        while polled.elapsed() < STILL_POLLING && received() == before {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        if received() > before {
+            at_once += 1;
+        }
+        // Taken by the progress thread in any case, within its nap.
+        while received() == before {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the progress thread never received the packet"
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    eprintln!("{at_once} of {TRIALS} packets taken by the progress thread at once");
+    assert!(
+        at_once >= 1,
+        "the progress thread kept napping after the application said it waits elsewhere"
+    );
 }

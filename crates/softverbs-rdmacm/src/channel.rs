@@ -83,12 +83,31 @@ symver!(rdma_destroy_event_channel, "RDMACM_1.0");
 
 /// Takes the next event of `channel`, blocking as its fd does.
 pub(crate) fn get_event(channel: *mut rdma_event_channel) -> Result<*mut rdma_cm_event, Errno> {
-    let fd = {
+    let (fd, waiting) = {
         let st = lock();
         let ch = st.channels.get(&(channel as usize)).ok_or(libc::EINVAL)?;
         // SAFETY: a live channel box.
-        unsafe { (*ch.ptr.0).fd }
+        let fd = unsafe { (*ch.ptr.0).fd };
+        // The devices whose MADs make events, if the read below may block.
+        let waiting: Vec<*mut c_void> = if ch.queue.is_empty() && blocking(fd) {
+            st.devices
+                .iter()
+                .filter(|d| d.cm.is_some())
+                .map(|d| d.ctx.0)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (fd, waiting)
     };
+    // The program blocks here instead of polling its CQs: the devices' progress threads
+    // receive the MADs it waits for at once (not after a nap they took while it polled).
+    if let Some(app_waits) = crate::verbs::gsi().ok().and_then(|g| g.app_waits) {
+        for ctx in waiting {
+            // SAFETY: a context the library opened and keeps open.
+            unsafe { app_waits(ctx) };
+        }
+    }
     // Bounded: each pass consumes one count of the semaphore; a count left over by an
     // event dropped with its id is consumed and the read repeated.
     loop {
@@ -117,6 +136,13 @@ pub(crate) fn get_event(channel: *mut rdma_event_channel) -> Result<*mut rdma_cm
         }
         return Ok(e.0 as *mut rdma_cm_event);
     }
+}
+
+/// Whether a read of `fd` blocks until there is something to read (no `O_NONBLOCK`).
+fn blocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL reads the flags of a descriptor; a bad one fails (-1).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_NONBLOCK == 0
 }
 
 /// `rdma_get_cm_event(3)`: 0, or -1 with errno (`EINVAL` bad arguments, `EAGAIN` on a

@@ -47,6 +47,9 @@ pub struct Gsi {
     pub share: unsafe extern "C" fn(Ctx) -> c_int,
     pub listen: unsafe extern "C" fn(Ctx, u64) -> c_int,
     pub unlisten: unsafe extern "C" fn(Ctx, u64) -> c_int,
+    /// `SOFTVERBS_PRIVATE_1.2`; `None` in a libibverbs.so.1 of softverbs older than it
+    /// (the CM works without it, its events only later).
+    pub app_waits: Option<unsafe extern "C" fn(Ctx) -> c_int>,
 }
 
 /// The version node of libibverbs' public functions.
@@ -54,6 +57,7 @@ const IBVERBS_1_1: &CStr = c"IBVERBS_1.1";
 const IBVERBS_1_0: &CStr = c"IBVERBS_1.0";
 const PRIVATE: &CStr = c"SOFTVERBS_PRIVATE_1.0";
 const PRIVATE_1_1: &CStr = c"SOFTVERBS_PRIVATE_1.1";
+const PRIVATE_1_2: &CStr = c"SOFTVERBS_PRIVATE_1.2";
 
 fn handle() -> Result<usize, String> {
     // SAFETY: dlopen with a constant, NUL-terminated name; RTLD_NOW resolves everything
@@ -143,6 +147,11 @@ fn load_gsi() -> Result<Gsi, String> {
         share: load!(h, c"softverbs_gsi_share", PRIVATE_1_1),
         listen: load!(h, c"softverbs_gsi_listen", PRIVATE_1_1),
         unlisten: load!(h, c"softverbs_gsi_unlisten", PRIVATE_1_1),
+        app_waits: sym(h, c"softverbs_app_waits", PRIVATE_1_2).ok().map(|p| {
+            // SAFETY: softverbs' `softverbs_app_waits` at that version, whose prototype
+            // (`int (struct ibv_context *)`) is the field's type.
+            unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(Ctx) -> c_int>(p) }
+        }),
     })
 }
 

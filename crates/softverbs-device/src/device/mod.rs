@@ -85,7 +85,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -175,6 +175,9 @@ pub(crate) struct DeviceInner {
     /// progress thread leaves the socket to it, so a packet is handled by the spinning
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
+    /// The progress thread, if the device has one: unparked to cut its nap short
+    /// ([`Device::app_waits`], and when the device closes).
+    progress_thread: OnceLock<std::thread::Thread>,
     /// The engine's shortest local ACK timeout (`Engine::shortest_ack_timeout_ns`, ns;
     /// `u64::MAX`: none), refreshed by every `modify_qp`: how long the progress thread may
     /// leave the socket to a polling application before it looks again.
@@ -458,6 +461,7 @@ impl Device {
             sleeping_until: AtomicU64::new(0),
             next_deadline: AtomicU64::new(u64::MAX),
             last_app_progress: AtomicU64::new(0),
+            progress_thread: OnceLock::new(),
             shortest_ack_timeout: AtomicU64::new(u64::MAX),
             progress_naps: AtomicU64::new(0),
             progress_received: AtomicU64::new(0),
@@ -473,11 +477,11 @@ impl Device {
             .in_scope(|| inner.events.push(AsyncEvent::PortActive { port: 1 }));
         let progress = if config.progress_thread {
             let weak = Arc::downgrade(&inner);
-            Some(
-                std::thread::Builder::new()
-                    .name(format!("softverbs-progress-{address}"))
-                    .spawn(move || progress_loop(weak))?,
-            )
+            let handle = std::thread::Builder::new()
+                .name(format!("softverbs-progress-{address}"))
+                .spawn(move || progress_loop(weak))?;
+            let _ = inner.progress_thread.set(handle.thread().clone());
+            Some(handle)
         } else {
             None
         };
@@ -1054,6 +1058,19 @@ impl Device {
         self.inner.app_progress(true);
     }
 
+    /// The application is about to block in a call that does not receive for this device
+    /// (waiting for a connection manager event): its polling is over. While it polled
+    /// ([`Device::progress`]), the progress thread left the packets to it and napped
+    /// (1-5 ms); from now on they are the progress thread's at once, not after the nap, so
+    /// the packet the application waits for (the CM's REP, its RTU) is not held that long.
+    /// A thread of the application that polls again takes the packets back.
+    pub fn app_waits(&self) {
+        self.inner.last_app_progress.store(0, Ordering::Relaxed);
+        if let Some(thread) = self.inner.progress_thread.get() {
+            thread.unpark();
+        }
+    }
+
     /// A duplicate of the fd that polls readable when a packet may have arrived for this
     /// device (its UDP socket); `None` in-process, where packets are handed over directly.
     /// A thread that blocks waiting for a completion can wait on it too and call
@@ -1243,6 +1260,7 @@ impl Drop for Device {
         self.inner.shutdown.store(true, Ordering::Release);
         self.inner.wake.notify_all();
         if let Some(handle) = self.progress.take() {
+            handle.thread().unpark();
             let _ = handle.join();
         }
         // The safe API's (and so the command's) moment to report: SOFTVERBS_STATS.

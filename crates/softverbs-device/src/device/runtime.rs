@@ -878,7 +878,9 @@ impl DeviceInner {
                     polling_nap(self.shortest_ack_timeout.load(Ordering::Relaxed))
                 };
                 self.progress_naps.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(timeout.min(nap));
+                // Parked, not asleep: an application about to block elsewhere
+                // (`Device::app_waits`), or the device closing, cuts the nap short.
+                std::thread::park_timeout(timeout.min(nap));
             }
             Some(transport) => {
                 // Wait without the receive lock; then take packets off and handle them
