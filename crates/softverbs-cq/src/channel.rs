@@ -198,6 +198,33 @@ struct WaitProgress {
     /// Called with `true` before the thread sleeps on `fd` (returning true if there is
     /// work already, so it does not sleep) and with `false` after.
     sleeping: Box<dyn Fn(bool) -> bool + Send + Sync>,
+    /// Called with `true` when a getter starts to wait (no event was there: it spins, then
+    /// sleeps) and with `false` when it stops (event, timeout or error).
+    waiting: Box<dyn Fn(bool) + Send + Sync>,
+}
+
+/// A getter's whole wait (spin and sleep), told to the wait progress's `waiting`; ended
+/// when dropped, whichever way the wait ends.
+#[cfg(not(loom))]
+struct Waiting<'a>(Option<&'a WaitProgress>);
+
+#[cfg(not(loom))]
+impl<'a> Waiting<'a> {
+    fn start(progress: Option<&'a WaitProgress>) -> Self {
+        if let Some(progress) = progress {
+            (progress.waiting)(true);
+        }
+        Waiting(progress)
+    }
+}
+
+#[cfg(not(loom))]
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(progress) = self.0 {
+            (progress.waiting)(false);
+        }
+    }
 }
 
 /// The queued events, and the bookkeeping of the events queued without their count on the
@@ -467,6 +494,7 @@ impl CompletionChannel {
             // EAGAIN itself (kind `WouldBlock`), so the C side can hand the errno on.
             return Err(io::Error::from(rustix::io::Errno::AGAIN));
         }
+        let _waiting = Waiting::start(self.inner.progress.get());
         if let Some(event) = self.spin_for_event(Duration::MAX) {
             return Ok(event);
         }
@@ -482,6 +510,10 @@ impl CompletionChannel {
     /// [`CompletionChannel::get_event`] does (at most `timeout`).
     pub fn get_event_timeout(&self, timeout: Duration) -> io::Result<Option<CqEvent>> {
         let deadline = std::time::Instant::now() + timeout;
+        if let Some(event) = self.inner.take() {
+            return Ok(Some(event));
+        }
+        let _waiting = Waiting::start(self.inner.progress.get());
         if let Some(event) = self.spin_for_event(timeout) {
             return Ok(Some(event));
         }
@@ -508,19 +540,23 @@ impl CompletionChannel {
     /// runs there for a whole time slice. Set once: `false` (and nothing changed) if the
     /// channel already has one.
     pub fn set_wait_progress(&self, fd: OwnedFd, run: impl Fn() + Send + Sync + 'static) -> bool {
-        self.set_wait_progress_sleeping(fd, run, |_| false)
+        self.set_wait_progress_watched(fd, run, |_| false, |_| {})
     }
 
     /// [`CompletionChannel::set_wait_progress`], and tells the device when the thread goes
     /// to sleep on `fd` and wakes: `sleeping(true)` before it sleeps (true if there is work
-    /// already, so it does not sleep; `run` is called instead), `sleeping(false)` after.
+    /// already, so it does not sleep; `run` is called instead), `sleeping(false)` after;
+    /// and when a getter waits at all: `waiting(true)` as it starts (no event was there)
+    /// and `waiting(false)` as it returns, so the device knows a thread receives for
+    /// itself from the first to the last.
     /// A device whose peers write into memory, not into `fd`, counts the sleeper there so
     /// they make `fd` readable for it (a shared-memory path's doorbell).
-    pub fn set_wait_progress_sleeping(
+    pub fn set_wait_progress_watched(
         &self,
         fd: OwnedFd,
         run: impl Fn() + Send + Sync + 'static,
         sleeping: impl Fn(bool) -> bool + Send + Sync + 'static,
+        waiting: impl Fn(bool) + Send + Sync + 'static,
     ) -> bool {
         self.inner
             .progress
@@ -528,6 +564,7 @@ impl CompletionChannel {
                 fd,
                 run: Box::new(run),
                 sleeping: Box::new(sleeping),
+                waiting: Box::new(waiting),
             })
             .is_ok()
     }

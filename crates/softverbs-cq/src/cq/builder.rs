@@ -185,6 +185,7 @@ impl CqBuilder {
             attached_qps: AtomicUsize::new(0),
             retired: Mutex::new(Vec::new()),
             allocator: self.allocator,
+            arm_hook: std::sync::OnceLock::new(),
         }))
     }
 

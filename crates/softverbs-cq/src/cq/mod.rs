@@ -138,7 +138,13 @@ struct CqShared {
     retired: Mutex<Vec<Box<Ring>>>,
     /// Where rings come from (`memory.rs`): the application's allocator, or the heap.
     allocator: Option<crate::memory::SharedRingAllocator>,
+    /// Called after every arm ([`CqProducer::set_arm_hook`]): the producing device learns
+    /// that a thread will wait for this CQ's event.
+    arm_hook: std::sync::OnceLock<ArmHook>,
 }
+
+/// See [`CqShared::arm_hook`].
+type ArmHook = Box<dyn Fn() + Send + Sync>;
 
 impl Drop for CqShared {
     fn drop(&mut self) {

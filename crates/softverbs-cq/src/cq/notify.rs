@@ -100,5 +100,13 @@ impl CqShared {
             self.notify.store(ARM_NEXT, Ordering::Relaxed);
         }
         self.producer.lock.release(hold);
+        if let Some(hook) = self.arm_hook.get() {
+            hook();
+        }
+    }
+
+    /// Whether the CQ is armed (an event will fire for a qualifying completion).
+    pub(super) fn is_armed(&self) -> bool {
+        self.notify.load(Ordering::Acquire) != ARM_NONE
     }
 }

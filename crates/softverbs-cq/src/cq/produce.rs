@@ -96,6 +96,20 @@ impl CqProducer {
         self.shared.id()
     }
 
+    /// Whether the CQ is armed (`ibv_req_notify_cq(3)`): a thread will wait for the event
+    /// of its next (qualifying) completion.
+    pub fn is_armed(&self) -> bool {
+        self.shared.is_armed()
+    }
+
+    /// Has `hook` called after every arm of the CQ (`ibv_req_notify_cq(3)`), on the
+    /// arming thread, outside the CQ's locks: the producing device learns that a thread
+    /// will wait for the CQ's event, and so for the packet that makes its completion. Set
+    /// once: `false` (and nothing changed) if the CQ already has one.
+    pub fn set_arm_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.shared.arm_hook.set(Box::new(hook)).is_ok()
+    }
+
     /// Records that a queue pair now uses this CQ (destroy refuses while any does).
     pub fn attach_qp(&self) {
         self.shared.attached_qps.fetch_add(1, Ordering::AcqRel);

@@ -84,7 +84,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -176,8 +176,21 @@ pub(crate) struct DeviceInner {
     /// thread instead of waking a sleeping one (tens of microseconds on a virtual machine).
     last_app_progress: AtomicU64,
     /// The progress thread, if the device has one: unparked to cut its nap short
-    /// ([`Device::app_waits`], and when the device closes).
+    /// ([`Device::app_waits`], a CQ armed, and when the device closes).
     progress_thread: OnceLock<std::thread::Thread>,
+    /// Set while the progress thread naps for a polling application (SeqCst with
+    /// `cq_armed`: an arm either sees it and unparks the thread, or is seen by the thread's
+    /// look before it parks).
+    napping: AtomicBool,
+    /// Set when a CQ of the device is armed (`CqProducer::set_arm_hook`), cleared by the
+    /// progress thread once it finds none armed: whether it must look whether a thread
+    /// waits for an event ([`DeviceInner::events_awaited_elsewhere`]).
+    armed_hint: AtomicBool,
+    /// Threads waiting for an event through [`Device::serve_channel_waits`] (spinning or
+    /// asleep on the device's readiness fd): they receive the packets themselves.
+    served_waiters: AtomicU32,
+    /// When such a wait last ended (device clock).
+    last_served_end: AtomicU64,
     /// The engine's shortest local ACK timeout (`Engine::shortest_ack_timeout_ns`, ns;
     /// `u64::MAX`: none), refreshed by every `modify_qp`: how long the progress thread may
     /// leave the socket to a polling application before it looks again.
@@ -462,6 +475,10 @@ impl Device {
             next_deadline: AtomicU64::new(u64::MAX),
             last_app_progress: AtomicU64::new(0),
             progress_thread: OnceLock::new(),
+            napping: AtomicBool::new(false),
+            armed_hint: AtomicBool::new(false),
+            served_waiters: AtomicU32::new(0),
+            last_served_end: AtomicU64::new(0),
             shortest_ack_timeout: AtomicU64::new(u64::MAX),
             progress_naps: AtomicU64::new(0),
             progress_received: AtomicU64::new(0),
@@ -880,7 +897,15 @@ impl Device {
             recv_cq.attach_qp();
         }
         for cq in [&send_cq, &recv_cq] {
-            st.cqs.entry(cq.cq_id()).or_insert_with(|| cq.clone());
+            st.cqs.entry(cq.cq_id()).or_insert_with(|| {
+                let inner = Arc::downgrade(&self.inner);
+                cq.set_arm_hook(move || {
+                    if let Some(inner) = inner.upgrade() {
+                        inner.cq_armed();
+                    }
+                });
+                cq.clone()
+            });
         }
         st.routes.insert(
             qpn,
@@ -1096,7 +1121,8 @@ impl Device {
         };
         let progress = Arc::downgrade(&self.inner);
         let sleeper = progress.clone();
-        channel.set_wait_progress_sleeping(
+        let waiter = progress.clone();
+        channel.set_wait_progress_watched(
             fd,
             // Never yields: the channel runs it while it spins waiting for the event, and
             // a waiter that yields on a loaded core gives it to whatever else runs there
@@ -1115,6 +1141,19 @@ impl Device {
                         .as_ref()
                         .is_some_and(|transport| transport.sleeping(before))
                 })
+            },
+            // While a thread waits so, the progress thread leaves the packets to it.
+            move |starts| {
+                if let Some(inner) = waiter.upgrade() {
+                    if starts {
+                        inner.served_waiters.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        inner
+                            .last_served_end
+                            .store(DeviceClock::now(), Ordering::Relaxed);
+                        inner.served_waiters.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
             },
         );
     }

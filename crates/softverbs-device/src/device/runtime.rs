@@ -26,7 +26,7 @@ use crate::transport::{
     invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, OutgoingPacket, Received,
     Sent, Transport,
 };
-use softverbs_cq::DeviceClock;
+use softverbs_cq::{CqProducer, DeviceClock};
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use softverbs_wire::icrc;
 use std::cell::{Cell, RefCell};
@@ -46,6 +46,34 @@ const PROGRESS_TICK: Duration = Duration::from_millis(5);
 /// How recently the application must have driven progress for the progress thread to
 /// leave the socket to it.
 const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
+
+/// What [`DeviceInner::events_awaited_elsewhere`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Awaited {
+    /// A CQ is armed and no thread waits through the device's channel service: the
+    /// progress thread receives.
+    Elsewhere,
+    /// No CQ is armed, or a thread waits through the channel service (spinning or asleep
+    /// on the device's readiness fd: it receives for itself).
+    No,
+    /// Such a wait ended a moment ago ([`SERVED_GAP`]): the application probably arms and
+    /// waits so again (`ibv_get_cq_event` in a loop); look again after this long.
+    NotYet(Duration),
+}
+
+/// How long after a wait through the device's channel service (`ibv_get_cq_event`) ended
+/// an armed CQ is still taken for the next such wait, not for one on the channel's fd: an
+/// event loop acknowledges, arms, polls and waits again within a few microseconds, and
+/// waking the progress thread for each arm would only take a CPU from it.
+const SERVED_GAP: Duration = Duration::from_micros(50);
+
+/// How long the progress thread naps at most while a CQ is armed and the application waits
+/// through the channel service (or did a moment ago): it may wait on the channel's fd next,
+/// which nothing tells the device (an event loop that takes a stale event with
+/// `ibv_get_cq_event`, then sleeps in its own `poll`). Bounds that wait's delay; costs at
+/// most 2,000 wake-ups a second of a thread that would otherwise nap 1-5 ms (`ib_send_lat
+/// -e` unchanged within the noise: 5.2-5.6 us one way, against 5.0-5.7 before).
+const ARMED_RECHECK: Duration = Duration::from_micros(500);
 
 /// While the application polls, the progress thread looks again this many times per local
 /// ACK timeout of the device's QPs ([`polling_nap`]).
@@ -395,6 +423,60 @@ pub(super) fn progress_loop(weak: Weak<DeviceInner>) {
 }
 
 impl DeviceInner {
+    /// A CQ of the device was armed (`ibv_req_notify_cq(3)`): a thread will wait for its
+    /// event. If it waits where it receives nothing for the device (its own `poll` or
+    /// `epoll` on the channel's fd), only the progress thread can receive the packet that
+    /// makes the completion, and it must not be napping for an application that polled
+    /// a moment before it armed ([`events_awaited_elsewhere`](Self::events_awaited_elsewhere)).
+    pub(super) fn cq_armed(&self) {
+        self.armed_hint.store(true, Ordering::SeqCst);
+        // Not for an application that waits through the channel service (it armed between
+        // two such waits): it receives for itself, and waking the progress thread would
+        // only take a CPU from it.
+        if self.napping.load(Ordering::SeqCst)
+            && self.served_waiters.load(Ordering::SeqCst) == 0
+            && !self.served_a_moment_ago(DeviceClock::now())
+        {
+            if let Some(thread) = self.progress_thread.get() {
+                thread.unpark();
+            }
+        }
+    }
+
+    /// Whether a thread waits for a CQ event where it receives nothing for the device: a
+    /// CQ is armed and no thread waits through the device's channel service
+    /// (`Device::serve_channel_waits`, which receives for itself while it spins and while
+    /// it sleeps on the readiness fd; nor did one end within [`SERVED_GAP`]). Then the
+    /// progress thread receives even
+    /// while the application polled recently: the standard event loop polls the CQ, arms
+    /// it, polls once more and only then sleeps, on the channel's fd, which no packet
+    /// makes readable (with the progress thread napping, each of its events came 1-5 ms
+    /// late). Takes the state lock only while a CQ was armed since the last look.
+    pub(super) fn events_awaited_elsewhere(&self, now: u64) -> Awaited {
+        if !self.armed_hint.load(Ordering::SeqCst) || self.served_waiters.load(Ordering::SeqCst) > 0
+        {
+            return Awaited::No;
+        }
+        let since = now.saturating_sub(self.last_served_end.load(Ordering::Relaxed));
+        if let Some(left) = (SERVED_GAP.as_nanos() as u64).checked_sub(since) {
+            return Awaited::NotYet(Duration::from_nanos(left.max(1)));
+        }
+        // Cleared before the look: an arm after it sets it again.
+        self.armed_hint.store(false, Ordering::SeqCst);
+        if lock(&self.state).cqs.values().any(CqProducer::is_armed) {
+            self.armed_hint.store(true, Ordering::SeqCst);
+            Awaited::Elsewhere
+        } else {
+            Awaited::No
+        }
+    }
+
+    /// Whether a wait through the channel service ended within [`SERVED_GAP`] of `now`.
+    fn served_a_moment_ago(&self, now: u64) -> bool {
+        now.saturating_sub(self.last_served_end.load(Ordering::Relaxed))
+            < SERVED_GAP.as_nanos() as u64
+    }
+
     /// Runs `f` on the engine, then delivers what it produced: completions to their CQs,
     /// events to the async queue, packets (after the lock is released) to their peers.
     pub(super) fn run<R>(self: &Arc<Self>, f: impl FnOnce(&mut State) -> R) -> R {
@@ -867,7 +949,8 @@ impl DeviceInner {
         };
         let app_is_polling = wait.is_none()
             && now.saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
-                < APP_POLLING_WINDOW.as_nanos() as u64;
+                < APP_POLLING_WINDOW.as_nanos() as u64
+            && self.events_awaited_elsewhere(now) != Awaited::Elsewhere;
         match &self.transport {
             Some(_) if app_is_polling => {
                 // The application receives for itself; only timers, and ACKs it held but
@@ -879,8 +962,22 @@ impl DeviceInner {
                 };
                 self.progress_naps.fetch_add(1, Ordering::Relaxed);
                 // Parked, not asleep: an application about to block elsewhere
-                // (`Device::app_waits`), or the device closing, cuts the nap short.
-                std::thread::park_timeout(timeout.min(nap));
+                // (`Device::app_waits`), a CQ armed (`cq_armed`), or the device closing,
+                // cuts the nap short. Announced first, then looked at again (SeqCst both
+                // ways): an arm either sees the nap and unparks, or is seen here.
+                self.napping.store(true, Ordering::SeqCst);
+                match self.events_awaited_elsewhere(now) {
+                    Awaited::Elsewhere => {}
+                    Awaited::NotYet(left) => std::thread::park_timeout(timeout.min(nap).min(left)),
+                    // A CQ armed while the application waits through the channel service:
+                    // it may go on to wait on the channel's fd instead, unseen (an arm right
+                    // after such a wait does not wake this thread).
+                    Awaited::No if self.armed_hint.load(Ordering::Relaxed) => {
+                        std::thread::park_timeout(timeout.min(nap).min(ARMED_RECHECK))
+                    }
+                    Awaited::No => std::thread::park_timeout(timeout.min(nap)),
+                }
+                self.napping.store(false, Ordering::Relaxed);
             }
             Some(transport) => {
                 // Wait without the receive lock; then take packets off and handle them
@@ -897,9 +994,11 @@ impl DeviceInner {
                     // packets are its. Queueing behind it for the lock would have this
                     // thread woken as the application lets go, and take the core from it
                     // (a core they share) just when its completions are in the CQ.
-                    let polling = DeviceClock::now()
+                    let now = DeviceClock::now();
+                    let polling = now
                         .saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
-                        < APP_POLLING_WINDOW.as_nanos() as u64;
+                        < APP_POLLING_WINDOW.as_nanos() as u64
+                        && self.events_awaited_elsewhere(now) != Awaited::Elsewhere;
                     match (polling, self.rx.try_lock()) {
                         (false, Ok(receiving)) => Some(receiving),
                         _ => {
