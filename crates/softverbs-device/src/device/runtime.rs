@@ -447,11 +447,11 @@ impl DeviceInner {
     /// CQ is armed and no thread waits through the device's channel service
     /// (`Device::serve_channel_waits`, which receives for itself while it spins and while
     /// it sleeps on the readiness fd; nor did one end within [`SERVED_GAP`]). Then the
-    /// progress thread receives even
-    /// while the application polled recently: the standard event loop polls the CQ, arms
-    /// it, polls once more and only then sleeps, on the channel's fd, which no packet
-    /// makes readable (with the progress thread napping, each of its events came 1-5 ms
-    /// late). Takes the state lock only while a CQ was armed since the last look.
+    /// progress thread receives even while the application polled recently: the standard
+    /// event loop polls the CQ, arms it, polls once more and only then sleeps, on the
+    /// channel's fd, which no packet makes readable (with the progress thread napping,
+    /// each of its events came 1-5 ms late). Takes the state lock only while a CQ was
+    /// armed since the last look.
     pub(super) fn events_awaited_elsewhere(&self, now: u64) -> Awaited {
         if !self.armed_hint.load(Ordering::SeqCst) || self.served_waiters.load(Ordering::SeqCst) > 0
         {
