@@ -64,26 +64,29 @@ const STILL_POLLING: Duration = Duration::from_micros(800);
 /// Trials of [`taken_at_once`].
 const TRIALS: u64 = 20;
 
-/// [`TRIALS`] times: the application polls the device at 127.0.2.`hosts.0` (so its
-/// progress thread naps, leaving the socket to it), then does `stop` (what it does before
-/// it blocks somewhere that receives nothing for the device), then a peer at
-/// 127.0.2.`hosts.1` sends it a packet (a SEND to a QP the device does not have: received,
-/// and dropped by the engine). Returns in how many trials the progress thread took the
-/// packet within [`STILL_POLLING`] of the last poll: a progress thread that napped on
-/// cannot (it leaves the packets to the application for the polling window), so each such
-/// trial is one where `stop` ended its nap.
-fn taken_at_once(hosts: (u8, u8), stop: impl Fn(&Side)) -> u64 {
-    let here = IpAddr::V4(Ipv4Addr::new(127, 0, 2, hosts.0));
-    let a = side(DeviceConfig::udp(UdpConfig {
-        address: Some(here),
+/// A UDP device at 127.0.2.`last`.
+fn udp_at(last: u8) -> DeviceConfig {
+    DeviceConfig::udp(UdpConfig {
+        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 2, last))),
         ..UdpConfig::default()
-    }));
+    })
+}
+
+/// [`TRIALS`] times: the application polls `a` (so its progress thread naps, leaving the
+/// socket to it), then does `stop` (what it does before it blocks somewhere that receives
+/// nothing for the device), then a peer at 127.0.2.`peer` sends it a packet (a SEND to a QP
+/// the device does not have: received, and dropped by the engine). Returns in how many
+/// trials the progress thread took the packet within [`STILL_POLLING`] of the last poll:
+/// a progress thread that napped on cannot (it leaves the packets to the application for
+/// the polling window), so each such trial is one where `stop` (or the state `a` was left
+/// in) ended its nap.
+fn taken_at_once(a: &Side, peer: u8, stop: impl Fn(&Side)) -> u64 {
     let peer = UdpTransport::bind(UdpConfig {
-        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 2, hosts.1))),
+        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 2, peer))),
         ..UdpConfig::default()
     })
     .expect("bind the peer");
-    let to = Endpoint::new(here, 4791);
+    let to = Endpoint::new(a.device.address(), 4791);
     let received = || a.device.stats().progress_received;
     let start = Instant::now();
     let mut at_once = 0;
@@ -93,7 +96,7 @@ fn taken_at_once(hosts: (u8, u8), stop: impl Fn(&Side)) -> u64 {
         }
         let polled = Instant::now();
         let before = received();
-        stop(&a);
+        stop(a);
         send(&peer, &to, send_only(trial as u32, b"wake"));
         while polled.elapsed() < STILL_POLLING && received() == before {
             std::thread::sleep(Duration::from_micros(20));
@@ -122,7 +125,7 @@ fn taken_at_once(hosts: (u8, u8), stop: impl Fn(&Side)) -> u64 {
 /// the wake-up of the thread); without the call none can succeed.
 #[test]
 fn an_application_about_to_wait_elsewhere_ends_the_progress_threads_nap() {
-    let at_once = taken_at_once((1, 2), |a| a.device.app_waits());
+    let at_once = taken_at_once(&side(udp_at(1)), 2, |a| a.device.app_waits());
     assert!(
         at_once >= 1,
         "the progress thread kept napping after the application said it waits elsewhere"
@@ -138,7 +141,7 @@ fn an_application_about_to_wait_elsewhere_ends_the_progress_threads_nap() {
 /// took 4.7 ms per round trip (over UDP and through shared memory alike; 0.1 ms after).
 #[test]
 fn an_armed_cq_ends_the_progress_threads_nap() {
-    let at_once = taken_at_once((3, 4), |a| {
+    let at_once = taken_at_once(&side(udp_at(3)), 4, |a| {
         a.cq.req_notify(false);
         // The poll after the arm (a completion that came before it raised no event).
         let mut wcs = [softverbs_cq::WorkCompletion::default(); 4];
