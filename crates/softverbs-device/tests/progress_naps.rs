@@ -9,10 +9,11 @@
 
 mod common;
 
-use common::rc::{connect_to, side, Side};
+use common::rc::{connect_to, side, side_with_cq, Side};
 use common::{send, send_only};
+use softverbs_cq::CqBuilder;
 use softverbs_device::{DeviceConfig, Endpoint, Gid, UdpConfig, UdpTransport};
-use softverbs_proto::Mtu;
+use softverbs_proto::{Mtu, QpType};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
@@ -151,5 +152,21 @@ fn an_armed_cq_ends_the_progress_threads_nap() {
     assert!(
         at_once >= 1,
         "the progress thread kept napping while a CQ was armed"
+    );
+}
+
+/// A CQ armed before any QP used it (programs often arm a CQ as they create it) counts from
+/// the QP's creation on: the application polls, then sleeps on the channel's fd without
+/// arming again, and the progress thread takes the packet at once. The device before knew
+/// of an arm only as it happened, so it napped on.
+#[test]
+fn a_cq_armed_before_its_qp_was_created_ends_the_progress_threads_nap() {
+    let cq = CqBuilder::new(256).build().unwrap();
+    cq.req_notify(false);
+    let a = side_with_cq(udp_at(5), QpType::Rc, cq);
+    let at_once = taken_at_once(&a, 6, |_| {});
+    assert!(
+        at_once >= 1,
+        "the progress thread kept napping while a CQ armed before its QP was"
     );
 }

@@ -904,6 +904,11 @@ impl Device {
                         inner.cq_armed();
                     }
                 });
+                // Armed before any QP of the device used it (programs often arm a CQ as
+                // they create it): as if armed now.
+                if cq.is_armed() {
+                    self.inner.cq_armed();
+                }
                 cq.clone()
             });
         }
