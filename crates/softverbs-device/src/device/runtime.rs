@@ -435,7 +435,7 @@ impl DeviceInner {
         // only take a CPU from it.
         if self.napping.load(Ordering::SeqCst)
             && self.served_waiters.load(Ordering::SeqCst) == 0
-            && !self.served_a_moment_ago(DeviceClock::now())
+            && self.served_gap_left(DeviceClock::now()).is_none()
         {
             if let Some(thread) = self.progress_thread.get() {
                 thread.unpark();
@@ -457,9 +457,8 @@ impl DeviceInner {
         {
             return Awaited::No;
         }
-        let since = now.saturating_sub(self.last_served_end.load(Ordering::Relaxed));
-        if let Some(left) = (SERVED_GAP.as_nanos() as u64).checked_sub(since) {
-            return Awaited::NotYet(Duration::from_nanos(left.max(1)));
+        if let Some(left) = self.served_gap_left(now) {
+            return Awaited::NotYet(left);
         }
         // Cleared before the look: an arm after it sets it again.
         self.armed_hint.store(false, Ordering::SeqCst);
@@ -471,10 +470,14 @@ impl DeviceInner {
         }
     }
 
-    /// Whether a wait through the channel service ended within [`SERVED_GAP`] of `now`.
-    fn served_a_moment_ago(&self, now: u64) -> bool {
-        now.saturating_sub(self.last_served_end.load(Ordering::Relaxed))
-            < SERVED_GAP.as_nanos() as u64
+    /// What is left at `now` of the [`SERVED_GAP`] after the last wait through the channel
+    /// service ended; `None` once it has passed.
+    fn served_gap_left(&self, now: u64) -> Option<Duration> {
+        let since = now.saturating_sub(self.last_served_end.load(Ordering::Relaxed));
+        (SERVED_GAP.as_nanos() as u64)
+            .checked_sub(since)
+            .filter(|left| *left > 0)
+            .map(Duration::from_nanos)
     }
 
     /// Runs `f` on the engine, then delivers what it produced: completions to their CQs,
