@@ -2,7 +2,7 @@
 //!
 //! | function | version | status |
 //! |---|---|---|
-//! | `ibv_create_comp_channel`, `ibv_destroy_comp_channel` | 1.0 | real: the fd is a [`CompletionChannel`]'s eventfd (pollable, honours `O_NONBLOCK`) |
+//! | `ibv_create_comp_channel`, `ibv_destroy_comp_channel` | 1.0 | real: the fd is a [`CompletionChannel`]'s fd (an epoll set holding its events' eventfd; pollable, honours `O_NONBLOCK`; non-blocking, it polls readable on the device's packets too, which a non-blocking `ibv_get_cq_event` then receives) |
 //! | `ibv_create_cq`, `ibv_destroy_cq`, `ibv_resize_cq` | 1.1 | real |
 //! | `ibv_get_cq_event`, `ibv_ack_cq_events` | 1.1 | real: events name the `struct ibv_cq *`; `ibv_destroy_cq` waits until every delivered event is acknowledged. Deviation: an event whose CQ is empty when it is taken is dropped and the CQ re-armed (see [`ibv_get_cq_event`]) |
 //! | `ops.poll_cq`, `ops.req_notify_cq` | (ops) | real; an empty poll runs the device's progress once and polls again |

@@ -8,7 +8,7 @@
 //! | `struct ibv_context *` | [`ContextBlock::verbs`]`.context` (offset 320 of the block) | `ibv_open_device`, `ibv_import_device` | `ibv_close_device` | the block begins with the full `verbs_context`, so `ctx - 320` is the extended context (reference §3.2); its `cmd_fd` is the block's own descriptor, closed with it |
 //! | `struct ibv_pd *` | a [`PdBlock`] (a [`Block`]: the C struct at offset 0) | `ibv_alloc_pd`, `ibv_alloc_parent_domain`, `ibv_import_pd` | `ibv_dealloc_pd` (the PD too), `ibv_unimport_pd` (the struct only) | a parent domain's `handle` is its PD's; several structs may name one PD (imports) |
 //! | `struct ibv_td *` | a [`TdBlock`](crate::pd::TdBlock) | `ibv_alloc_td` | `ibv_dealloc_td` | |
-//! | `struct ibv_comp_channel *` | a [`ChannelBlock`] | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s eventfd, owned by the channel |
+//! | `struct ibv_comp_channel *` | a [`ChannelBlock`] | `ibv_create_comp_channel` | `ibv_destroy_comp_channel` | its `fd` is the [`CompletionChannel`]'s fd (an epoll set), owned by the channel |
 //! | `struct ibv_cq *`, `struct ibv_cq_ex *` | a [`CqBlock`](crate::cq::CqBlock) (an `ibv_cq_ex` for both kinds) | `ibv_create_cq`, `ibv_create_cq_ex` | `ibv_destroy_cq` | the CQ's user context is this pointer: events and `IBV_EVENT_CQ_ERR` name the CQ by it; listed in the [`Registry`] |
 //! | `struct ibv_mr *` | an [`MrBlock`](crate::mr::MrBlock) | `ibv_reg_mr*`, `ibv_import_mr` | `ibv_dereg_mr` (the registration too), `ibv_unimport_mr` (the struct only) | several structs may name one registration (imports) |
 //! | `struct ibv_qp *`, `struct ibv_qp_ex *` | a [`QpBlock`](crate::qp::QpBlock) (an `ibv_qp_ex` for both kinds) | `ibv_create_qp`, `ibv_create_qp_ex` | `ibv_destroy_qp` | listed in the [`Registry`] by QPN for async events; its destroy waits for their acknowledgement |
@@ -309,7 +309,7 @@ pub type PdBlock = Block<ibv_pd, PdState>;
 
 /// The library's part of a completion channel.
 pub struct ChannelState {
-    /// The channel (its eventfd is the C struct's `fd`).
+    /// The channel (its fd is the C struct's `fd`).
     pub inner: CompletionChannel,
 }
 

@@ -1,10 +1,11 @@
 //! Completion channels (`ibv_create_comp_channel(3)`, `ibv_get_cq_event(3)`): one channel
 //! serves many CQs; each event names its CQ and the CQ's user context.
 //!
-//! The channel is a pollable file descriptor (an `eventfd` in semaphore mode, one count per
-//! queued event), so it works blocking, non-blocking (`O_NONBLOCK` gives `EAGAIN`) and from
-//! `poll`/`epoll`, exactly as the fd of a libibverbs channel. Events sit in a queue beside
-//! it; the queue's lock is also what orders event delivery against CQ destruction.
+//! The channel is a pollable file descriptor, so it works blocking, non-blocking
+//! (`O_NONBLOCK` gives `EAGAIN`) and from `poll`/`epoll`, exactly as the fd of a libibverbs
+//! channel. The fd is an epoll set; in it, an `eventfd` in semaphore mode holds one count per
+//! queued event (the counts below are that eventfd's). Events sit in a queue beside it; the
+//! queue's lock is also what orders event delivery against CQ destruction.
 //!
 //! The protocol that keeps the two consistent: a deliverer queues the event (under the
 //! lock), then adds its count to the fd. Whoever removes an event from the queue (a getter,
@@ -20,6 +21,24 @@
 //! spinner's read had consumed its count. The last spinner to stop spinning without taking
 //! them writes the counts of the uncounted events left, so a thread asleep on the fd (in
 //! `get_event` or its own `poll`/`epoll`) is woken for them.
+//!
+//! A thread that sleeps on the fd with its own `poll`/`epoll` (UCX's and libfabric's event
+//! loops, tokio) is woken by the device's packets themselves while the fd is non-blocking:
+//! the channel then puts the device's readiness fd ([`CompletionChannel::set_wait_progress`])
+//! into its epoll set, and a non-blocking `get_event` that finds no event receives once
+//! (the device's progress step) before it answers `EAGAIN`. The thread receives the packet
+//! that makes its completion and takes the event in the same wake-up, instead of being
+//! woken by the device's progress thread after it received the packet (two wake-ups). A
+//! readable fd then no longer promises an event, which a non-blocking getter answers with
+//! `EAGAIN` as after a race with another getter; a blocking one would sleep in `get_event`
+//! instead of in its `poll`, so a blocking fd (libibverbs' default, and what a `poll` with a
+//! timeout before a blocking `ibv_get_cq_event` relies on) keeps the readiness out. The
+//! mode is looked at when a CQ of the channel is first armed, whenever a getter finds no
+//! event, and when [`CompletionChannel::set_nonblocking`] changes it. A device whose
+//! peers write into memory wakes such a thread only while it counts it a sleeper: the
+//! channel counts one from an arm of one of its CQs until an event comes or a non-blocking
+//! `get_event` finds the thread awake (the wait progress's `sleeping(true)` /
+//! `sleeping(false)`; a getter that finds no event and so sleeps again counts again).
 //!
 //! In Rust a [`CqEvent`] acknowledges itself when dropped; the counted form
 //! ([`CqEvent::into_unacknowledged`] then `ack_events(n)` on the CQ) is there for the C side.
@@ -171,8 +190,23 @@ impl QueuedEvent {
 }
 
 pub(crate) struct ChannelInner {
+    /// The channel's fd: an epoll set of `counts` and, while joined, the wait progress's fd.
     #[cfg(not(loom))]
     fd: OwnedFd,
+    /// The eventfd of the events' counts (semaphore mode, non-blocking).
+    #[cfg(not(loom))]
+    counts: OwnedFd,
+    /// Whether the wait progress's fd is in the epoll set: [`READINESS_UNCHECKED`],
+    /// [`READINESS_APART`] or [`READINESS_JOINED`] (module doc).
+    #[cfg(not(loom))]
+    readiness: std::sync::atomic::AtomicU8,
+    /// Held while the readiness joins or leaves the epoll set.
+    #[cfg(not(loom))]
+    joining: std::sync::Mutex<()>,
+    /// Whether the channel counts a thread asleep on its fd as the wait progress's sleeper
+    /// (from an arm of one of its CQs while joined until the next non-blocking getter).
+    #[cfg(not(loom))]
+    own_sleeper: std::sync::atomic::AtomicBool,
     queue: Mutex<EventQueue>,
     /// Events queued and not yet taken (mirrors the queue length for the spin phase).
     queued: AtomicUsize,
@@ -189,6 +223,16 @@ pub(crate) struct ChannelInner {
     #[cfg(not(loom))]
     progress: std::sync::OnceLock<WaitProgress>,
 }
+
+/// The channel's fd has not been looked at since the wait progress was set.
+#[cfg(not(loom))]
+const READINESS_UNCHECKED: u8 = 0;
+/// The fd is blocking (or has no wait progress): the readiness fd is not in its epoll set.
+#[cfg(not(loom))]
+const READINESS_APART: u8 = 1;
+/// The fd is non-blocking: the readiness fd is in its epoll set.
+#[cfg(not(loom))]
+const READINESS_JOINED: u8 = 2;
 
 /// A second fd a blocked getter watches, and the work it does when that fd is readable.
 #[cfg(not(loom))]
@@ -281,7 +325,7 @@ impl ChannelInner {
         {
             // An eventfd write fails only if the counter would overflow, which 2^64-2
             // queued events cannot reach.
-            let _ = rustix::io::write(&self.fd, &n.to_ne_bytes());
+            let _ = rustix::io::write(&self.counts, &n.to_ne_bytes());
             self.fd_calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -310,10 +354,10 @@ impl ChannelInner {
             loop {
                 self.fd_calls
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                match rustix::io::read(&self.fd, &mut buf) {
+                match rustix::io::read(&self.counts, &mut buf) {
                     Ok(_) => return,
                     Err(rustix::io::Errno::INTR) => {}
-                    // Non-blocking fd and the write has not landed yet: it is imminent.
+                    // The write has not landed yet: it is imminent.
                     Err(rustix::io::Errno::AGAIN) => std::thread::yield_now(),
                     Err(_) => return,
                 }
@@ -363,12 +407,161 @@ impl ChannelInner {
         }
     }
 
+    /// Puts the wait progress's fd into the epoll set while the channel's fd is
+    /// non-blocking, and takes it out while it is blocking (module doc). Nothing without a
+    /// wait progress; if the kernel refuses, the readiness stays apart.
+    #[cfg(not(loom))]
+    fn sync_readiness(&self, nonblocking: bool) {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+        let Some(progress) = self.progress.get() else {
+            return;
+        };
+        let want = if nonblocking {
+            READINESS_JOINED
+        } else {
+            READINESS_APART
+        };
+        if self.readiness.load(Acquire) == want {
+            return;
+        }
+        let _joining = self
+            .joining
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = self.readiness.load(Acquire);
+        if now == want {
+            return;
+        }
+        use rustix::event::epoll;
+        if nonblocking {
+            let added = epoll::add(
+                &self.fd,
+                &progress.fd,
+                epoll::EventData::new_u64(1),
+                epoll::EventFlags::IN,
+            );
+            if added.is_err() {
+                self.readiness.store(READINESS_APART, Release);
+                return;
+            }
+        } else {
+            if now == READINESS_JOINED {
+                let _ = epoll::delete(&self.fd, &progress.fd);
+            }
+            if self.own_sleeper.swap(false, AcqRel) {
+                (progress.sleeping)(false);
+            }
+        }
+        self.readiness.store(want, Release);
+    }
+
+    /// Whether the device's packets make the channel's fd readable (module doc).
+    pub(crate) fn packets_wake_sleepers(&self) -> bool {
+        #[cfg(not(loom))]
+        {
+            self.readiness.load(std::sync::atomic::Ordering::Acquire) == READINESS_JOINED
+        }
+        #[cfg(loom)]
+        false
+    }
+
+    /// A CQ of the channel was armed: a thread will wait for its event, maybe asleep on the
+    /// fd with its own `poll`. Looks at the fd's mode the first time; while the readiness
+    /// is joined, counts that thread as the wait progress's sleeper (so that peers writing
+    /// into memory wake it), and receives at once what is already there (which no peer
+    /// will ring for). Returns whether the device's packets make the fd readable.
+    pub(crate) fn note_armed(&self) -> bool {
+        #[cfg(not(loom))]
+        {
+            use std::sync::atomic::Ordering::{AcqRel, Acquire};
+            let Some(progress) = self.progress.get() else {
+                return false;
+            };
+            if self.readiness.load(Acquire) == READINESS_UNCHECKED {
+                if let Ok(nonblocking) = nonblocking(&self.fd) {
+                    self.sync_readiness(nonblocking);
+                }
+            }
+            if self.readiness.load(Acquire) != READINESS_JOINED {
+                return false;
+            }
+            if !self.own_sleeper.swap(true, AcqRel) && (progress.sleeping)(true) {
+                (progress.run)();
+            }
+            true
+        }
+        #[cfg(loom)]
+        false
+    }
+
+    /// An event was queued: a thread asleep on the fd is woken by its count, no longer by
+    /// the device's packets, so the channel stops counting it a sleeper (until the next
+    /// arm). Without this, a program that goes on busy polling after its last event, a CQ
+    /// armed, would have its peers ring for it on every packet.
+    pub(crate) fn note_delivered(&self) {
+        #[cfg(not(loom))]
+        if self.own_sleeper.load(std::sync::atomic::Ordering::Relaxed)
+            && self
+                .own_sleeper
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            if let Some(progress) = self.progress.get() {
+                (progress.sleeping)(false);
+            }
+        }
+    }
+
+    /// A non-blocking getter found no event: the thread that slept on the fd is awake (no
+    /// longer a sleeper to wake), and receives what is there once, which may make its
+    /// event. Without one, it goes back to sleep on the fd (its CQ still armed): a sleeper
+    /// again, and what came meanwhile, which no peer rings for, is received now.
+    #[cfg(not(loom))]
+    fn receive_once(&self) -> Option<CqEvent> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let progress = self.progress.get()?;
+        let counted = self.own_sleeper.swap(false, AcqRel);
+        if counted {
+            (progress.sleeping)(false);
+        }
+        (progress.run)();
+        if let Some(event) = self.take() {
+            return Some(event);
+        }
+        if counted
+            && self.readiness.load(Acquire) == READINESS_JOINED
+            && !self.own_sleeper.swap(true, AcqRel)
+            && (progress.sleeping)(true)
+        {
+            (progress.run)();
+            return self.take();
+        }
+        None
+    }
+
     fn take(&self) -> Option<CqEvent> {
         self.pop().map(|e| CqEvent {
             cq: e.cq,
             acknowledged: false,
         })
     }
+}
+
+#[cfg(not(loom))]
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        if *self.own_sleeper.get_mut() {
+            if let Some(progress) = self.progress.get() {
+                (progress.sleeping)(false);
+            }
+        }
+    }
+}
+
+/// Whether `fd` is non-blocking.
+#[cfg(not(loom))]
+fn nonblocking(fd: &OwnedFd) -> io::Result<bool> {
+    use rustix::fs::{fcntl_getfl, OFlags};
+    Ok(fcntl_getfl(fd)?.contains(OFlags::NONBLOCK))
 }
 
 /// A completion channel.
@@ -406,14 +599,33 @@ impl CompletionChannel {
     /// libibverbs'; set `O_NONBLOCK` with [`CompletionChannel::set_nonblocking`] or `fcntl`.
     pub fn new() -> io::Result<Self> {
         #[cfg(not(loom))]
-        let fd = {
-            use rustix::event::{eventfd, EventfdFlags};
-            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::SEMAPHORE)?
+        let (fd, counts) = {
+            use rustix::event::{epoll, eventfd, EventfdFlags};
+            let counts = eventfd(
+                0,
+                EventfdFlags::CLOEXEC | EventfdFlags::SEMAPHORE | EventfdFlags::NONBLOCK,
+            )?;
+            let fd = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+            epoll::add(
+                &fd,
+                &counts,
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN,
+            )?;
+            (fd, counts)
         };
         Ok(CompletionChannel {
             inner: Arc::new(ChannelInner {
                 #[cfg(not(loom))]
                 fd,
+                #[cfg(not(loom))]
+                counts,
+                #[cfg(not(loom))]
+                readiness: std::sync::atomic::AtomicU8::new(READINESS_UNCHECKED),
+                #[cfg(not(loom))]
+                joining: std::sync::Mutex::new(()),
+                #[cfg(not(loom))]
+                own_sleeper: std::sync::atomic::AtomicBool::new(false),
                 queue: Mutex::new(EventQueue {
                     events: VecDeque::new(),
                     spinners: 0,
@@ -486,11 +698,19 @@ impl CompletionChannel {
     /// Waits for the next event (`ibv_get_cq_event(3)`). Blocks unless the fd is
     /// non-blocking, in which case an empty channel gives `EAGAIN`
     /// (`io::ErrorKind::WouldBlock`).
+    ///
+    /// With a [wait progress](CompletionChannel::set_wait_progress), a non-blocking call
+    /// that finds no event receives once before it answers (module doc).
     pub fn get_event(&self) -> io::Result<CqEvent> {
         if let Some(event) = self.inner.take() {
             return Ok(event);
         }
-        if self.is_nonblocking()? {
+        let nonblocking = self.is_nonblocking()?;
+        self.inner.sync_readiness(nonblocking);
+        if nonblocking {
+            if let Some(event) = self.inner.receive_once() {
+                return Ok(event);
+            }
             // EAGAIN itself (kind `WouldBlock`), so the C side can hand the errno on.
             return Err(io::Error::from(rustix::io::Errno::AGAIN));
         }
@@ -608,17 +828,18 @@ impl CompletionChannel {
     }
 
     /// Sets or clears `O_NONBLOCK` on the channel's fd.
+    /// Non-blocking, the device's packets make the fd readable too (module doc).
     pub fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
         use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
         let mut flags = fcntl_getfl(&self.inner.fd)?;
         flags.set(OFlags::NONBLOCK, nonblocking);
         fcntl_setfl(&self.inner.fd, flags)?;
+        self.inner.sync_readiness(nonblocking);
         Ok(())
     }
 
     fn is_nonblocking(&self) -> io::Result<bool> {
-        use rustix::fs::{fcntl_getfl, OFlags};
-        Ok(fcntl_getfl(&self.inner.fd)?.contains(OFlags::NONBLOCK))
+        nonblocking(&self.inner.fd)
     }
 
     /// The spin phase of a blocking wait: watches the queue for up to the channel's spin

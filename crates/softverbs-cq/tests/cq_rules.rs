@@ -440,6 +440,95 @@ fn blocking_get_event_wakes_when_a_completion_arrives() {
     pusher.join().unwrap();
 }
 
+/// Whether `fd` polls readable now.
+fn readable(fd: &impl std::os::fd::AsFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    poll(
+        &mut fds,
+        Some(&rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        }),
+    )
+    .unwrap()
+        == 1
+}
+
+/// A thread that sleeps on a non-blocking channel's fd with its own `poll` (UCX's, libfabric's
+/// and tokio's event loops) is woken by the device's packets themselves: the fd polls
+/// readable when the wait progress's fd does, and `get_event`, finding no event, runs the
+/// progress step once (receiving the packet that makes the completion) before it answers
+/// `EAGAIN` (`ibv_get_cq_event(3)` on a non-blocking channel). A blocking fd keeps the
+/// readiness out: a readable fd there promises an event, which a blocking
+/// `ibv_get_cq_event` after a `poll` with a timeout relies on. Here an eventfd stands for
+/// the device's socket and the step pushes a completion per count it reads.
+#[test]
+fn a_non_blocking_channel_polls_readable_on_its_wait_progress_and_its_get_event_runs_it() {
+    use rustix::event::{eventfd, EventfdFlags};
+    let ch = CompletionChannel::new().unwrap();
+    let cq = CqBuilder::new(4).channel(&ch).build().unwrap();
+    let socket = Arc::new(eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).unwrap());
+    let producer = Mutex::new(cq.producer());
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (step_socket, step_runs) = (socket.clone(), runs.clone());
+    assert!(ch.set_wait_progress(socket.try_clone().unwrap(), move || {
+        step_runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut count = [0u8; 8];
+        if rustix::io::read(&*step_socket, &mut count).is_ok() {
+            producer.lock().unwrap().push(recv(9), false).unwrap();
+        }
+    }));
+    let packet = || rustix::io::write(&*socket, &1u64.to_ne_bytes()).unwrap();
+
+    // Blocking (libibverbs' default): a packet does not make the fd readable.
+    cq.req_notify(false);
+    assert!(!cq.producer().packets_wake_waiter());
+    packet();
+    assert!(
+        !readable(&ch),
+        "a blocking channel's fd readable without an event"
+    );
+    let mut count = [0u8; 8];
+    rustix::io::read(&*socket, &mut count).unwrap();
+
+    // Non-blocking: the packet makes it readable, and get_event receives it.
+    ch.set_nonblocking(true).unwrap();
+    assert!(cq.producer().packets_wake_waiter());
+    assert!(!readable(&ch));
+    packet();
+    assert!(readable(&ch), "the packet did not make the fd readable");
+    let event = ch
+        .get_event()
+        .expect("the event of the completion the step pushed");
+    assert!(event.is_for(cq.id()));
+    assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 1);
+    drop(event);
+    assert!(!readable(&ch), "readable with nothing left");
+    // Nothing there: one run, then EAGAIN.
+    let err = ch.get_event().expect_err("no event");
+    assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 2);
+
+    // Blocking again (set by fcntl behind the channel's back: seen by the next getter).
+    let flags = rustix::fs::fcntl_getfl(&ch).unwrap();
+    rustix::fs::fcntl_setfl(&ch, flags - rustix::fs::OFlags::NONBLOCK).unwrap();
+    cq.req_notify(false);
+    assert!(ch.get_event_timeout(Duration::ZERO).unwrap().is_none());
+    std::thread::spawn({
+        let cq = cq.producer();
+        move || {
+            std::thread::sleep(Duration::from_millis(20));
+            cq.push(recv(10), false).unwrap();
+        }
+    });
+    let event = ch.get_event().expect("a blocking get_event");
+    assert!(event.is_for(cq.id()));
+    assert!(!cq.producer().packets_wake_waiter());
+    packet();
+    assert!(!readable(&ch), "readable again once blocking");
+}
+
 /// A device whose packets arrive on a socket gives the channel that socket and its
 /// progress step (`set_wait_progress`): a thread blocked in `get_event` then receives the
 /// packet that makes its completion itself. Here an eventfd stands for the socket and the

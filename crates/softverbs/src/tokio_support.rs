@@ -63,10 +63,11 @@ impl AsyncCompChannel {
     /// Registers `channel`'s fd with the current tokio runtime.
     pub fn new(channel: &CompChannel) -> Result<Self, Error> {
         channel.set_nonblocking(true)?;
-        // SAFETY: the fd is the channel's eventfd, an `OwnedFd` inside the channel's shared
-        // state, which the `CompletionChannel` clone moved into the `AsyncFd` keeps alive
-        // and never replaces: it stays open, and `as_raw_fd` returns it, until the
-        // `AsyncFd` is dropped.
+        // SAFETY: the fd is the channel's (an epoll set), an `OwnedFd` inside the channel's
+        // shared state, which the `CompletionChannel` clone moved into the `AsyncFd` keeps
+        // alive and never replaces: it stays open, and `as_raw_fd` returns it, until the
+        // `AsyncFd` is dropped. Non-blocking, it polls readable on the device's packets
+        // too, and `get_event` then receives them (one wake-up per event).
         #[allow(unsafe_code)]
         let registered =
             unsafe { AsyncFd::register_with_interest(channel.channel.clone(), Interest::READABLE) };

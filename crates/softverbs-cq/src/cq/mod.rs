@@ -143,8 +143,9 @@ struct CqShared {
     arm_hook: std::sync::OnceLock<ArmHook>,
 }
 
-/// See [`CqShared::arm_hook`].
-type ArmHook = Box<dyn Fn() + Send + Sync>;
+/// See [`CqShared::arm_hook`]; called with whether the device's packets wake the waiter
+/// ([`CqProducer::packets_wake_waiter`]).
+type ArmHook = Box<dyn Fn(bool) + Send + Sync>;
 
 impl Drop for CqShared {
     fn drop(&mut self) {

@@ -76,6 +76,7 @@ impl CqShared {
         if counted {
             channel.wake_one();
         }
+        channel.note_delivered();
     }
 
     /// Arms the CQ, under the producer lock: a push that held it before has published its
@@ -100,9 +101,21 @@ impl CqShared {
             self.notify.store(ARM_NEXT, Ordering::Relaxed);
         }
         self.producer.lock.release(hold);
+        let packets_wake = self
+            .events
+            .channel()
+            .is_some_and(|channel| channel.note_armed());
         if let Some(hook) = self.arm_hook.get() {
-            hook();
+            hook(packets_wake);
         }
+    }
+
+    /// Whether the device's packets make the fd of the CQ's channel readable, waking a
+    /// thread asleep on it (`channel.rs`: a non-blocking channel with a wait progress).
+    pub(super) fn packets_wake_waiter(&self) -> bool {
+        self.events
+            .channel()
+            .is_some_and(|channel| channel.packets_wake_sleepers())
     }
 
     /// Whether the CQ is armed (an event will fire for a qualifying completion).

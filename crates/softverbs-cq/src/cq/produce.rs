@@ -104,10 +104,20 @@ impl CqProducer {
 
     /// Has `hook` called after every arm of the CQ (`ibv_req_notify_cq(3)`), on the
     /// arming thread, outside the CQ's locks: the producing device learns that a thread
-    /// will wait for the CQ's event, and so for the packet that makes its completion. Set
-    /// once: `false` (and nothing changed) if the CQ already has one.
-    pub fn set_arm_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+    /// will wait for the CQ's event, and so for the packet that makes its completion. The
+    /// hook is told whether that packet wakes the waiting thread by itself
+    /// ([`CqProducer::packets_wake_waiter`]). Set once: `false` (and nothing changed) if
+    /// the CQ already has one.
+    pub fn set_arm_hook(&self, hook: impl Fn(bool) + Send + Sync + 'static) -> bool {
         self.shared.arm_hook.set(Box::new(hook)).is_ok()
+    }
+
+    /// Whether a thread asleep on the fd of the CQ's channel is woken by the device's
+    /// packets themselves: the channel is non-blocking and its device gave it a wait
+    /// progress (`CompletionChannel::set_wait_progress`), so the thread receives the packet
+    /// that makes its completion when it wakes. False for a CQ without a channel.
+    pub fn packets_wake_waiter(&self) -> bool {
+        self.shared.packets_wake_waiter()
     }
 
     /// Records that a queue pair now uses this CQ (destroy refuses while any does).

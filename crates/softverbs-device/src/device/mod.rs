@@ -899,15 +899,15 @@ impl Device {
         for cq in [&send_cq, &recv_cq] {
             st.cqs.entry(cq.cq_id()).or_insert_with(|| {
                 let inner = Arc::downgrade(&self.inner);
-                cq.set_arm_hook(move || {
+                cq.set_arm_hook(move |packets_wake| {
                     if let Some(inner) = inner.upgrade() {
-                        inner.cq_armed();
+                        inner.cq_armed(packets_wake);
                     }
                 });
                 // Armed before any QP of the device used it (programs often arm a CQ as
                 // they create it): as if armed now.
                 if cq.is_armed() {
-                    self.inner.cq_armed();
+                    self.inner.cq_armed(cq.packets_wake_waiter());
                 }
                 cq.clone()
             });

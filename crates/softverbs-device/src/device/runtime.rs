@@ -26,7 +26,7 @@ use crate::transport::{
     invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, OutgoingPacket, Received,
     Sent, Transport,
 };
-use softverbs_cq::{CqProducer, DeviceClock};
+use softverbs_cq::DeviceClock;
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use softverbs_wire::icrc;
 use std::cell::{Cell, RefCell};
@@ -50,12 +50,19 @@ const APP_POLLING_WINDOW: Duration = Duration::from_millis(1);
 /// What [`DeviceInner::events_awaited_elsewhere`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Awaited {
-    /// A CQ is armed and no thread waits through the device's channel service: the
-    /// progress thread receives.
+    /// A CQ is armed, its waiter is not woken by the packets, and no thread waits through
+    /// the device's channel service: the progress thread receives.
     Elsewhere,
     /// No CQ is armed, or a thread waits through the channel service (spinning or asleep
     /// on the device's readiness fd: it receives for itself).
     No,
+    /// Only CQs whose waiter the packets wake are armed (`CqProducer::packets_wake_waiter`:
+    /// asleep on a non-blocking channel's fd, which polls readable on the device's
+    /// readiness too): it receives for itself once woken. But a shared-memory doorbell it
+    /// shares with this thread may be drained by this thread first (its `poll` then finds
+    /// nothing readable and sleeps on): the nap is bounded ([`ARMED_RECHECK`]), and a
+    /// packet this thread was woken for is not left to the application.
+    Watched,
     /// Such a wait ended a moment ago ([`SERVED_GAP`]): the application probably arms and
     /// waits so again (`ibv_get_cq_event` in a loop); look again after this long.
     NotYet(Duration),
@@ -428,8 +435,14 @@ impl DeviceInner {
     /// `epoll` on the channel's fd), only the progress thread can receive the packet that
     /// makes the completion, and it must not be napping for an application that polled
     /// a moment before it armed ([`events_awaited_elsewhere`](Self::events_awaited_elsewhere)).
-    pub(super) fn cq_armed(&self) {
+    /// Unless the packets themselves wake that thread (`packets_wake`: a non-blocking
+    /// channel, whose fd polls readable on the device's readiness too, and whose
+    /// non-blocking `get_event` receives): it receives them itself.
+    pub(super) fn cq_armed(&self, packets_wake: bool) {
         self.armed_hint.store(true, Ordering::SeqCst);
+        if packets_wake {
+            return;
+        }
         // Not for an application that waits through the channel service (it armed between
         // two such waits): it receives for itself, and waking the progress thread would
         // only take a CPU from it.
@@ -449,9 +462,11 @@ impl DeviceInner {
     /// it sleeps on the readiness fd; nor did one end within [`SERVED_GAP`]). Then the
     /// progress thread receives even while the application polled recently: the standard
     /// event loop polls the CQ, arms it, polls once more and only then sleeps, on the
-    /// channel's fd, which no packet makes readable (with the progress thread napping,
-    /// each of its events came 1-5 ms late). Takes the state lock only while a CQ was
-    /// armed since the last look.
+    /// channel's fd, which no packet makes readable if the channel is blocking (with the
+    /// progress thread napping, each of its events came 1-5 ms late). A CQ whose channel
+    /// is non-blocking does not count: its fd polls readable on the packets too, and the
+    /// woken thread receives them (`CqProducer::packets_wake_waiter`). Takes the state lock
+    /// only while a CQ was armed since the last look.
     pub(super) fn events_awaited_elsewhere(&self, now: u64) -> Awaited {
         if !self.armed_hint.load(Ordering::SeqCst) || self.served_waiters.load(Ordering::SeqCst) > 0
         {
@@ -462,9 +477,18 @@ impl DeviceInner {
         }
         // Cleared before the look: an arm after it sets it again.
         self.armed_hint.store(false, Ordering::SeqCst);
-        if lock(&self.state).cqs.values().any(CqProducer::is_armed) {
+        let st = lock(&self.state);
+        let mut watched = false;
+        for cq in st.cqs.values().filter(|cq| cq.is_armed()) {
+            if !cq.packets_wake_waiter() {
+                self.armed_hint.store(true, Ordering::SeqCst);
+                return Awaited::Elsewhere;
+            }
+            watched = true;
+        }
+        if watched {
             self.armed_hint.store(true, Ordering::SeqCst);
-            Awaited::Elsewhere
+            Awaited::Watched
         } else {
             Awaited::No
         }
@@ -975,6 +999,9 @@ impl DeviceInner {
                     // A CQ armed while the application waits through the channel service:
                     // it may go on to wait on the channel's fd instead, unseen (an arm right
                     // after such a wait does not wake this thread).
+                    Awaited::Watched => {
+                        std::thread::park_timeout(timeout.min(nap).min(ARMED_RECHECK))
+                    }
                     Awaited::No if self.armed_hint.load(Ordering::Relaxed) => {
                         std::thread::park_timeout(timeout.min(nap).min(ARMED_RECHECK))
                     }
@@ -1001,7 +1028,10 @@ impl DeviceInner {
                     let polling = now
                         .saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
                         < APP_POLLING_WINDOW.as_nanos() as u64
-                        && self.events_awaited_elsewhere(now) != Awaited::Elsewhere;
+                        && !matches!(
+                            self.events_awaited_elsewhere(now),
+                            Awaited::Elsewhere | Awaited::Watched
+                        );
                     match (polling, self.rx.try_lock()) {
                         (false, Ok(receiving)) => Some(receiving),
                         _ => {
