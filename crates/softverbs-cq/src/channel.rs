@@ -238,7 +238,10 @@ const READINESS_JOINED: u8 = 2;
 #[cfg(not(loom))]
 struct WaitProgress {
     fd: OwnedFd,
-    run: Box<dyn Fn() + Send + Sync>,
+    /// The device's progress step; `true` when the thread goes back to sleep on the fd
+    /// with its own `poll` after it (a non-blocking getter, an arm): the device must leave
+    /// nothing for the thread's next call (ACKs held for its next post).
+    run: Box<dyn Fn(bool) + Send + Sync>,
     /// Called with `true` before the thread sleeps on `fd` (returning true if there is
     /// work already, so it does not sleep) and with `false` after.
     sleeping: Box<dyn Fn(bool) -> bool + Send + Sync>,
@@ -486,7 +489,7 @@ impl ChannelInner {
                 return false;
             }
             if !self.own_sleeper.swap(true, AcqRel) && (progress.sleeping)(true) {
-                (progress.run)();
+                (progress.run)(true);
             }
             true
         }
@@ -523,7 +526,7 @@ impl ChannelInner {
         if counted {
             (progress.sleeping)(false);
         }
-        (progress.run)();
+        (progress.run)(true);
         if let Some(event) = self.take() {
             return Some(event);
         }
@@ -532,7 +535,7 @@ impl ChannelInner {
             && !self.own_sleeper.swap(true, AcqRel)
             && (progress.sleeping)(true)
         {
-            (progress.run)();
+            (progress.run)(true);
             return self.take();
         }
         None
@@ -760,7 +763,7 @@ impl CompletionChannel {
     /// runs there for a whole time slice. Set once: `false` (and nothing changed) if the
     /// channel already has one.
     pub fn set_wait_progress(&self, fd: OwnedFd, run: impl Fn() + Send + Sync + 'static) -> bool {
-        self.set_wait_progress_watched(fd, run, |_| false, |_| {})
+        self.set_wait_progress_watched(fd, move |_| run(), |_| false, |_| {})
     }
 
     /// [`CompletionChannel::set_wait_progress`], and tells the device when the thread goes
@@ -770,11 +773,14 @@ impl CompletionChannel {
     /// and `waiting(false)` as it returns, so the device knows a thread receives for
     /// itself from the first to the last.
     /// A device whose peers write into memory, not into `fd`, counts the sleeper there so
-    /// they make `fd` readable for it (a shared-memory path's doorbell).
+    /// they make `fd` readable for it (a shared-memory path's doorbell). `run` is told
+    /// whether the thread goes back to sleep in its own `poll` on the channel's fd after it
+    /// (`true` from a non-blocking `get_event` and an arm: module doc), rather than in the
+    /// channel's wait, which runs it again as packets come.
     pub fn set_wait_progress_watched(
         &self,
         fd: OwnedFd,
-        run: impl Fn() + Send + Sync + 'static,
+        run: impl Fn(bool) + Send + Sync + 'static,
         sleeping: impl Fn(bool) -> bool + Send + Sync + 'static,
         waiting: impl Fn(bool) + Send + Sync + 'static,
     ) -> bool {
@@ -807,7 +813,7 @@ impl CompletionChannel {
         if let Some(progress) = progress {
             if (progress.sleeping)(true) {
                 (progress.sleeping)(false);
-                (progress.run)();
+                (progress.run)(false);
                 return Ok(());
             }
         }
@@ -821,7 +827,7 @@ impl CompletionChannel {
         }
         if let Some(progress) = progress {
             if !fds[1].revents().is_empty() {
-                (progress.run)();
+                (progress.run)(false);
             }
         }
         Ok(())
@@ -871,7 +877,7 @@ impl CompletionChannel {
                     return None;
                 }
                 if let Some(progress) = progress {
-                    (progress.run)();
+                    (progress.run)(false);
                 }
             }
         }

@@ -441,6 +441,11 @@ impl<T: Transport> Transport for FaultTransport<T> {
         self.inner.wait_readable(timeout)
     }
 
+    /// Packets this layer holds back count: receiving releases them.
+    fn pending_packets(&self) -> bool {
+        self.held() > 0 || self.inner.pending_packets()
+    }
+
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         // Packets this layer holds back (delay, reorder) do not show on it; the device's
         // progress thread releases those.

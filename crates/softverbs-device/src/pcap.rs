@@ -692,6 +692,10 @@ impl<T: Transport> Transport for PcapTransport<T> {
         self.inner.readiness_fd()
     }
 
+    fn pending_packets(&self) -> bool {
+        self.inner.pending_packets()
+    }
+
     fn recv(&self, buf: &mut [u8], timeout: Option<Duration>) -> io::Result<Option<Received>> {
         let received = self.inner.recv(buf, timeout)?;
         if let Some(received) = &received {

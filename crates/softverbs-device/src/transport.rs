@@ -656,6 +656,13 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Whether a packet waits to be received, looked at without receiving it and without
+    /// draining what a sleeper waits on (a shared-memory doorbell): how the progress thread
+    /// finds packets that a thread woken for them did not take. The default: false.
+    fn pending_packets(&self) -> bool {
+        false
+    }
+
     /// Whether [`Transport::send_batch`] reads the payload a device left to be read as
     /// packets leave (`crate::deferred`: one copy from the region into shared memory); if
     /// not, the device reads it into the packets first. The default: false.
@@ -840,6 +847,9 @@ macro_rules! forward_transport {
             }
             fn sleeping(&self, before: bool) -> bool {
                 (**self).sleeping(before)
+            }
+            fn pending_packets(&self) -> bool {
+                (**self).pending_packets()
             }
             fn in_memory(&self, to: &Endpoint) -> bool {
                 (**self).in_memory(to)

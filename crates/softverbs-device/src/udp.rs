@@ -1742,6 +1742,19 @@ impl Transport for UdpTransport {
         }
     }
 
+    /// Packets of a coalesced datagram waiting to be handed out, or a datagram on the socket
+    /// or a multicast group's (`poll` with no timeout).
+    fn pending_packets(&self) -> bool {
+        if self.held.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
+        match self.groups.wait_fd() {
+            Some(all) => wait_readable(all, Some(Duration::ZERO)),
+            None => wait_readable(&self.socket, Some(Duration::ZERO)),
+        }
+        .unwrap_or(false)
+    }
+
     /// The socket. Packets of a coalesced datagram already taken off it and waiting to be
     /// handed out do not show on it, nor do datagrams for a multicast group (they arrive
     /// on the group's socket); [`Transport::wait_readable`] sees both, and the device's

@@ -178,3 +178,42 @@ fn a_thread_asleep_in_its_own_poll_on_a_non_blocking_channel_receives_the_packet
         "the progress threads received {by_progress} of {received} packets"
     );
 }
+
+/// The progress thread leaves the packets to a thread asleep on a non-blocking channel's fd
+/// (the packets wake it), but not for ever: an application that armed its CQ and then does
+/// not come back to the fd (busy elsewhere, or its wake-up lost) still gets its completion,
+/// the packet taken by the progress thread once it found it waiting at two looks a nap
+/// apart (500 us each); and the peer its ACK.
+#[test]
+fn a_packet_a_non_blocking_channels_sleeper_does_not_take_is_received_by_the_progress_thread() {
+    let spin = Duration::ZERO;
+    let (a, _a_channel) = side_on_channel(Ipv4Addr::new(127, 0, 3, 5), spin);
+    let (b, b_channel) = side_on_channel(Ipv4Addr::new(127, 0, 3, 6), spin);
+    b_channel.set_nonblocking(true).unwrap();
+    connect(&a, &b);
+    b.device.post_recv(b.qpn, recv_wr(&b, 7)).unwrap();
+    b.cq.req_notify(false);
+    assert!(b.cq.producer().packets_wake_waiter());
+    a.device.post_send(a.qpn, send_wr(&a, 7)).unwrap();
+    // Nobody on b's side polls, waits or receives: only its progress thread can.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.cq.is_empty() {
+        assert!(Instant::now() < deadline, "the SEND was never received");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(b.device.stats().progress_received >= 1);
+    let mut wc = [WorkCompletion::default(); 1];
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].result().unwrap().opcode(), WcOpcode::Recv);
+    // The event came too, for a getter that comes later.
+    assert!(b_channel.get_event().is_ok());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        a.device.progress();
+        if a.cq.poll(&mut wc).unwrap() == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no ACK");
+    }
+    assert_eq!(wc[0].result().unwrap().opcode(), WcOpcode::Send);
+}

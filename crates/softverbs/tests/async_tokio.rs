@@ -145,3 +145,72 @@ fn poll_next_event_is_pending_then_ready() {
         assert_eq!(wait_for(&cq, 1)[0].status(), WcStatus::WrFlushErr);
     });
 }
+
+/// A UDP context at `address` (its packets cross the kernel: the in-process shortcut off).
+fn udp_at(address: std::net::Ipv4Addr) -> Context {
+    let ctx = Context::open_with(DeviceConfig::udp(UdpConfig {
+        address: Some(std::net::IpAddr::V4(address)),
+        ..UdpConfig::default()
+    }))
+    .expect("open a UDP device");
+    ctx.device().set_in_process_shortcut(false);
+    ctx
+}
+
+/// tokio's event loop sleeps in `epoll` on the channel's fd, which `AsyncCompChannel` makes
+/// non-blocking: the device's packets make it readable too, and `next_event` receives
+/// them itself (`ibv_get_cq_event(3)` on a non-blocking channel, then `EAGAIN` if no event
+/// came), so each event costs one wake-up, not the progress thread's and then the task's.
+/// Pinned as a count: which thread received the SENDs (`DeviceStats::progress_received`;
+/// all of them before).
+#[test]
+fn next_event_receives_the_packets_that_make_its_events_itself() {
+    const ROUNDS: u64 = 100;
+    let a = side(udp_at(std::net::Ipv4Addr::new(127, 0, 3, 3)), QpType::Rc);
+    let ctx = udp_at(std::net::Ipv4Addr::new(127, 0, 3, 4));
+    let channel = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.cq_builder(64).channel(&channel).build().unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    let b = Side {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    };
+    connect(&a, &b);
+    runtime().block_on(async {
+        let events = AsyncCompChannel::new(&channel).unwrap();
+        for round in 0..ROUNDS {
+            b.qp.post_recv(RecvRequest::new(round, &[b.mr.slice(0..64).unwrap()]))
+                .unwrap();
+            assert!(!b.cq.req_notify_and_check(false));
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    a.qp.post_send(SendRequest::send_inline(round, b"ping"))
+                        .unwrap()
+                });
+            });
+            let event = tokio::time::timeout(PATIENCE, events.next_event())
+                .await
+                .expect("woken by the packet")
+                .unwrap();
+            assert!(event.is_for(b.cq.id()));
+            drop(event);
+            assert_eq!(wait_for(&b.cq, 1)[0].wr_id(), round);
+            wait_for(&a.cq, 1);
+        }
+    });
+    let stats = b.ctx.device().stats();
+    let received = stats.transport.expect("a UDP device").received_packets;
+    assert!(received >= ROUNDS, "{received} packets received");
+    // A loaded machine may keep the task off its CPU long enough for the progress thread
+    // to look (it naps while the application receives): a quarter at most.
+    assert!(
+        stats.progress_received * 4 <= received,
+        "the progress thread received {} of {received} packets",
+        stats.progress_received
+    );
+}

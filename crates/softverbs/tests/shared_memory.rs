@@ -35,10 +35,15 @@ const LIMIT: Duration = Duration::from_secs(240);
 /// A device at 127.0.0.`last`: UDP, and shared memory to devices of other processes of this
 /// host if `shared_memory` (the default network).
 fn host_device(last: u8, shared_memory: bool) -> Context {
+    device_at(Ipv4Addr::new(127, 0, 0, last), shared_memory)
+}
+
+/// A device at `address`, as [`host_device`].
+fn device_at(address: Ipv4Addr, shared_memory: bool) -> Context {
     Context::open_with(DeviceConfig {
         shared_memory,
         ..DeviceConfig::udp(UdpConfig {
-            address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))),
+            address: Some(IpAddr::V4(address)),
             ..UdpConfig::default()
         })
     })
@@ -59,14 +64,15 @@ fn shm_copies_saved(ctx: &Context) -> (u64, u64) {
     (transport.shm_direct_bytes, transport.shm_in_place_packets)
 }
 
-/// The child of the event test: connects an RC QP to the target's, waits for "go", then
+/// The child of the event tests (its spec: its device's address, the path, `shm` or `udp`,
+/// the target's QP): connects an RC QP to the target's, waits for "go", then
 /// sends [`EVENTS`] messages [`EVENT_GAP`] apart, each completed before the next.
 fn event_child(spec: &str) {
     let mut parts = spec.split(' ');
-    let last: u8 = parts.next().unwrap().parse().unwrap();
+    let address: Ipv4Addr = parts.next().unwrap().parse().unwrap();
     let shared_memory = parts.next() == Some("shm");
     let target: RemoteInfo = parts.next().unwrap().parse().unwrap();
-    let me = side(host_device(last, shared_memory), QpType::Rc);
+    let me = side(device_at(address, shared_memory), QpType::Rc);
     me.qp.to_init(AccessFlags::empty()).unwrap();
     me.qp.to_rtr(target).unwrap();
     me.qp.to_rts(RtsAttr::new(300)).unwrap();
@@ -166,6 +172,7 @@ fn a_process_sleeping_on_its_channel_is_woken_once_per_event_through_shared_memo
     sleeping_receiver(
         "a_process_sleeping_on_its_channel_is_woken_once_per_event_through_shared_memory",
         true,
+        Sleeps::InGetEvent,
     );
 }
 
@@ -174,33 +181,96 @@ fn a_process_sleeping_on_its_channel_is_woken_once_per_event_over_udp() {
     sleeping_receiver(
         "a_process_sleeping_on_its_channel_is_woken_once_per_event_over_udp",
         false,
+        Sleeps::InGetEvent,
     );
 }
 
-fn sleeping_receiver(name: &str, shared_memory: bool) {
+/// An event loop as UCX's, libfabric's and tokio's: asleep in its own `poll(2)` on the
+/// channel's non-blocking fd, then `ibv_get_cq_event` (`EAGAIN` if no event came). The
+/// packet itself wakes it (the fd polls readable on the doorbell, which the peer rings for
+/// a channel with an armed CQ), and its `get_event` receives it.
+#[test]
+fn a_process_asleep_in_its_own_poll_on_its_channel_is_woken_by_each_message_through_shared_memory()
+{
+    sleeping_receiver(
+        "a_process_asleep_in_its_own_poll_on_its_channel_is_woken_by_each_message_through_shared_memory",
+        true,
+        Sleeps::InOwnPoll,
+    );
+}
+
+/// The same over UDP: the fd polls readable on the device's socket.
+#[test]
+fn a_process_asleep_in_its_own_poll_on_its_channel_is_woken_by_each_message_over_udp() {
+    sleeping_receiver(
+        "a_process_asleep_in_its_own_poll_on_its_channel_is_woken_by_each_message_over_udp",
+        false,
+        Sleeps::InOwnPoll,
+    );
+}
+
+/// Where the receiver of [`sleeping_receiver`] sleeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sleeps {
+    /// In `get_event` (`ibv_get_cq_event(3)` on a blocking channel).
+    InGetEvent,
+    /// In its own `poll(2)` on the channel's non-blocking fd, then a non-blocking
+    /// `get_event`.
+    InOwnPoll,
+}
+
+/// Waits in `poll(2)` on `channel`'s non-blocking fd until `get_event` gives an event;
+/// `None` if the fd stayed unreadable for 10 s.
+fn event_after_own_poll(channel: &CompChannel) -> Option<CqEvent> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = [PollFd::new(channel, PollFlags::IN)];
+        let timeout = rustix::time::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        if poll(&mut fds, Some(&timeout)).unwrap() == 0 {
+            return None;
+        }
+        match channel.raw().get_event() {
+            Ok(event) => return Some(event),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("get_event: {e}"),
+        }
+    }
+}
+
+fn sleeping_receiver(name: &str, shared_memory: bool, sleeps: Sleeps) {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         event_child(&spec);
         return;
     }
     let _alone = alone();
-    let (me, peer) = if shared_memory {
-        (194, 195)
-    } else {
-        (196, 197)
+    let octets = |last| Ipv4Addr::new(127, 0, 0, last);
+    let (me, peer) = match (shared_memory, sleeps) {
+        (true, Sleeps::InGetEvent) => (octets(194), octets(195)),
+        (false, Sleeps::InGetEvent) => (octets(196), octets(197)),
+        (true, Sleeps::InOwnPoll) => (Ipv4Addr::new(127, 0, 3, 11), Ipv4Addr::new(127, 0, 3, 12)),
+        (false, Sleeps::InOwnPoll) => (Ipv4Addr::new(127, 0, 3, 13), Ipv4Addr::new(127, 0, 3, 14)),
     };
     let path = if shared_memory { "shm" } else { "udp" };
-    // No progress thread: the thread asleep in get_event is the only one that receives, so
-    // it must be woken by the packet itself (the doorbell on the shared-memory path).
+    // No progress thread: the thread asleep on the channel is the only one that receives,
+    // so it must be woken by the packet itself (the doorbell on the shared-memory path).
     let ctx = Context::open_with(DeviceConfig {
         shared_memory,
         progress_thread: false,
         ..DeviceConfig::udp(UdpConfig {
-            address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, me))),
+            address: Some(IpAddr::V4(me)),
             ..UdpConfig::default()
         })
     })
     .expect("open a device");
     let channel = ctx.create_comp_channel().unwrap();
+    if sleeps == Sleeps::InOwnPoll {
+        channel.set_nonblocking(true).unwrap();
+    }
     let pd = ctx.alloc_pd();
     let cq = ctx.cq_builder(64).channel(&channel).build().unwrap();
     let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
@@ -221,10 +291,14 @@ fn sleeping_receiver(name: &str, shared_memory: bool) {
         cq.req_notify(false);
         // Nothing arrived before the arming that a poll would miss: one completion per
         // event, in order.
-        let event = channel
-            .get_event_timeout(Duration::from_secs(10))
-            .unwrap()
-            .unwrap_or_else(|| panic!("no event for message {n}"));
+        let event = match sleeps {
+            Sleeps::InGetEvent => channel
+                .raw()
+                .get_event_timeout(Duration::from_secs(10))
+                .unwrap(),
+            Sleeps::InOwnPoll => event_after_own_poll(&channel),
+        }
+        .unwrap_or_else(|| panic!("no event for message {n}"));
         assert!(event.is_for(cq.id()));
         drop(event);
         let got = cq.poll(&mut wcs).unwrap();
@@ -276,7 +350,7 @@ fn a_receiver_through_shared_memory_acknowledges_as_it_receives() {
     target.qp.to_init(AccessFlags::empty()).unwrap();
     let (mut child, lines, info) = spawn_child(
         "a_receiver_through_shared_memory_acknowledges_as_it_receives",
-        format!("49 shm {}", target.qp.local_info(7)),
+        format!("127.0.0.49 shm {}", target.qp.local_info(7)),
     );
     target.qp.to_rtr(info).unwrap();
     target.qp.to_rts(RtsAttr::new(7)).unwrap();

@@ -185,6 +185,10 @@ impl Transport for Link {
         self.udp.as_ref().and_then(|udp| udp.readiness_fd())
     }
 
+    fn pending_packets(&self) -> bool {
+        self.udp.as_ref().is_some_and(|udp| udp.pending_packets())
+    }
+
     /// A UDP device's socket joins; an in-process device's groups are the device's own
     /// (devices of this process hand multicast packets to each member).
     fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {

@@ -200,6 +200,13 @@ pub(crate) struct DeviceInner {
     progress_naps: AtomicU64,
     /// Packets the progress thread received (`DeviceStats::progress_received`).
     progress_received: AtomicU64,
+    /// Packets received by any thread (the progress thread's look for packets nobody took,
+    /// [`DeviceInner::take_stuck_packets`]).
+    packets_taken: AtomicU64,
+    /// What `packets_taken` was when the progress thread, napping for an application woken
+    /// by the packets, last found a packet waiting; [`NO_LOOK`](runtime::NO_LOOK) if it
+    /// found none.
+    stuck_look: AtomicU64,
     port_mtu: Mtu,
     /// The figures of the last statistics report, if one was made (the drop, and the
     /// drop-in at exit, report only if something happened since: see
@@ -482,6 +489,8 @@ impl Device {
             shortest_ack_timeout: AtomicU64::new(u64::MAX),
             progress_naps: AtomicU64::new(0),
             progress_received: AtomicU64::new(0),
+            packets_taken: AtomicU64::new(0),
+            stuck_look: AtomicU64::new(runtime::NO_LOOK),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
             last_report: Mutex::new(None),
@@ -1133,9 +1142,17 @@ impl Device {
             // a waiter that yields on a loaded core gives it to whatever else runs there
             // for a whole time slice (`ibv_rc_pingpong -e -s 8` with both cores busy:
             // 150-175 us per iteration, 260-300 with the yields of a polling application).
-            move || {
+            // A thread that sleeps in its own `poll` after the run (`own_poll`: it found no
+            // event with a non-blocking `get_event`, or took one and goes back to its event
+            // loop) sends the ACKs of what it received now, not with a next post that
+            // may not come before it sleeps (the progress thread, napping for it, would
+            // send them only after its nap).
+            move |own_poll| {
                 if let Some(inner) = progress.upgrade() {
                     inner.app_progress(false);
+                    if own_poll && inner.acks_held.load(Ordering::Relaxed) {
+                        inner.send_held_acks();
+                    }
                 }
             },
             // Peers on the shared-memory path wake a sleeper they know of.

@@ -58,10 +58,10 @@ pub(super) enum Awaited {
     No,
     /// Only CQs whose waiter the packets wake are armed (`CqProducer::packets_wake_waiter`:
     /// asleep on a non-blocking channel's fd, which polls readable on the device's
-    /// readiness too): it receives for itself once woken. But a shared-memory doorbell it
-    /// shares with this thread may be drained by this thread first (its `poll` then finds
-    /// nothing readable and sleeps on): the nap is bounded ([`ARMED_RECHECK`]), and a
-    /// packet this thread was woken for is not left to the application.
+    /// readiness too): it receives for itself once woken, and the progress thread naps.
+    /// A wake-up may still be lost (or the application not come back to its fd for a
+    /// while): the nap is bounded ([`ARMED_RECHECK`]), and a packet found waiting at two
+    /// looks is taken (`take_stuck_packets`).
     Watched,
     /// Such a wait ended a moment ago ([`SERVED_GAP`]): the application probably arms and
     /// waits so again (`ibv_get_cq_event` in a loop); look again after this long.
@@ -73,6 +73,9 @@ pub(super) enum Awaited {
 /// event loop acknowledges, arms, polls and waits again within a few microseconds, and
 /// waking the progress thread for each arm would only take a CPU from it.
 const SERVED_GAP: Duration = Duration::from_micros(50);
+
+/// [`DeviceInner::stuck_look`] when the last look found no packet waiting.
+pub(super) const NO_LOOK: u64 = u64::MAX;
 
 /// How long the progress thread naps at most while a CQ is armed and the application waits
 /// through the channel service (or did a moment ago): it may wait on the channel's fd next,
@@ -491,6 +494,22 @@ impl DeviceInner {
             Awaited::Watched
         } else {
             Awaited::No
+        }
+    }
+
+    /// Whether the application receives the packets, so the progress thread leaves them
+    /// to it: while it polls (within [`APP_POLLING_WINDOW`] of its last look), unless it
+    /// waits for an event where no packet wakes it; and whenever the packets wake it where
+    /// it waits ([`Awaited::Watched`]), however long ago it polled (an event loop asleep
+    /// between sparse requests).
+    fn app_receives(&self, now: u64) -> bool {
+        match self.events_awaited_elsewhere(now) {
+            Awaited::Elsewhere => false,
+            Awaited::Watched => true,
+            Awaited::No | Awaited::NotYet(_) => {
+                now.saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
+                    < APP_POLLING_WINDOW.as_nanos() as u64
+            }
         }
     }
 
@@ -953,7 +972,34 @@ impl DeviceInner {
             }
         }
         RECEIVE_BUFFERS.with(|cell| *cell.borrow_mut() = Some(buffers));
+        if handled > 0 {
+            self.packets_taken
+                .fetch_add(handled as u64, Ordering::Relaxed);
+        }
         handled
+    }
+
+    /// While the application waits for its events where the packets wake it (a non-blocking
+    /// channel's fd, `Awaited::Watched`), the progress thread leaves them to it; but a
+    /// wake-up can be lost (a shared-memory doorbell drained by another waiter first, a
+    /// packet the fault layer held back), and the application may not come back to its fd
+    /// for a while. A packet found waiting at two looks a nap apart, with nothing received
+    /// by anyone in between, is taken here.
+    fn take_stuck_packets(self: &Arc<Self>, transport: &dyn Transport) -> usize {
+        if !transport.pending_packets() {
+            self.stuck_look.store(NO_LOOK, Ordering::Relaxed);
+            return 0;
+        }
+        let taken = self.packets_taken.load(Ordering::Relaxed);
+        if self.stuck_look.swap(taken, Ordering::Relaxed) != taken {
+            // The first look, or someone received since the last.
+            return 0;
+        }
+        self.stuck_look.store(NO_LOOK, Ordering::Relaxed);
+        match self.rx.try_lock() {
+            Ok(_receiving) => self.receive_queued(transport, false),
+            Err(_) => 0,
+        }
     }
 
     /// One round of progress: receive (waiting up to `wait`, or until the next deadline
@@ -974,10 +1020,7 @@ impl DeviceInner {
             (None, Some(d)) => d.min(PROGRESS_TICK),
             (None, None) => PROGRESS_TICK,
         };
-        let app_is_polling = wait.is_none()
-            && now.saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
-                < APP_POLLING_WINDOW.as_nanos() as u64
-            && self.events_awaited_elsewhere(now) != Awaited::Elsewhere;
+        let app_is_polling = wait.is_none() && self.app_receives(now);
         match &self.transport {
             Some(_) if app_is_polling => {
                 // The application receives for itself; only timers, and ACKs it held but
@@ -1000,7 +1043,10 @@ impl DeviceInner {
                     // it may go on to wait on the channel's fd instead, unseen (an arm right
                     // after such a wait does not wake this thread).
                     Awaited::Watched => {
-                        std::thread::park_timeout(timeout.min(nap).min(ARMED_RECHECK))
+                        std::thread::park_timeout(timeout.min(nap).min(ARMED_RECHECK));
+                        if let Some(transport) = &self.transport {
+                            received += self.take_stuck_packets(&**transport);
+                        }
                     }
                     Awaited::No if self.armed_hint.load(Ordering::Relaxed) => {
                         std::thread::park_timeout(timeout.min(nap).min(ARMED_RECHECK))
@@ -1024,14 +1070,7 @@ impl DeviceInner {
                     // packets are its. Queueing behind it for the lock would have this
                     // thread woken as the application lets go, and take the core from it
                     // (a core they share) just when its completions are in the CQ.
-                    let now = DeviceClock::now();
-                    let polling = now
-                        .saturating_sub(self.last_app_progress.load(Ordering::Relaxed))
-                        < APP_POLLING_WINDOW.as_nanos() as u64
-                        && !matches!(
-                            self.events_awaited_elsewhere(now),
-                            Awaited::Elsewhere | Awaited::Watched
-                        );
+                    let polling = self.app_receives(DeviceClock::now());
                     match (polling, self.rx.try_lock()) {
                         (false, Ok(receiving)) => Some(receiving),
                         _ => {

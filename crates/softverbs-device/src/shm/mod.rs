@@ -1300,8 +1300,16 @@ impl HostTransport {
                 Err(errno) => Err(errno.into()),
             }
         };
-        header.waiters.fetch_sub(1, Ordering::SeqCst);
-        shm.clear_doorbell(rang);
+        // A ring (`rung` set) is drained by the last waiter only: another (an application
+        // asleep on its channel's fd, which holds the doorbell too) must still find it
+        // readable when it looks, and drains it itself, or whoever receives does. A
+        // datagram with `rung` clear is stale (its packet was taken after the clear that
+        // preceded it): drained by anyone, or a waiter that is not the last would find it
+        // readable on every wait.
+        let last = header.waiters.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last || header.rung.load(Ordering::SeqCst) == 0 {
+            shm.clear_doorbell(rang);
+        }
         result
     }
 
@@ -1651,6 +1659,14 @@ impl Transport for HostTransport {
                 .iter()
                 .any(|((at, _), route)| at == to && matches!(route, Route::Shared(_)))
         })
+    }
+
+    /// A record in a ring, or a datagram on a socket; the doorbell left as it is.
+    fn pending_packets(&self) -> bool {
+        self.udp.pending_packets()
+            || self.shm.as_ref().is_some_and(|shm| {
+                shm.has_packets() || shm.taken.get().is_some_and(UdpTransport::pending_packets)
+            })
     }
 
     /// The UDP socket, or an epoll set of it and the doorbell.
