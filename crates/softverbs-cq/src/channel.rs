@@ -40,6 +40,24 @@
 //! `get_event` finds the thread awake (the wait progress's `sleeping(true)` /
 //! `sleeping(false)`; a getter that finds no event and so sleeps again counts again).
 //!
+//! Only a channel that is the sole channel of its device's CQs joins the readiness: with
+//! two (UCX's `rc_verbs` and `ud_verbs` interfaces, each with its channel, one served by
+//! UCX's main thread, the other by its async thread), every packet would wake both
+//! threads, and one's receive would make completions in the other's CQs between its
+//! `ibv_get_cq_event` until `EAGAIN` and its arm (below): `ucx_perftest -E sleep` then hung
+//! in most runs, both processes asleep. Such a channel's sleeper is woken by the progress
+//! thread, as with a blocking fd.
+//!
+//! Such a getter receives only while every CQ with a channel of its device is armed. UCX
+//! takes its events with `ibv_get_cq_event` until `EAGAIN`, then arms its CQs and sleeps,
+//! with no poll in between (a ConnectX CQ armed while it holds completions raises an event
+//! at once; by `ibv_req_notify_cq(3)` an event is for a new completion only, as here): a
+//! completion made by that last `EAGAIN` call, in a CQ not yet armed, would raise no
+//! event, and UCX would sleep on it (two `ucx_perftest -E sleep` processes, each waiting
+//! for the other). Unreceived packets keep the fd readable (the socket; the doorbell, rung
+//! for the sleeper counted at the arm), so the thread wakes again at once and receives
+//! once all are armed, or in its own progress.
+//!
 //! In Rust a [`CqEvent`] acknowledges itself when dropped; the counted form
 //! ([`CqEvent::into_unacknowledged`] then `ack_events(n)` on the CQ) is there for the C side.
 //!
@@ -203,6 +221,9 @@ pub(crate) struct ChannelInner {
     /// Held while the readiness joins or leaves the epoll set.
     #[cfg(not(loom))]
     joining: std::sync::Mutex<()>,
+    /// The fd's `O_NONBLOCK` when it was last looked at.
+    #[cfg(not(loom))]
+    nonblocking_seen: std::sync::atomic::AtomicBool,
     /// Whether the channel counts a thread asleep on its fd as the wait progress's sleeper
     /// (from an arm of one of its CQs while joined until the next non-blocking getter).
     #[cfg(not(loom))]
@@ -240,7 +261,8 @@ struct WaitProgress {
     fd: OwnedFd,
     /// The device's progress step; `true` when the thread goes back to sleep on the fd
     /// with its own `poll` after it (a non-blocking getter, an arm): the device must leave
-    /// nothing for the thread's next call (ACKs held for its next post).
+    /// nothing for the thread's next call (ACKs held for its next post), and must not make
+    /// a completion in a CQ that thread has yet to arm (module doc).
     run: Box<dyn Fn(bool) + Send + Sync>,
     /// Called with `true` before the thread sleeps on `fd` (returning true if there is
     /// work already, so it does not sleep) and with `false` after.
@@ -248,6 +270,9 @@ struct WaitProgress {
     /// Called with `true` when a getter starts to wait (no event was there: it spins, then
     /// sleeps) and with `false` when it stops (event, timeout or error).
     waiting: Box<dyn Fn(bool) + Send + Sync>,
+    /// Whether the channel is the only one of the device's CQs (module doc): only then do
+    /// the device's packets wake the thread asleep on it.
+    alone: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 /// A getter's whole wait (spin and sleep), told to the wait progress's `waiting`; ended
@@ -415,11 +440,13 @@ impl ChannelInner {
     /// wait progress; if the kernel refuses, the readiness stays apart.
     #[cfg(not(loom))]
     fn sync_readiness(&self, nonblocking: bool) {
-        use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
         let Some(progress) = self.progress.get() else {
             return;
         };
-        let want = if nonblocking {
+        self.nonblocking_seen.store(nonblocking, Relaxed);
+        let joins = nonblocking && (progress.alone)();
+        let want = if joins {
             READINESS_JOINED
         } else {
             READINESS_APART
@@ -436,7 +463,7 @@ impl ChannelInner {
             return;
         }
         use rustix::event::epoll;
-        if nonblocking {
+        if joins {
             let added = epoll::add(
                 &self.fd,
                 &progress.fd,
@@ -471,8 +498,8 @@ impl ChannelInner {
     /// A CQ of the channel was armed: a thread will wait for its event, maybe asleep on the
     /// fd with its own `poll`. Looks at the fd's mode the first time; while the readiness
     /// is joined, counts that thread as the wait progress's sleeper (so that peers writing
-    /// into memory wake it), and receives at once what is already there (which no peer
-    /// will ring for). Returns whether the device's packets make the fd readable.
+    /// into memory wake it), and runs the progress step for what is already there (which
+    /// no peer will ring for). Returns whether the device's packets make the fd readable.
     pub(crate) fn note_armed(&self) -> bool {
         #[cfg(not(loom))]
         {
@@ -484,13 +511,23 @@ impl ChannelInner {
                 if let Ok(nonblocking) = nonblocking(&self.fd) {
                     self.sync_readiness(nonblocking);
                 }
+            } else {
+                // Whether the channel is still its device's only one (CQs of another may
+                // have come to the device's QPs since).
+                self.sync_readiness(
+                    self.nonblocking_seen
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                );
             }
             if self.readiness.load(Acquire) != READINESS_JOINED {
                 return false;
             }
-            if !self.own_sleeper.swap(true, AcqRel) && (progress.sleeping)(true) {
-                (progress.run)(true);
+            if !self.own_sleeper.swap(true, AcqRel) {
+                (progress.sleeping)(true);
             }
+            // What came before the count, which no peer rings for (and which the device
+            // receives only once its CQs with a channel are all armed: see `run`).
+            (progress.run)(true);
             true
         }
         #[cfg(loom)]
@@ -522,6 +559,11 @@ impl ChannelInner {
     fn receive_once(&self) -> Option<CqEvent> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         let progress = self.progress.get()?;
+        if self.readiness.load(Acquire) != READINESS_JOINED {
+            // Not its device's only channel: another thread may wait on another, and this
+            // one's receive would make completions in its CQs (module doc).
+            return None;
+        }
         let counted = self.own_sleeper.swap(false, AcqRel);
         if counted {
             (progress.sleeping)(false);
@@ -627,6 +669,8 @@ impl CompletionChannel {
                 readiness: std::sync::atomic::AtomicU8::new(READINESS_UNCHECKED),
                 #[cfg(not(loom))]
                 joining: std::sync::Mutex::new(()),
+                #[cfg(not(loom))]
+                nonblocking_seen: std::sync::atomic::AtomicBool::new(false),
                 #[cfg(not(loom))]
                 own_sleeper: std::sync::atomic::AtomicBool::new(false),
                 queue: Mutex::new(EventQueue {
@@ -763,7 +807,7 @@ impl CompletionChannel {
     /// runs there for a whole time slice. Set once: `false` (and nothing changed) if the
     /// channel already has one.
     pub fn set_wait_progress(&self, fd: OwnedFd, run: impl Fn() + Send + Sync + 'static) -> bool {
-        self.set_wait_progress_watched(fd, move |_| run(), |_| false, |_| {})
+        self.set_wait_progress_watched(fd, move |_| run(), |_| false, |_| {}, || true)
     }
 
     /// [`CompletionChannel::set_wait_progress`], and tells the device when the thread goes
@@ -776,13 +820,16 @@ impl CompletionChannel {
     /// they make `fd` readable for it (a shared-memory path's doorbell). `run` is told
     /// whether the thread goes back to sleep in its own `poll` on the channel's fd after it
     /// (`true` from a non-blocking `get_event` and an arm: module doc), rather than in the
-    /// channel's wait, which runs it again as packets come.
+    /// channel's wait, which runs it again as packets come. `alone` says whether the
+    /// channel is the only one of the device's CQs: the device's packets make a
+    /// non-blocking channel's fd readable only then (module doc).
     pub fn set_wait_progress_watched(
         &self,
         fd: OwnedFd,
         run: impl Fn(bool) + Send + Sync + 'static,
         sleeping: impl Fn(bool) -> bool + Send + Sync + 'static,
         waiting: impl Fn(bool) + Send + Sync + 'static,
+        alone: impl Fn() -> bool + Send + Sync + 'static,
     ) -> bool {
         self.inner
             .progress
@@ -791,6 +838,7 @@ impl CompletionChannel {
                 run: Box::new(run),
                 sleeping: Box::new(sleeping),
                 waiting: Box::new(waiting),
+                alone: Box::new(alone),
             })
             .is_ok()
     }

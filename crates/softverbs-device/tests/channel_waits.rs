@@ -203,7 +203,10 @@ fn a_packet_a_non_blocking_channels_sleeper_does_not_take_is_received_by_the_pro
     }
     // Counted as the progress thread's round ends, a moment after the completion.
     while b.device.stats().progress_received == 0 {
-        assert!(Instant::now() < deadline, "not received by the progress thread");
+        assert!(
+            Instant::now() < deadline,
+            "not received by the progress thread"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut wc = [WorkCompletion::default(); 1];
@@ -220,4 +223,115 @@ fn a_packet_a_non_blocking_channels_sleeper_does_not_take_is_received_by_the_pro
         assert!(Instant::now() < deadline, "no ACK");
     }
     assert_eq!(wc[0].result().unwrap().opcode(), WcOpcode::Send);
+}
+
+/// A UDP device at `address` (no shared memory between devices of one process), with or
+/// without its progress thread, whose RC QP completes its sends into `send_cq` and its
+/// receives into `recv_cq`; as a [`Side`] whose `cq` is `recv_cq`.
+fn side_with_cqs(
+    address: Ipv4Addr,
+    progress_thread: bool,
+    send_cq: &softverbs_cq::CompletionQueue,
+    recv_cq: softverbs_cq::CompletionQueue,
+) -> Side {
+    let mut config = DeviceConfig::udp(UdpConfig {
+        address: Some(IpAddr::V4(address)),
+        ..UdpConfig::default()
+    });
+    config.shared_memory = false;
+    config.progress_thread = progress_thread;
+    let mut side = side_with_cq(config, QpType::Rc, recv_cq);
+    // A second QP on the same PD with the two CQs; the side's QP becomes it.
+    let mut init = softverbs_proto::QpInit::new(QpType::Rc).with_pd(side.pd);
+    init.sq_sig_all = true;
+    side.qpn = side
+        .device
+        .create_qp(init, send_cq.producer(), side.cq.producer())
+        .unwrap();
+    side.device.set_in_process_shortcut(false);
+    side
+}
+
+/// A non-blocking channel's fd polls readable on the device's packets only while it is the
+/// only channel of the device's CQs. UCX has two (its `rc_verbs` and `ud_verbs`
+/// interfaces), each served by a thread of its own: every packet would wake both, and one
+/// thread's receive would make completions in the other's CQs while it takes its events
+/// and arms, without polling after the arm (`ucx_perftest -E sleep` hung in most runs).
+#[test]
+fn only_the_sole_channel_of_a_devices_cqs_is_woken_by_its_packets() {
+    let (send_channel, recv_channel) = (
+        CompletionChannel::new().unwrap(),
+        CompletionChannel::new().unwrap(),
+    );
+    let send_cq = CqBuilder::new(16).channel(&send_channel).build().unwrap();
+    let recv_cq = CqBuilder::new(16).channel(&recv_channel).build().unwrap();
+    let two = side_with_cqs(Ipv4Addr::new(127, 0, 3, 9), true, &send_cq, recv_cq);
+    for channel in [&send_channel, &recv_channel] {
+        two.device.serve_channel_waits(channel);
+        channel.set_nonblocking(true).unwrap();
+    }
+    send_cq.req_notify(false);
+    two.cq.req_notify(false);
+    assert!(!send_cq.producer().packets_wake_waiter());
+    assert!(!two.cq.producer().packets_wake_waiter());
+
+    let channel = CompletionChannel::new().unwrap();
+    let send_cq = CqBuilder::new(16).channel(&channel).build().unwrap();
+    let recv_cq = CqBuilder::new(16).channel(&channel).build().unwrap();
+    let one = side_with_cqs(Ipv4Addr::new(127, 0, 3, 10), true, &send_cq, recv_cq);
+    one.device.serve_channel_waits(&channel);
+    channel.set_nonblocking(true).unwrap();
+    send_cq.req_notify(false);
+    one.cq.req_notify(false);
+    assert!(send_cq.producer().packets_wake_waiter());
+    assert!(one.cq.producer().packets_wake_waiter());
+}
+
+/// UCX takes its events with a non-blocking `ibv_get_cq_event` until `EAGAIN`, then arms
+/// its CQs one after the other and sleeps, with no poll in between. So a non-blocking
+/// `get_event` that finds no event receives only while every CQ with a channel of the
+/// device is armed: a completion it made in a CQ not yet armed would be one its caller
+/// never hears of. The packet waits (the fd stays readable), and the arm of the last CQ
+/// receives it, its completion raising the event. No progress thread: only these calls
+/// receive.
+#[test]
+fn a_non_blocking_get_event_receives_only_while_every_cq_with_a_channel_is_armed() {
+    let a = {
+        let (side, _channel) = side_on_channel(Ipv4Addr::new(127, 0, 3, 15), Duration::ZERO);
+        side
+    };
+    let channel = CompletionChannel::new().unwrap();
+    let send_cq = CqBuilder::new(16).channel(&channel).build().unwrap();
+    let recv_cq = CqBuilder::new(16).channel(&channel).build().unwrap();
+    let b = side_with_cqs(Ipv4Addr::new(127, 0, 3, 16), false, &send_cq, recv_cq);
+    b.device.serve_channel_waits(&channel);
+    channel.set_nonblocking(true).unwrap();
+    connect(&a, &b);
+    b.device.post_recv(b.qpn, recv_wr(&b, 5)).unwrap();
+    send_cq.req_notify(false);
+    a.device.post_send(a.qpn, send_wr(&a, 5)).unwrap();
+    // The SEND makes the fd readable (the socket is in its epoll set).
+    let mut fds = [rustix::event::PollFd::new(
+        &channel,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::time::Timespec {
+        tv_sec: 10,
+        tv_nsec: 0,
+    };
+    assert_eq!(rustix::event::poll(&mut fds, Some(&timeout)).unwrap(), 1);
+    // The receive CQ is not armed: not received.
+    let err = channel.get_event().expect_err("no event");
+    assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(
+        b.cq.is_empty(),
+        "received into a CQ its caller has yet to arm"
+    );
+    // Its arm receives it, and the completion raises the event.
+    b.cq.req_notify(false);
+    let event = channel.get_event().expect("the receive's event");
+    assert!(event.is_for(b.cq.id()));
+    let mut wc = [WorkCompletion::default(); 1];
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].result().unwrap().opcode(), WcOpcode::Recv);
 }

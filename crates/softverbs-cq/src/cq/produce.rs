@@ -112,6 +112,20 @@ impl CqProducer {
         self.shared.arm_hook.set(Box::new(hook)).is_ok()
     }
 
+    /// Whether the CQ reports to a completion channel.
+    pub fn has_channel(&self) -> bool {
+        self.shared.events.channel().is_some()
+    }
+
+    /// Which completion channel the CQ reports to, as a key equal for the CQs of one
+    /// channel (`None` without one).
+    pub fn channel_key(&self) -> Option<usize> {
+        self.shared
+            .events
+            .channel()
+            .map(|channel| Arc::as_ptr(channel) as usize)
+    }
+
     /// Whether a thread asleep on the fd of the CQ's channel is woken by the device's
     /// packets themselves: the channel is non-blocking and its device gave it a wait
     /// progress (`CompletionChannel::set_wait_progress`), so the thread receives the packet

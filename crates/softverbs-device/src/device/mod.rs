@@ -1136,6 +1136,7 @@ impl Device {
         let progress = Arc::downgrade(&self.inner);
         let sleeper = progress.clone();
         let waiter = progress.clone();
+        let alone = progress.clone();
         channel.set_wait_progress_watched(
             fd,
             // Never yields: the channel runs it while it spins waiting for the event, and
@@ -1147,8 +1148,14 @@ impl Device {
             // loop) sends the ACKs of what it received now, not with a next post that
             // may not come before it sleeps (the progress thread, napping for it, would
             // send them only after its nap).
+            // Such a thread receives only while every CQ with a channel is armed: it may be
+            // between taking its events and arming its CQs, and a completion made now in a
+            // CQ it has yet to arm would raise no event (`CompletionChannel`'s module doc).
             move |own_poll| {
                 if let Some(inner) = progress.upgrade() {
+                    if own_poll && !inner.channel_cqs_armed() {
+                        return;
+                    }
                     inner.app_progress(false);
                     if own_poll && inner.acks_held.load(Ordering::Relaxed) {
                         inner.send_held_acks();
@@ -1176,6 +1183,13 @@ impl Device {
                         inner.served_waiters.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
+            },
+            // The channel's sleeper is woken by the packets only while it is the device's
+            // only channel.
+            move || {
+                alone
+                    .upgrade()
+                    .is_some_and(|inner| inner.one_channel_at_most())
             },
         );
     }

@@ -26,7 +26,7 @@ use crate::transport::{
     invalid_input, path_headers, udp_src_port_for_qps, Endpoint, Gid, OutgoingPacket, Received,
     Sent, Transport,
 };
-use softverbs_cq::DeviceClock;
+use softverbs_cq::{CqProducer, DeviceClock};
 use softverbs_proto::{AttrMask, QpAttr, QpState};
 use softverbs_wire::icrc;
 use std::cell::{Cell, RefCell};
@@ -495,6 +495,24 @@ impl DeviceInner {
         } else {
             Awaited::No
         }
+    }
+
+    /// Whether the device's CQs report to one completion channel at most.
+    pub(super) fn one_channel_at_most(&self) -> bool {
+        let st = lock(&self.state);
+        let mut channels = st.cqs.values().filter_map(CqProducer::channel_key);
+        channels
+            .next()
+            .is_none_or(|first| channels.all(|key| key == first))
+    }
+
+    /// Whether every CQ of the device that reports to a completion channel is armed: no
+    /// thread of the application is between taking its events and arming its CQs.
+    pub(super) fn channel_cqs_armed(&self) -> bool {
+        lock(&self.state)
+            .cqs
+            .values()
+            .all(|cq| !cq.has_channel() || cq.is_armed())
     }
 
     /// Whether the application receives the packets, so the progress thread leaves them
