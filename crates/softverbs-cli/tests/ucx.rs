@@ -79,13 +79,12 @@ fn ucx_info_skips_softverbs0_without_dev_node() {
     );
 }
 
-/// One `ucx_perftest` exchange: the server as `server`, the client as `client`, over
-/// `tls`, the control connection on TCP `port`; returns the client's stdout and both
-/// stderrs (the counters) after asserting that both ended well.
+/// One `ucx_perftest` exchange: the server as `server`, the client as `client` (with
+/// `client_args` too), over `tls`, the control connection on TCP `port`; returns the
+/// client's stdout and both stderrs (the counters) after asserting that both ended well.
 fn perftest(
     tls: &str,
-    test: &str,
-    iterations: &str,
+    (test, iterations, client_args): (&str, &str, &[&str]),
     (server, client): (&str, &str),
     port: u16,
 ) -> (String, String, String) {
@@ -107,11 +106,13 @@ fn perftest(
         let (_, out, err) = stacks::wait_bounded(server_child, Duration::from_secs(1));
         panic!("ucx_perftest server ({tls}): {why}\n{out}\n{err}");
     }
+    let mut args = vec!["-p", &port_arg, "127.0.0.1", "-t", test, "-n", iterations];
+    args.extend_from_slice(client_args);
     let mut client_command = ucx(
         &format!("ucx-perftest-client-{port}"),
         true,
         "ucx_perftest",
-        &["-p", &port_arg, "127.0.0.1", "-t", test, "-n", iterations],
+        &args,
     );
     on_drop_in(&mut client_command, client).env("UCX_TLS", tls);
     let (client_status, client_out, client_err) = stacks::run_bounded(&mut client_command, LIMIT);
@@ -150,8 +151,7 @@ fn four_ucp_tests(tls: &str, (server, client): (&str, &str), first_port: u16) {
     {
         let (out, server_err, client_err) = perftest(
             tls,
-            test,
-            iterations,
+            (test, iterations, &[]),
             (server, client),
             first_port + i as u16,
         );
@@ -196,4 +196,35 @@ fn ucx_perftest_runs_tag_lat_tag_bw_put_bw_and_get_over_rc_verbs() {
 #[test]
 fn ucx_perftest_runs_tag_lat_tag_bw_put_bw_and_get_over_ud_verbs() {
     four_ucp_tests("ud_verbs", ("127.0.0.155", "127.0.0.156"), 13420);
+}
+
+/// UCX's event mode (`ucx_perftest -E sleep`: the client sleeps in `ucp_worker_wait`, an
+/// `epoll` on the worker's fds, among them the completion channel fd of each verbs
+/// transport; before it sleeps, UCX takes its events with `ibv_get_cq_event` until
+/// `EAGAIN` and arms its CQs, without polling them after the arm). A completion made
+/// between its last poll and the arm (by the device's progress thread, or UCX's async
+/// thread) raises its event at the arm, as on a ConnectX HCA (`softverbs-cq`'s
+/// `arming_a_cq_that_holds_completions_raises_its_event_at_once`): before, the two
+/// processes could sleep for ever, each waiting for the other (2 of 40 runs). Five runs.
+#[test]
+fn ucx_perftest_sleeping_between_messages_runs_to_the_end_over_rc_verbs() {
+    let (server, client) = ("127.0.3.23", "127.0.3.24");
+    for run in 0..5 {
+        let (out, server_err, client_err) = perftest(
+            "rc_verbs,ud_verbs:aux",
+            ("tag_lat", "2000", &["-E", "sleep"]),
+            (server, client),
+            13430 + run,
+        );
+        let client_line = assert_carried(&client_err, client, 2000);
+        let server_line = assert_carried(&server_err, server, 2000);
+        for line in [client_line, server_line] {
+            assert_eq!(counter(line, "dropped_bad_icrc"), 0, "{line}");
+        }
+        let last = out
+            .lines()
+            .rfind(|l| l.starts_with("Final:"))
+            .unwrap_or_default();
+        eprintln!("tag_lat -E sleep, run {run}: {last}");
+    }
 }

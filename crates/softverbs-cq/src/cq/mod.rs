@@ -233,17 +233,18 @@ macro_rules! common_cq_methods {
 
         /// Arms the CQ (`ibv_req_notify_cq(3)`): the next completion added (with
         /// `solicited_only`, the next solicited or unsuccessful one) puts one event on the
-        /// channel. One shot. Completions already in the CQ do not fire it; use
-        /// [`Self::req_notify_and_check`] to learn about them.
+        /// channel. One shot. A CQ that holds completions when it is armed raises the event
+        /// at once, as a ConnectX CQ does (event loops such as UCX's arm and sleep without
+        /// polling in between); [`Self::req_notify_and_check`] says whether there were any.
         pub fn req_notify(&self, solicited_only: bool) {
-            self.shared.arm(solicited_only);
+            CqShared::arm(&self.shared, solicited_only);
         }
 
         /// Arms, then reports whether completions are already waiting: the race-free form
         /// of "arm, then poll before sleeping". If it returns `true`, poll now (the event
         /// may or may not also come); if `false`, the event will come for the next one.
         pub fn req_notify_and_check(&self, solicited_only: bool) -> bool {
-            self.shared.arm(solicited_only);
+            CqShared::arm(&self.shared, solicited_only);
             !self.shared.looks_empty()
         }
 

@@ -3,12 +3,14 @@
 //! channel.
 //!
 //! Guarantees: an event fires for the next completion added after arming (solicited-only:
-//! the next solicited or unsuccessful one), at most once per arm, and none is lost to a
-//! push racing the arm: the arming side stores the flag under the producer lock, and the
-//! producer (`produce.rs`) reads it under that lock after publishing its entry, so either
-//! the producer sees the arm or the armer's check sees the entry. Moderation
-//! (`moderation.rs`) may hold a qualifying completion's event back. Delivery to a destroyed CQ is dropped, ordered against
-//! destruction (`destroy.rs`) by the channel's queue lock.
+//! the next solicited or unsuccessful one), or at once if the CQ holds completions when it
+//! is armed (as a ConnectX CQ does; see [`CqShared::arm`]), at most once per arm, and none
+//! is lost to a push racing the arm: the arming side stores the flag under the producer
+//! lock, and the producer (`produce.rs`) reads it under that lock after publishing its
+//! entry, so either the producer sees the arm or the armer's check sees the entry.
+//! Moderation (`moderation.rs`) may hold a qualifying completion's event back. Delivery to
+//! a destroyed CQ is dropped, ordered against destruction (`destroy.rs`) by the channel's
+//! queue lock.
 
 use super::CqShared;
 use crate::channel::{ChannelInner, QueuedEvent};
@@ -87,25 +89,40 @@ impl CqShared {
     /// (`biased_lock.rs`) is revoked the first time another thread arms, once in the CQ's
     /// life; from then on a push takes the plain spin lock (a CQ that is never armed keeps
     /// the biased path).
-    pub(super) fn arm(&self, solicited_only: bool) {
-        let hold = self.producer.lock.acquire();
+    ///
+    /// A CQ armed while it holds completions raises its event at once (below).
+    pub(super) fn arm(this: &Arc<Self>, solicited_only: bool) {
+        let hold = this.producer.lock.acquire();
         if solicited_only {
             // Arming "next" after "solicited" upgrades; "solicited" never downgrades "next".
-            let _ = self.notify.compare_exchange(
+            let _ = this.notify.compare_exchange(
                 ARM_NONE,
                 ARM_SOLICITED,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             );
         } else {
-            self.notify.store(ARM_NEXT, Ordering::Relaxed);
+            this.notify.store(ARM_NEXT, Ordering::Relaxed);
         }
-        self.producer.lock.release(hold);
-        let packets_wake = self
+        this.producer.lock.release(hold);
+        // Completions already there raise the event now, as on a ConnectX HCA (the arm
+        // names the consumer index; the HCA raises the event for any entry past it, at
+        // once if there is one). UCX relies on it: it takes its events with
+        // `ibv_get_cq_event` until `EAGAIN`, arms, and sleeps without polling in between,
+        // so a completion made between its last poll and the arm (by another thread, or a
+        // device's progress thread) raised no event, and two `ucx_perftest -E sleep`
+        // processes slept for ever, each waiting for the other, in 2 of 40 runs. The event
+        // may find the CQ polled empty meanwhile, as any event may (`ibv_get_cq_event(3)`:
+        // poll after taking it). One shot still: this and a racing push's `fire` both
+        // disarm first, so only one delivers.
+        if !this.looks_empty() {
+            Self::fire(this, |_| true);
+        }
+        let packets_wake = this
             .events
             .channel()
             .is_some_and(|channel| channel.note_armed());
-        if let Some(hook) = self.arm_hook.get() {
+        if let Some(hook) = this.arm_hook.get() {
             hook(packets_wake);
         }
     }
