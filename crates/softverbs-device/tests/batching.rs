@@ -32,22 +32,27 @@ fn writes(a: &Side, b: &Side, rounds: u64, per_round: u64) {
     writes_of(a, b, rounds, per_round, a.buf.len() as u32);
 }
 
+/// An RDMA WRITE of `len` bytes from the start of `a`'s buffer to the start of `b`'s.
+fn write_wr(a: &Side, b: &Side, wr_id: u64, len: u32) -> SendWr {
+    SendWr::new(
+        wr_id,
+        SendOp::RdmaWrite {
+            remote_addr: b.buf.as_ptr() as u64,
+            rkey: b.rkey,
+        },
+        vec![Sge {
+            addr: a.buf.as_ptr() as u64,
+            length: len,
+            lkey: a.lkey,
+        }],
+    )
+}
+
 /// [`writes`] of `len` bytes each.
 fn writes_of(a: &Side, b: &Side, rounds: u64, per_round: u64, len: u32) {
     for round in 0..rounds {
         for i in 0..per_round {
-            let wr = SendWr::new(
-                round * per_round + i,
-                SendOp::RdmaWrite {
-                    remote_addr: b.buf.as_ptr() as u64,
-                    rkey: b.rkey,
-                },
-                vec![Sge {
-                    addr: a.buf.as_ptr() as u64,
-                    length: len,
-                    lkey: a.lkey,
-                }],
-            );
+            let wr = write_wr(a, b, round * per_round + i, len);
             a.device.post_send(a.qpn, wr).unwrap();
         }
         let done = wait_for(a, per_round as usize);
@@ -111,18 +116,7 @@ fn the_acks_of_one_packet_writes_received_in_one_run_coalesce() {
     const WRITES: u64 = 64;
     for round in 0..4 {
         for i in 0..WRITES {
-            let wr = SendWr::new(
-                round * WRITES + i,
-                SendOp::RdmaWrite {
-                    remote_addr: b.buf.as_ptr() as u64,
-                    rkey: b.rkey,
-                },
-                vec![Sge {
-                    addr: a.buf.as_ptr() as u64,
-                    length: 512,
-                    lkey: a.lkey,
-                }],
-            );
+            let wr = write_wr(&a, &b, round * WRITES + i, 512);
             a.device.post_send(a.qpn, wr).unwrap();
         }
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -144,7 +144,7 @@ fn an_application_about_to_wait_elsewhere_ends_the_progress_threads_nap() {
 fn an_armed_cq_ends_the_progress_threads_nap() {
     let at_once = taken_at_once(&side(udp_at(3)), 4, |a| {
         a.cq.req_notify(false);
-        // The poll after the arm (a completion that came before it raised no event).
+        // The poll after the arm (the standard loop's: arm, poll once more, sleep).
         let mut wcs = [softverbs_cq::WorkCompletion::default(); 4];
         assert_eq!(a.cq.poll(&mut wcs).unwrap(), 0);
         a.device.progress();

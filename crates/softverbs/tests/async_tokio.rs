@@ -16,48 +16,69 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A side on `ctx` whose RC QP completes into a CQ on a channel of its own; the channel.
+fn side_on_channel(ctx: Context) -> (Side, CompChannel) {
+    let channel = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.cq_builder(64).channel(&channel).build().unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    let side = Side {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+    };
+    (side, channel)
+}
+
+/// `b` posts receive `round` and arms its CQ (nothing is waiting in it).
+fn receive_armed(b: &Side, round: u64) {
+    b.qp.post_recv(RecvRequest::new(round, &[b.mr.slice(0..64).unwrap()]))
+        .unwrap();
+    assert!(!b.cq.req_notify_and_check(false));
+}
+
+/// `a` sends message `round` from another thread.
+fn send_from_another_thread(a: &Side, round: u64) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a.qp.post_send(SendRequest::send_inline(round, b"ping"))
+                .unwrap()
+        });
+    });
+}
+
+/// `events` wakes for `b`'s completion of message `round`; both sides' completions are
+/// taken.
+async fn event_then_completions(a: &Side, b: &Side, events: &AsyncCompChannel, round: u64) {
+    let event = tokio::time::timeout(PATIENCE, events.next_event())
+        .await
+        .expect("woken by the completion")
+        .unwrap();
+    assert!(event.is_for(b.cq.id()));
+    drop(event);
+    assert_eq!(wait_for(&b.cq, 1)[0].wr_id(), round);
+    wait_for(&a.cq, 1);
+}
+
 /// `ibv_get_cq_event(3)` as a future: a wait cancelled by a timeout takes no event, and
 /// the event of a completion added later (from another thread) wakes the next wait.
 #[test]
 fn a_cancelled_wait_loses_nothing_and_a_later_completion_wakes_the_next() {
     runtime().block_on(async {
         let a = side(in_process(), QpType::Rc);
-        let ctx = in_process();
-        let channel = ctx.create_comp_channel().unwrap();
-        let pd = ctx.alloc_pd();
-        let cq = ctx.cq_builder(64).channel(&channel).build().unwrap();
-        let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
-        let b = Side {
-            ctx,
-            pd,
-            cq,
-            qp,
-            mr,
-        };
+        let (b, channel) = side_on_channel(in_process());
         connect(&a, &b);
         let events = AsyncCompChannel::new(&channel).unwrap();
         for round in 0..50u64 {
-            b.qp.post_recv(RecvRequest::new(round, &[b.mr.slice(0..64).unwrap()]))
-                .unwrap();
-            assert!(!b.cq.req_notify_and_check(false));
+            receive_armed(&b, round);
             // Cancelled: nothing queued yet.
             let early = tokio::time::timeout(Duration::from_millis(1), events.next_event()).await;
             assert!(early.is_err(), "no event before the completion");
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    a.qp.post_send(SendRequest::send_inline(round, b"ping"))
-                        .unwrap()
-                });
-            });
-            let event = tokio::time::timeout(PATIENCE, events.next_event())
-                .await
-                .expect("woken by the completion")
-                .unwrap();
-            assert!(event.is_for(b.cq.id()));
-            drop(event);
-            assert_eq!(wait_for(&b.cq, 1)[0].wr_id(), round);
-            wait_for(&a.cq, 1);
+            send_from_another_thread(&a, round);
+            event_then_completions(&a, &b, &events, round).await;
         }
         assert_eq!(b.cq.stats().events_acked, 50);
     });
@@ -167,40 +188,14 @@ fn udp_at(address: std::net::Ipv4Addr) -> Context {
 fn next_event_receives_the_packets_that_make_its_events_itself() {
     const ROUNDS: u64 = 100;
     let a = side(udp_at(std::net::Ipv4Addr::new(127, 0, 3, 3)), QpType::Rc);
-    let ctx = udp_at(std::net::Ipv4Addr::new(127, 0, 3, 4));
-    let channel = ctx.create_comp_channel().unwrap();
-    let pd = ctx.alloc_pd();
-    let cq = ctx.cq_builder(64).channel(&channel).build().unwrap();
-    let qp = pd.qp_builder(QpType::Rc, &cq, &cq).build().unwrap();
-    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
-    let b = Side {
-        ctx,
-        pd,
-        cq,
-        qp,
-        mr,
-    };
+    let (b, channel) = side_on_channel(udp_at(std::net::Ipv4Addr::new(127, 0, 3, 4)));
     connect(&a, &b);
     runtime().block_on(async {
         let events = AsyncCompChannel::new(&channel).unwrap();
         for round in 0..ROUNDS {
-            b.qp.post_recv(RecvRequest::new(round, &[b.mr.slice(0..64).unwrap()]))
-                .unwrap();
-            assert!(!b.cq.req_notify_and_check(false));
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    a.qp.post_send(SendRequest::send_inline(round, b"ping"))
-                        .unwrap()
-                });
-            });
-            let event = tokio::time::timeout(PATIENCE, events.next_event())
-                .await
-                .expect("woken by the packet")
-                .unwrap();
-            assert!(event.is_for(b.cq.id()));
-            drop(event);
-            assert_eq!(wait_for(&b.cq, 1)[0].wr_id(), round);
-            wait_for(&a.cq, 1);
+            receive_armed(&b, round);
+            send_from_another_thread(&a, round);
+            event_then_completions(&a, &b, &events, round).await;
         }
     });
     let stats = b.ctx.device().stats();
