@@ -1088,10 +1088,15 @@ impl DeviceInner {
                     // packets are its. Queueing behind it for the lock would have this
                     // thread woken as the application lets go, and take the core from it
                     // (a core they share) just when its completions are in the CQ.
+                    // The lock is tried only when the packets are this thread's: a guard
+                    // taken for nothing was held through the sleep below (the match's
+                    // scrutinee lives to its end), and the application's receives in that
+                    // time found the lock taken and went back to sleep without the packet
+                    // that woke them.
                     let polling = self.app_receives(DeviceClock::now());
-                    match (polling, self.rx.try_lock()) {
-                        (false, Ok(receiving)) => Some(receiving),
-                        _ => {
+                    match (!polling).then(|| self.rx.try_lock().ok()).flatten() {
+                        Some(receiving) => Some(receiving),
+                        None => {
                             std::thread::sleep(ACK_HOLD_LIMIT);
                             None
                         }
