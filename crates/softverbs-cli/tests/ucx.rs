@@ -204,7 +204,7 @@ fn ucx_perftest_runs_tag_lat_tag_bw_put_bw_and_get_over_ud_verbs() {
 /// `EAGAIN` and arms its CQs, without polling them after the arm). A completion made
 /// between its last poll and the arm (by the device's progress thread, or UCX's async
 /// thread) raises its event at the arm, as on a ConnectX HCA (`softverbs-cq`'s
-/// `arming_a_cq_that_holds_completions_raises_its_event_at_once`): before, the two
+/// `arming_a_cq_that_holds_unannounced_completions_raises_its_event_at_once`): before, the two
 /// processes could sleep for ever, each waiting for the other (2 of 40 runs). Five runs.
 #[test]
 fn ucx_perftest_sleeping_between_messages_runs_to_the_end_over_rc_verbs() {

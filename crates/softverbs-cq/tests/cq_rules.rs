@@ -304,18 +304,20 @@ fn notification_is_one_shot_and_fires_for_the_next_completion_only() {
     assert_eq!(cq.stats().events_raised, 2);
 }
 
-/// A CQ armed while it holds completions raises its event at once, as a ConnectX CQ does
-/// (the arm names the consumer index; the HCA raises the event for any entry past it).
-/// `ibv_req_notify_cq(3)` speaks of the event for "the addition of a new CQ entry"; UCX's
-/// event loop relies on the hardware's behaviour: it takes its events with
-/// `ibv_get_cq_event` until `EAGAIN`, arms and sleeps, with no poll in between, so a
-/// completion added between its last poll and the arm would otherwise raise no event
-/// (`ucx_perftest -E sleep`: both processes asleep for ever in 2 of 40 runs). Still one
-/// event per arm, and an empty CQ's arm waits for the next completion.
+/// A CQ armed while it holds completions added since its last event, not polled yet,
+/// raises its event at once, as a ConnectX CQ does (the arm names the consumer index; the
+/// HCA raises the event for an entry past it). `ibv_req_notify_cq(3)` speaks of the event
+/// for "the addition of a new CQ entry"; UCX's event loop relies on the hardware's
+/// behaviour: it takes its events with `ibv_get_cq_event` until `EAGAIN`, arms and sleeps,
+/// with no poll in between, so a completion added between its last poll and the arm would
+/// otherwise raise no event (`ucx_perftest -E sleep`: both processes asleep for ever in 2 of
+/// 40 runs). The completion whose event is being handled raises no second one when the
+/// documented loop arms before it polls (`ibv_get_cq_event(3)`'s example). Still one event
+/// per arm, and an empty CQ's arm waits for the next completion.
 #[test]
-fn arming_a_cq_that_holds_completions_raises_its_event_at_once() {
+fn arming_a_cq_that_holds_unannounced_completions_raises_its_event_at_once() {
     let ch = CompletionChannel::new().unwrap();
-    let cq = CqBuilder::new(4).channel(&ch).build().unwrap();
+    let cq = CqBuilder::new(8).channel(&ch).build().unwrap();
     cq.producer().push(send(1), false).unwrap();
     assert!(cq.req_notify_and_check(false), "completions are waiting");
     assert_eq!(ch.pending(), 1, "the arm raised the event");
@@ -323,16 +325,27 @@ fn arming_a_cq_that_holds_completions_raises_its_event_at_once() {
     // One shot: the arm is spent, a push adds no event.
     cq.producer().push(send(2), false).unwrap();
     assert_eq!(ch.pending(), 0);
-    // Solicited-only too (what UCX arms its receive CQ with).
+    // Solicited-only too (what UCX arms its receive CQ with): 2 came since the event.
     cq.req_notify(true);
     assert_eq!(ch.pending(), 1);
     drop(ch.get_event().unwrap());
-    poll_all(&cq);
-    // Empty: the arm waits for the next completion.
+    // Announced, not polled: the documented loop (take the event, arm, poll) gets one
+    // event per completion, not two.
+    cq.req_notify(false);
+    assert_eq!(ch.pending(), 0, "a second event for announced completions");
+    assert_eq!(poll_all(&cq).len(), 2);
+    // Empty: the arm waits for the next completion, which fires it.
     assert!(!cq.req_notify_and_check(false));
     assert_eq!(ch.pending(), 0);
     cq.producer().push(send(3), false).unwrap();
     assert_eq!(ch.pending(), 1);
+    drop(ch.get_event().unwrap());
+    cq.req_notify(false);
+    assert_eq!(
+        ch.pending(),
+        0,
+        "a second event for the completion that fired"
+    );
     assert_eq!(cq.stats().events_raised, 3);
 }
 
@@ -533,7 +546,8 @@ fn a_non_blocking_channel_polls_readable_on_its_wait_progress_and_its_get_event_
     // Blocking again (set by fcntl behind the channel's back: seen by the next getter).
     let flags = rustix::fs::fcntl_getfl(&ch).unwrap();
     rustix::fs::fcntl_setfl(&ch, flags - rustix::fs::OFlags::NONBLOCK).unwrap();
-    // Polled first: an arm of a CQ holding completions raises its event at once.
+    // Polled first: an arm of a CQ holding unannounced completions raises its event at
+    // once (recv(9) came while the CQ was not armed).
     poll_all(&cq);
     cq.req_notify(false);
     assert!(ch.get_event_timeout(Duration::ZERO).unwrap().is_none());

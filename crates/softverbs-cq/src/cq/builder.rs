@@ -186,6 +186,7 @@ impl CqBuilder {
             retired: Mutex::new(Vec::new()),
             allocator: self.allocator,
             arm_hook: std::sync::OnceLock::new(),
+            fired_at: AtomicU64::new(0),
         }))
     }
 

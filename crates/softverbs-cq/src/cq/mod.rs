@@ -141,6 +141,9 @@ struct CqShared {
     /// Called after every arm ([`CqProducer::set_arm_hook`]): the producing device learns
     /// that a thread will wait for this CQ's event.
     arm_hook: std::sync::OnceLock<ArmHook>,
+    /// The producer's position when the CQ last fired its event: an arm fires at once for
+    /// completions past it that no poll took yet (`notify.rs`).
+    fired_at: AtomicU64,
 }
 
 /// See [`CqShared::arm_hook`]; called with whether the device's packets wake the waiter
@@ -233,9 +236,10 @@ macro_rules! common_cq_methods {
 
         /// Arms the CQ (`ibv_req_notify_cq(3)`): the next completion added (with
         /// `solicited_only`, the next solicited or unsuccessful one) puts one event on the
-        /// channel. One shot. A CQ that holds completions when it is armed raises the event
-        /// at once, as a ConnectX CQ does (event loops such as UCX's arm and sleep without
-        /// polling in between); [`Self::req_notify_and_check`] says whether there were any.
+        /// channel. One shot. A CQ that holds completions added since its last event and
+        /// not polled yet raises the event at once when armed, as a ConnectX CQ does (event
+        /// loops such as UCX's arm and sleep without polling in between);
+        /// [`Self::req_notify_and_check`] says whether completions are waiting.
         pub fn req_notify(&self, solicited_only: bool) {
             CqShared::arm(&self.shared, solicited_only);
         }

@@ -59,6 +59,10 @@ impl CqShared {
                 Err(now) => arm = now,
             }
         }
+        // The completions up to here are announced by this event (a push fires under the
+        // producer lock, right after its entry).
+        this.fired_at
+            .fetch_max(this.producer.tail.load(Ordering::Acquire), Ordering::AcqRel);
         if let Some(channel) = this.events.channel() {
             Self::deliver(this, channel);
         }
@@ -90,7 +94,8 @@ impl CqShared {
     /// life; from then on a push takes the plain spin lock (a CQ that is never armed keeps
     /// the biased path).
     ///
-    /// A CQ armed while it holds completions raises its event at once (below).
+    /// A CQ armed while it holds completions no event announced raises its event at once
+    /// (below).
     pub(super) fn arm(this: &Arc<Self>, solicited_only: bool) {
         let hold = this.producer.lock.acquire();
         if solicited_only {
@@ -105,17 +110,17 @@ impl CqShared {
             this.notify.store(ARM_NEXT, Ordering::Relaxed);
         }
         this.producer.lock.release(hold);
-        // Completions already there raise the event now, as on a ConnectX HCA (the arm
-        // names the consumer index; the HCA raises the event for any entry past it, at
-        // once if there is one). UCX relies on it: it takes its events with
-        // `ibv_get_cq_event` until `EAGAIN`, arms, and sleeps without polling in between,
-        // so a completion made between its last poll and the arm (by another thread, or a
-        // device's progress thread) raised no event, and two `ucx_perftest -E sleep`
-        // processes slept for ever, each waiting for the other, in 2 of 40 runs. The event
-        // may find the CQ polled empty meanwhile, as any event may (`ibv_get_cq_event(3)`:
-        // poll after taking it). One shot still: this and a racing push's `fire` both
-        // disarm first, so only one delivers.
-        if !this.looks_empty() {
+        // Completions added since the last event and not polled yet raise the event now,
+        // as on a ConnectX HCA (the arm names the consumer index; the HCA raises the event
+        // for an entry past it, at once if there is one). UCX relies on it: it takes its
+        // events with `ibv_get_cq_event` until `EAGAIN`, arms, and sleeps without polling
+        // in between, so a completion made between its last poll and the arm (by another
+        // thread, or a device's progress thread) raised no event, and two `ucx_perftest
+        // -E sleep` processes slept for ever, each waiting for the other, in 2 of 40 runs.
+        // Only those: the completion whose event the application is handling (the
+        // documented loop takes the event, arms, then polls) raises no second one. One
+        // shot still: this and a racing push's `fire` both disarm first.
+        if this.unannounced() {
             Self::fire(this, |_| true);
         }
         let packets_wake = this
@@ -133,6 +138,13 @@ impl CqShared {
         self.events
             .channel()
             .is_some_and(|channel| channel.packets_wake_sleepers())
+    }
+
+    /// Whether the CQ holds completions added since its last event that no poll took yet.
+    fn unannounced(&self) -> bool {
+        let tail = self.producer.tail.load(Ordering::Acquire);
+        let head = self.consumer.head.load(Ordering::Acquire);
+        tail > self.fired_at.load(Ordering::Acquire).max(head)
     }
 
     /// Whether the CQ is armed (an event will fire for a qualifying completion).
