@@ -40,7 +40,9 @@
 //! `get_event` finds the thread awake (the wait progress's `sleeping(true)` /
 //! `sleeping(false)`; a getter that finds no event and so sleeps again counts again).
 //!
-//! Only a channel that is the sole channel of its device's CQs joins the readiness: with
+//! Only a channel that is the sole channel of its device's CQs joins the readiness (and
+//! only on a device without a shared-memory inbox, whose progress thread takes a peer's
+//! record sooner than a doorbell wakes a sleeper: the device's `alone` says so): with
 //! two (UCX's `rc_verbs` and `ud_verbs` interfaces, each with its channel, one served by
 //! UCX's main thread, the other by its async thread), every packet would wake both
 //! threads, and one's receive would make completions in the other's CQs between its

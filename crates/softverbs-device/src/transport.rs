@@ -656,6 +656,13 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Whether peers of this host write packets into this transport's memory (a
+    /// shared-memory inbox), ringing a doorbell only for a counted sleeper. The default:
+    /// false.
+    fn memory_inbox(&self) -> bool {
+        false
+    }
+
     /// Whether a packet waits to be received, looked at without receiving it and without
     /// draining what a sleeper waits on (a shared-memory doorbell): how the progress thread
     /// finds packets that a thread woken for them did not take. The default: false.
@@ -851,6 +858,9 @@ macro_rules! forward_transport {
             fn pending_packets(&self) -> bool {
                 (**self).pending_packets()
             }
+            fn memory_inbox(&self) -> bool {
+                (**self).memory_inbox()
+            }
             fn in_memory(&self, to: &Endpoint) -> bool {
                 (**self).in_memory(to)
             }
@@ -909,6 +919,9 @@ macro_rules! pass_to_inner {
         }
         fn sleeping(&self, before: bool) -> bool {
             self.inner.sleeping(before)
+        }
+        fn memory_inbox(&self) -> bool {
+            self.inner.memory_inbox()
         }
         fn in_memory(&self, to: &Endpoint) -> bool {
             self.inner.in_memory(to)

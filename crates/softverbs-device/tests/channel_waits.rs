@@ -259,7 +259,7 @@ fn side_with_cqs(
 /// thread's receive would make completions in the other's CQs while it takes its events
 /// and arms, without polling after the arm (`ucx_perftest -E sleep` hung in most runs).
 #[test]
-fn only_the_sole_channel_of_a_devices_cqs_is_woken_by_its_packets() {
+fn only_the_sole_channel_of_a_device_without_an_inbox_is_woken_by_its_packets() {
     let (send_channel, recv_channel) = (
         CompletionChannel::new().unwrap(),
         CompletionChannel::new().unwrap(),
@@ -286,6 +286,21 @@ fn only_the_sole_channel_of_a_devices_cqs_is_woken_by_its_packets() {
     one.cq.req_notify(false);
     assert!(send_cq.producer().packets_wake_waiter());
     assert!(one.cq.producer().packets_wake_waiter());
+
+    // A device with a shared-memory inbox keeps its progress thread receiving (it spins a
+    // moment for its peers' records before it sleeps, faster than a doorbell's wake-up).
+    let channel = CompletionChannel::new().unwrap();
+    let cq = CqBuilder::new(16).channel(&channel).build().unwrap();
+    let mut config = DeviceConfig::udp(UdpConfig {
+        address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 3, 17))),
+        ..UdpConfig::default()
+    });
+    config.shared_memory = true;
+    let inbox = side_with_cq(config, QpType::Rc, cq);
+    inbox.device.serve_channel_waits(&channel);
+    channel.set_nonblocking(true).unwrap();
+    inbox.cq.req_notify(false);
+    assert!(!inbox.cq.producer().packets_wake_waiter());
 }
 
 /// UCX takes its events with a non-blocking `ibv_get_cq_event` until `EAGAIN`, then arms

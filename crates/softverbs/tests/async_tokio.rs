@@ -167,12 +167,16 @@ fn poll_next_event_is_pending_then_ready() {
     });
 }
 
-/// A UDP context at `address` (its packets cross the kernel: the in-process shortcut off).
+/// A UDP context at `address` (its packets cross the kernel: the in-process shortcut off),
+/// without a shared-memory inbox (a channel's sleeper is woken by the packets only then).
 fn udp_at(address: std::net::Ipv4Addr) -> Context {
-    let ctx = Context::open_with(DeviceConfig::udp(UdpConfig {
-        address: Some(std::net::IpAddr::V4(address)),
-        ..UdpConfig::default()
-    }))
+    let ctx = Context::open_with(DeviceConfig {
+        shared_memory: false,
+        ..DeviceConfig::udp(UdpConfig {
+            address: Some(std::net::IpAddr::V4(address)),
+            ..UdpConfig::default()
+        })
+    })
     .expect("open a UDP device");
     ctx.device().set_in_process_shortcut(false);
     ctx

@@ -189,6 +189,10 @@ impl Transport for Link {
         self.udp.as_ref().is_some_and(|udp| udp.pending_packets())
     }
 
+    fn memory_inbox(&self) -> bool {
+        self.udp.as_ref().is_some_and(|udp| udp.memory_inbox())
+    }
+
     /// A UDP device's socket joins; an in-process device's groups are the device's own
     /// (devices of this process hand multicast packets to each member).
     fn join_multicast(&self, group: std::net::IpAddr) -> io::Result<()> {

@@ -1661,6 +1661,10 @@ impl Transport for HostTransport {
         })
     }
 
+    fn memory_inbox(&self) -> bool {
+        self.shm.is_some()
+    }
+
     /// A record in a ring, or a datagram on a socket; the doorbell left as it is.
     fn pending_packets(&self) -> bool {
         self.udp.pending_packets()
