@@ -82,6 +82,11 @@ fn udp_at(last: u8) -> DeviceConfig {
 /// the polling window), so each such trial is one where `stop` (or the state `a` was left
 /// in) ended its nap.
 fn taken_at_once(a: &Side, peer: u8, stop: impl Fn(&Side)) -> u64 {
+    taken_at_once_after(a, peer, 100, stop)
+}
+
+/// [`taken_at_once`], the application polling `polls` times before each trial's `stop`.
+fn taken_at_once_after(a: &Side, peer: u8, polls: u32, stop: impl Fn(&Side)) -> u64 {
     let peer = UdpTransport::bind(UdpConfig {
         address: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 2, peer))),
         ..UdpConfig::default()
@@ -92,7 +97,7 @@ fn taken_at_once(a: &Side, peer: u8, stop: impl Fn(&Side)) -> u64 {
     let start = Instant::now();
     let mut at_once = 0;
     for trial in 0..TRIALS {
-        for _ in 0..100 {
+        for _ in 0..polls {
             a.device.progress();
         }
         let polled = Instant::now();
@@ -156,17 +161,43 @@ fn an_armed_cq_ends_the_progress_threads_nap() {
 }
 
 /// A CQ armed before any QP used it (programs often arm a CQ as they create it) counts from
-/// the QP's creation on: the application polls, then sleeps on the channel's fd without
-/// arming again, and the progress thread takes the packet at once. The device before knew
-/// of an arm only as it happened, so it napped on.
+/// the QP's creation on: the application polls a little, then sleeps on the channel's fd
+/// without arming again, and the progress thread takes the packet at once. The device
+/// before knew of an arm only as it happened, so it napped on. (Ten polls a trial, 200 in
+/// all: fewer than make a busy poller of the application, see the next test.)
 #[test]
 fn a_cq_armed_before_its_qp_was_created_ends_the_progress_threads_nap() {
     let cq = CqBuilder::new(256).build().unwrap();
     cq.req_notify(false);
     let a = side_with_cq(udp_at(5), QpType::Rc, cq);
-    let at_once = taken_at_once(&a, 6, |_| {});
+    let at_once = taken_at_once_after(&a, 6, 10, |_| {});
     assert!(
         at_once >= 1,
         "the progress thread kept napping while a CQ armed before its QP was"
+    );
+}
+
+/// A CQ armed for good beside a busy poller (UCX arms the CQs of its `ud_verbs` transport
+/// for its own thread, which sleeps on their channel, and polls every transport in its
+/// progress loop): once the application has polled the device 1,024 times since the arm,
+/// it is taken for a busy poller, whose polls receive the packets, and the progress thread
+/// naps as for one (at most 0.5 ms at a time while a CQ is armed; 35 naps in 300 ms here
+/// with this file's other tests polling beside it on two cores). The device before kept
+/// the progress thread receiving beside the poller for as long as the CQ stayed armed, and
+/// it never napped (0 naps, whatever the load): its receives took the poller's packets and
+/// its core, and `ucx_perftest -t tag_lat` averaged 10 us one way through the drop-in
+/// instead of 4. An arm starts the count again (the previous tests). Three naps are
+/// required: a loaded machine delays the thread's wake-ups, never adds naps.
+#[test]
+fn a_cq_armed_for_good_beside_a_busy_poller_lets_the_progress_thread_nap() {
+    let a = side(udp_at(7));
+    a.cq.req_notify(false);
+    // The first 1,024 polls after the arm, and a nap to notice.
+    naps_while_polling(&a);
+    let naps = naps_while_polling(&a);
+    eprintln!("{naps} naps in {POLLING:?} of polling with a CQ armed");
+    assert!(
+        naps >= 3,
+        "{naps} naps of the progress thread in {POLLING:?} of polling with a CQ armed for good"
     );
 }

@@ -182,6 +182,11 @@ pub(crate) struct DeviceInner {
     /// `cq_armed`: an arm either sees it and unparks the thread, or is seen by the thread's
     /// look before it parks).
     napping: AtomicBool,
+    /// The application's polls of the device (`Device::progress`) since a CQ was last armed,
+    /// counted up to [`runtime::POLLS_AFTER_ARM`]: an application that goes on polling long
+    /// after an arm receives the packets of the armed CQ itself
+    /// ([`Awaited::Polled`](runtime::Awaited::Polled)).
+    polls_since_arm: AtomicU32,
     /// Set when a CQ of the device is armed (`CqProducer::set_arm_hook`), cleared by the
     /// progress thread once it finds none armed: whether it must look whether a thread
     /// waits for an event ([`DeviceInner::events_awaited_elsewhere`]).
@@ -251,7 +256,8 @@ impl DeviceInner {
     /// [`Device::progress`] (an application thread's progress step); `may_yield`: whether
     /// a call that received nothing may give the core away now and then (a polling
     /// application's, not a thread waiting for a completion event:
-    /// [`Device::serve_channel_waits`]).
+    /// [`Device::serve_channel_waits`]); only such a call counts as a poll since the last
+    /// arm (`polls_since_arm`).
     fn app_progress(self: &Arc<Self>, may_yield: bool) {
         if self.transport.is_none() {
             // In-process packets arrive by direct hand-over: only timers can be due, and an
@@ -267,6 +273,11 @@ impl DeviceInner {
         }
         let now = DeviceClock::now();
         self.last_app_progress.store(now, Ordering::Relaxed);
+        if may_yield && self.polls_since_arm.load(Ordering::Relaxed) < runtime::POLLS_AFTER_ARM {
+            // A polling application's (not a thread waiting for an event). Once the count is
+            // reached, a poll writes nothing here.
+            self.polls_since_arm.fetch_add(1, Ordering::Relaxed);
+        }
         let received = self.progress_once(now, Some(Duration::ZERO));
         if received > 0 {
             // Its runs may have been long (sending what the ACKs let out): the application
@@ -483,6 +494,7 @@ impl Device {
             last_app_progress: AtomicU64::new(0),
             progress_thread: OnceLock::new(),
             napping: AtomicBool::new(false),
+            polls_since_arm: AtomicU32::new(0),
             armed_hint: AtomicBool::new(false),
             served_waiters: AtomicU32::new(0),
             last_served_end: AtomicU64::new(0),
