@@ -27,6 +27,10 @@
 #   7. cmtime -c 10 (rdmacm-utils) on the drop-ins: ten connections set up at once through
 #      the RDMA CM, the time their connect step took, on the shared-memory path against
 #      the same over UDP: what preparing a connection's shared-memory route costs
+#   8. UCX on the drop-in: ucx_perftest -t tag_lat -s 8 over rc_verbs (ud_verbs for
+#      wire-up, UCX_TLS=rc_verbs,ud_verbs:aux) under softverbs run --dev-node, on the
+#      shared-memory path: round trip (median and average), against ib_send_lat on the
+#      same path (row 6: what UCX's own layers add) and against UCX posix,cma (row 6)
 # Every other row sets SOFTVERBS_NETWORK=udp, so it measures RoCEv2 over UDP whatever the
 # device's default is; until the device has a shared-memory path, row 6 measures that same
 # UDP path.
@@ -49,7 +53,7 @@
 # --report_gbits help says "instead of MiB/sec"), converted to Gbit/s (10^9 bits/s) as
 # softverbs perf and udp-baseline print. The drop-in and the safe API run the same message
 # counts; which of the two goes first alternates between repetitions.
-# Takes about 15 s per repetition on a quiet 2-core machine. The machines are shared and
+# Takes about 35-50 s per repetition on a quiet 2-core machine. The machines are shared and
 # noisy: compare the ratios of one run, not absolute numbers across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -233,6 +237,23 @@ stopped_pair() {
         return 1
     fi
 }
+# UCX's tag_lat over rc_verbs on the drop-in (UCX uses a verbs device only where
+# /dev/infiniband/softverbs0 exists: softverbs run --dev-node gives it one), over UDP or
+# on_shared_memory: the median and the average round trip. UCX keeps the CQs of its
+# ud_verbs transport armed for its async thread while its main thread polls.
+ucx_dropin_lat() {
+    next_port
+    pick_addrs || return 1
+    local -a ucx_env=(env UCX_TLS=rc_verbs,ud_verbs:aux UCX_NET_DEVICES=softverbs0:1 UCX_WARN_UNUSED_ENV_VARS=n)
+    # No `--` before the program: `pair` splits the server's command from the client's at
+    # it (softverbs run takes the first word that is not its option as the program).
+    local -a run=("$SV" run --dev-node --lib "$CDYLIB")
+    pair ucx_dropin "$PORT" -- "${NET_ENV[@]}" "${DEV_ENV_S[@]}" "${ucx_env[@]}" "${run[@]}" ucx_perftest -p "$PORT" \
+        -- "${NET_ENV[@]}" "${DEV_ENV_C[@]}" "${ucx_env[@]}" "${run[@]}" ucx_perftest 127.0.0.1 -p "$PORT" \
+        -t tag_lat -s 8 -n "$LAT_ITERS" -w "$((LAT_ITERS / 10))" -f -v || return 1
+    record "${XP_KEY}ucx_dropin_lat_rtt_med" "$("$PY" -c 'import sys; print(2*float(sys.argv[1]))' "$(ucx_field ucx_dropin 2)")" || return 1
+    record "${XP_KEY}ucx_dropin_lat_rtt_avg" "$("$PY" -c 'import sys; print(2*float(sys.argv[1]))' "$(ucx_field ucx_dropin 3)")" || return 1
+}
 # cmtime's connect step for ten connections at once (ms), over UDP or on_shared_memory.
 dropin_cmtime() {
     next_port
@@ -307,6 +328,8 @@ for rep in $(seq "$REPS"); do
     log "  7. connection set-up through the RDMA CM (cmtime -c 10): shared memory / UDP"
     try "drop-in cmtime, shared memory" on_shared_memory dropin_cmtime
     try "drop-in cmtime, UDP" dropin_cmtime
+    log "  8. UCX on the drop-in: tag_lat over rc_verbs, shared memory"
+    try "ucx rc_verbs tag_lat on the drop-in, shared memory" on_shared_memory ucx_dropin_lat
 done
 bench_done
 
@@ -335,6 +358,10 @@ row("6. send 8 B RTT median, shared memory vs UCX posix,cma", "shm_dropin_lat_rt
 row("6. send 8 B RTT median, UDP vs UCX posix,cma", "dropin_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, None, UCX_SHM)
 row("6. send 8 B RTT p99, shared memory vs UDP", "shm_dropin_lat_rtt_p99", "dropin_lat_rtt_p99", "us", True, None, "ib_send_lat over UDP (drop-in, row 1)")
 row("7. connect of 10 ids (cmtime), shared memory vs UDP", "shm_dropin_cm_connect_ms", "dropin_cm_connect_ms", "ms", True, None, "cmtime -c 10 over UDP (SOFTVERBS_NETWORK=udp)")
+UCX_DROPIN = "ib_send_lat, shared memory (drop-in, row 6)"
+row("8. UCX rc_verbs tag_lat 8 B RTT median vs ib_send_lat", "shm_ucx_dropin_lat_rtt_med", "shm_dropin_lat_rtt_med", "us", True, None, UCX_DROPIN)
+row("8. UCX rc_verbs tag_lat 8 B RTT average vs ib_send_lat", "shm_ucx_dropin_lat_rtt_avg", "shm_dropin_lat_rtt_med", "us", True, None, UCX_DROPIN)
+row("8. UCX rc_verbs tag_lat 8 B RTT median vs UCX posix,cma", "shm_ucx_dropin_lat_rtt_med", "ucx_shm_lat_rtt", "us", True, None, UCX_SHM)
 
 def ratio(a, b):
     return med[a] / med[b] if a in med and med.get(b) else None
@@ -358,7 +385,9 @@ print("bare UDP = udp-baseline pingpong (two processes, non-blocking, busy-polle
       f"(best of 16384/32768/65507-byte datagrams per run: {best_dgram}; goodput at the receiver).")
 print("Rows 1-5 run with SOFTVERBS_NETWORK=udp; row 6's shared memory with SOFTVERBS_NETWORK unset (the device's default), "
       "against ucx_perftest -t tag_lat -s 8 with UCX_TLS=posix,cma (median round trip); row 7: cmtime -c 10 on both drop-ins, "
-      "the connect step's total for the ten connections, with SOFTVERBS_NETWORK unset and =udp.")
+      "the connect step's total for the ten connections, with SOFTVERBS_NETWORK unset and =udp; "
+      "row 8: ucx_perftest -t tag_lat -s 8 with UCX_TLS=rc_verbs,ud_verbs:aux on the drop-in under softverbs run --dev-node, "
+      "SOFTVERBS_NETWORK unset (median and average round trip).")
 labels = {"send_8_rtt_median": "send 8 B RTT median"} | {f"write_bw_{s}": f"write bw {size_name(s)}" for s in SIZES}
 print("For scale, safe API / bare UDP: " + (", ".join(
     f"{labels[k]} {v:.2f}x" for k, v in safe_vs_floor.items() if v is not None) or "n/a") + ".")
