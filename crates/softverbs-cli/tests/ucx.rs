@@ -137,6 +137,13 @@ fn perftest(
     (client_out, server_err, client_err)
 }
 
+/// The last `Final:` line of a `ucx_perftest` client's output (its overall figures).
+fn final_figures(out: &str) -> &str {
+    out.lines()
+        .rfind(|l| l.starts_with("Final:"))
+        .unwrap_or_default()
+}
+
 /// Runs the four UCP tests over `tls` and checks the counters of both devices after
 /// each; prints each test's final figures.
 fn four_ucp_tests(tls: &str, (server, client): (&str, &str), first_port: u16) {
@@ -176,11 +183,7 @@ fn four_ucp_tests(tls: &str, (server, client): (&str, &str), first_port: u16) {
                 "{tls} {test}: no RC acknowledgement:\n{server_line}\n{client_line}"
             );
         }
-        let last = out
-            .lines()
-            .rfind(|l| l.starts_with("Final:"))
-            .unwrap_or_default();
-        eprintln!("{tls} {test}: {last}");
+        eprintln!("{tls} {test}: {}", final_figures(&out));
     }
 }
 
@@ -221,11 +224,7 @@ fn ucx_perftest_sleeping_between_messages_runs_to_the_end_over_rc_verbs() {
         for line in [client_line, server_line] {
             assert_eq!(counter(line, "dropped_bad_icrc"), 0, "{line}");
         }
-        let last = out
-            .lines()
-            .rfind(|l| l.starts_with("Final:"))
-            .unwrap_or_default();
-        eprintln!("tag_lat -E sleep, run {run}: {last}");
+        eprintln!("tag_lat -E sleep, run {run}: {}", final_figures(&out));
     }
 }
 
@@ -254,9 +253,8 @@ fn ucx_perftest_polling_with_its_ud_cqs_armed_lets_the_progress_thread_nap() {
         naps >= 1,
         "the client's progress thread never napped beside UCX's polling thread:\n{client_line}"
     );
-    let last = out
-        .lines()
-        .rfind(|l| l.starts_with("Final:"))
-        .unwrap_or_default();
-    eprintln!("tag_lat (poll mode): {last}\n{client_line}");
+    eprintln!(
+        "tag_lat (poll mode): {}\n{client_line}",
+        final_figures(&out)
+    );
 }
