@@ -112,7 +112,8 @@
 //! Capture and fault injection (`pcap`, `fault`) sit above the socket and still see every
 //! RoCEv2 packet on its own; a device with either sends one packet per message.
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -328,7 +329,7 @@ pub struct UdpTransport {
     config: UdpConfig,
     /// Send-only sockets per UDP source port ([`SourcePorts::PerFlow`]); `None` marks a
     /// port that could not be bound, so it is not retried on every packet.
-    flow_sockets: RwLock<HashMap<u16, Option<Arc<Socket>>>>,
+    flow_sockets: RwLock<FxHashMap<u16, Option<Arc<Socket>>>>,
     counters: AtomicCounters,
     /// Whether batches are sent with GSO: [`UdpConfig::offload`], until the kernel refuses
     /// a `UDP_SEGMENT` message (then off for good). `Relaxed`: a switch read per batch,
@@ -663,7 +664,7 @@ impl UdpTransport {
             local: Endpoint::from(bound),
             gso: AtomicBool::new(config.offload),
             config,
-            flow_sockets: RwLock::new(HashMap::new()),
+            flow_sockets: RwLock::new(FxHashMap::default()),
             counters: AtomicCounters::default(),
             gro: gro.then(|| {
                 Mutex::new(GroArena {
@@ -1624,9 +1625,19 @@ impl Transport for UdpTransport {
     /// one `sendmmsg(2)`, in order, as GSO messages where it can (module documentation);
     /// each ICRC is filled for the IP ID its packet carries on the wire.
     fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
+        // The socket of each packet, looked up once for a run of packets with one source
+        // port hint (the packets of a message, of a QP's burst, most often).
         let mut sockets: Vec<Option<Arc<Socket>>> = Vec::with_capacity(packets.len());
+        let mut last: Option<(u16, Option<Arc<Socket>>, u16)> = None;
         for packet in packets.iter_mut() {
-            let (socket, port) = self.source_socket(packet.src_port);
+            let (socket, port) = match &last {
+                Some((hint, socket, port)) if *hint == packet.src_port => (socket.clone(), *port),
+                _ => {
+                    let (socket, port) = self.source_socket(packet.src_port);
+                    last = Some((packet.src_port, socket.clone(), port));
+                    (socket, port)
+                }
+            };
             packet.sent = path_headers(
                 &self.local,
                 &packet.to,
