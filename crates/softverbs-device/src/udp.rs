@@ -970,24 +970,35 @@ impl UdpTransport {
         bufs: &mut [&mut [u8]],
         received: &mut Vec<Received>,
     ) -> io::Result<usize> {
-        let GroArena { slots, held, batch } = &mut **arena;
-        self.hand_out(slots, held, bufs, received);
+        self.hand_out(arena, bufs, received);
         let room = bufs.len() - received.len();
-        if !held.is_empty() || room == 0 {
+        if !arena.held.is_empty() || room == 0 {
             return Ok(0);
         }
-        if slots.is_empty() {
-            *slots = vec![0u8; GRO_SLOTS * GRO_SLOT_LEN];
-        }
-        let batch = batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()));
-        let mut chunks = slots.chunks_exact_mut(GRO_SLOT_LEN);
-        let taken = match self.receive_into(batch, &mut chunks, room.min(GRO_SLOTS)) {
+        let taken = match self.refill(arena, room) {
             Ok(taken) => taken,
             // Packets were handed out: they go back now, the error (if it persists) on a
             // later call.
             Err(_) if !received.is_empty() => return Ok(0),
             Err(error) => return Err(error),
         };
+        self.hand_out(arena, bufs, received);
+        Ok(taken)
+    }
+
+    /// Takes up to `room` datagrams (at most [`GRO_SLOTS`]) off the socket into the
+    /// arena's slots with one `recvmmsg(2)` and holds their packets, each segment of a
+    /// coalesced datagram as a packet of its own; the held packets must all have been
+    /// handed out. Returns how many datagrams were taken.
+    fn refill(&self, arena: &mut GroArena, room: usize) -> io::Result<usize> {
+        let GroArena { slots, held, batch } = arena;
+        debug_assert!(held.is_empty());
+        if slots.is_empty() {
+            *slots = vec![0u8; GRO_SLOTS * GRO_SLOT_LEN];
+        }
+        let batch = batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()));
+        let mut chunks = slots.chunks_exact_mut(GRO_SLOT_LEN);
+        let taken = self.receive_into(batch, &mut chunks, room.min(GRO_SLOTS))?;
         for index in 0..taken {
             let datagram = batch.datagram(index);
             let ancillary = self.check_ancillary(datagram.control);
@@ -1032,52 +1043,57 @@ impl UdpTransport {
                 }
             }
         }
-        self.hand_out(slots, held, bufs, received);
         Ok(taken)
     }
 
     /// Checks the waiting packets, in order, while `bufs[received.len()..]` has room: one
     /// too long for its buffer, malformed or with a bad ICRC is dropped and counted, a
     /// good one copied into its buffer and appended to `received`.
-    fn hand_out(
-        &self,
-        slots: &[u8],
-        held: &mut VecDeque<HeldPacket>,
-        bufs: &mut [&mut [u8]],
-        received: &mut Vec<Received>,
-    ) {
+    fn hand_out(&self, arena: &mut GroArena, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) {
         while received.len() < bufs.len() {
-            let Some(packet) = held.pop_front() else {
+            let buf = &mut bufs[received.len()];
+            let Some(handed) = self.next_held(arena, |packet| buf.len() >= packet.len) else {
                 break;
             };
-            let buf = &mut bufs[received.len()];
-            let checked = match (
-                buf.get_mut(..packet.len),
-                slots.get(packet.start..packet.start + packet.len),
-            ) {
-                (Some(buf), Some(bytes)) => self
-                    .check_packet(
-                        bytes,
-                        packet.from,
-                        self.local,
-                        &packet.ancillary,
-                        packet.segment,
-                    )
-                    .map(|checked| (checked, buf, bytes)),
-                (None, _) => Err(DropReason::Truncated),
-                // Cannot happen: every held packet lies within its slot.
-                (_, None) => Err(DropReason::Malformed),
-            };
-            match checked {
-                Ok((checked, buf, bytes)) => {
-                    buf.copy_from_slice(bytes);
-                    self.count_accepted(&checked);
-                    received.push(checked);
-                }
-                Err(reason) => {
-                    tracing::trace!(?reason, segment = packet.segment, "dropped a packet");
-                    self.counters.count_drop(reason);
-                }
+            if let Some((checked, bytes)) = handed {
+                buf[..bytes.len()].copy_from_slice(bytes);
+                received.push(checked);
+            }
+        }
+    }
+
+    /// Takes the next waiting packet: `None` if there is none; `Some(None)` if it was
+    /// dropped (counted: too long for where it goes, `fits` false, malformed, or a bad
+    /// ICRC); otherwise the packet and its bytes in the arena, counted as received.
+    fn next_held<'a>(
+        &self,
+        arena: &'a mut GroArena,
+        fits: impl FnOnce(&HeldPacket) -> bool,
+    ) -> Option<Option<(Received, &'a [u8])>> {
+        let packet = arena.held.pop_front()?;
+        let checked = match arena.slots.get(packet.start..packet.start + packet.len) {
+            _ if !fits(&packet) => Err(DropReason::Truncated),
+            Some(bytes) => self
+                .check_packet(
+                    bytes,
+                    packet.from,
+                    self.local,
+                    &packet.ancillary,
+                    packet.segment,
+                )
+                .map(|checked| (checked, bytes)),
+            // Cannot happen: every held packet lies within its slot.
+            None => Err(DropReason::Malformed),
+        };
+        match checked {
+            Ok((checked, bytes)) => {
+                self.count_accepted(&checked);
+                Some(Some((checked, bytes)))
+            }
+            Err(reason) => {
+                tracing::trace!(?reason, segment = packet.segment, "dropped a packet");
+                self.counters.count_drop(reason);
+                Some(None)
             }
         }
     }
