@@ -1198,6 +1198,29 @@ impl HostTransport {
         sent
     }
 
+    /// Whether a receive at count `call` (`Shm::receives`), at `now` (coarse), looks at the
+    /// sockets too: always if `anyway` (no sender uses the rings, or the receiver was
+    /// woken), else one receive in [`UDP_EVERY`], while they were recently busy, at least
+    /// every [`UDP_AT_LEAST_EVERY`], when the socket was found readable, or while packets
+    /// of theirs wait to be handed out. Notes the look.
+    fn udp_due(&self, shm: &Shm, call: u64, anyway: bool, now: u64) -> bool {
+        let due = anyway
+            || call.is_multiple_of(UDP_EVERY)
+            || call < shm.udp_until.load(Ordering::Relaxed)
+            || now
+                >= shm
+                    .udp_looked_at
+                    .load(Ordering::Relaxed)
+                    .saturating_add(UDP_AT_LEAST_EVERY.as_nanos() as u64)
+            || (shm.udp_ready.load(Ordering::Relaxed)
+                && shm.udp_ready.swap(false, Ordering::Relaxed))
+            || self.sockets_hold_packets(shm);
+        if due {
+            shm.udp_looked_at.store(now, Ordering::Relaxed);
+        }
+        due
+    }
+
     /// Receives from the rings and the socket; `Ok(0)` if neither had a packet.
     fn receive_now(
         &self,
@@ -1219,20 +1242,7 @@ impl HostTransport {
         }
         let now = coarse_now();
         shm.forget_gone(now);
-        let look_at_udp = !senders
-            || woken
-            || call.is_multiple_of(UDP_EVERY)
-            || call < shm.udp_until.load(Ordering::Relaxed)
-            || now
-                >= shm
-                    .udp_looked_at
-                    .load(Ordering::Relaxed)
-                    .saturating_add(UDP_AT_LEAST_EVERY.as_nanos() as u64)
-            || (shm.udp_ready.load(Ordering::Relaxed)
-                && shm.udp_ready.swap(false, Ordering::Relaxed))
-            || self.sockets_hold_packets(shm);
-        if look_at_udp {
-            shm.udp_looked_at.store(now, Ordering::Relaxed);
+        if self.udp_due(shm, call, woken || !senders, now) {
             let mut count = self.udp.recv_batch(bufs, received, Some(Duration::ZERO))?;
             if count == 0 {
                 if let Some(taken) = shm.taken.get() {
