@@ -317,6 +317,10 @@ pub struct TransportCounters {
     /// offload (`UDP_GRO`, udp(7)), good or dropped: each is also counted as a packet
     /// above (received or dropped by reason).
     pub gro_segments: u64,
+    /// Packets of the socket's coalesced datagrams the device handled where they lay in
+    /// the transport's receive arena (no copy into a receive buffer first; also counted in
+    /// `received_packets`).
+    pub gro_in_place_packets: u64,
     /// Packets sent into the shared-memory inbox of a device of another process of this
     /// host (also counted in `sent_packets`; no system call carried them).
     pub shm_sent_packets: u64,
@@ -342,7 +346,8 @@ impl fmt::Display for TransportCounters {
             f,
             "sent {} pkts / {} B ({} errors) in {} calls, received {} pkts / {} B in {} calls, \
              dropped: bad icrc {}, malformed {}, truncated {}, undeliverable {}, by the socket \
-             {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments; shared memory: {} \
+             {}; icrc unchecked {}; offload: {} GSO sends, {} GRO segments ({} handled in \
+             place); shared memory: {} \
              sent, {} received, {} payload bytes sent straight from registered memory, {} \
              handled in place, {} stalls",
             self.sent_packets,
@@ -360,6 +365,7 @@ impl fmt::Display for TransportCounters {
             self.icrc_unchecked,
             self.gso_sends,
             self.gro_segments,
+            self.gro_in_place_packets,
             self.shm_sent_packets,
             self.shm_received_packets,
             self.shm_direct_bytes,
@@ -395,6 +401,7 @@ pub(crate) struct AtomicCounters {
     pub(crate) socket_drops: AtomicU64,
     pub(crate) gso_sends: AtomicU64,
     pub(crate) gro_segments: AtomicU64,
+    pub(crate) gro_in_place_packets: AtomicU64,
 }
 
 /// Adds one to a counter (see [`AtomicCounters`] for the ordering).
@@ -426,6 +433,7 @@ impl AtomicCounters {
             socket_drops: load(&self.socket_drops),
             gso_sends: load(&self.gso_sends),
             gro_segments: load(&self.gro_segments),
+            gro_in_place_packets: load(&self.gro_in_place_packets),
             shm_sent_packets: 0,
             shm_received_packets: 0,
             shm_direct_bytes: 0,
@@ -619,12 +627,13 @@ pub trait Transport: Send + Sync {
         Ok(received.len())
     }
 
-    /// Hands up to `max` packets that wait in memory (a shared-memory ring) to `handle`
-    /// where they lie, without copying them into a buffer first, in arrival order, each
-    /// checked as [`Transport::recv`] checks it; returns how many it handed. What it
-    /// cannot hand in place (a socket's datagrams, packets with an ICRC to check, or
-    /// after one) stays for [`Transport::recv_batch`]. `handle` must not keep the bytes:
-    /// their memory is reused once it returns. The default hands none.
+    /// Hands up to `max` packets that wait in memory (a shared-memory ring, the datagrams
+    /// a socket with GRO took in one receive) to `handle` where they lie, without copying
+    /// them into a buffer first, in arrival order, each checked as [`Transport::recv`]
+    /// checks it; returns how many it handed. What it cannot hand in place (a socket's
+    /// datagrams without GRO, ring records with an ICRC to check, or after one) stays for
+    /// [`Transport::recv_batch`], which a receiver calls next. `handle` must not keep the
+    /// bytes: their memory is reused once it returns. The default hands none.
     fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
         let _ = (max, handle);
         0

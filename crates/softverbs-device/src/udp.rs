@@ -343,6 +343,11 @@ pub struct UdpTransport {
     /// lock; read `Relaxed` as a hint (a stale zero costs one wait, bounded by its
     /// timeout, and the packets are handed out by the next receive).
     held: AtomicUsize,
+    /// Set once the device takes the socket's packets in place
+    /// ([`Transport::take_in_place`], with GRO): from then on [`Transport::recv_batch`]
+    /// leaves the socket to it (one `recvmmsg(2)` a receive, not two) and takes only the
+    /// multicast groups' datagrams. `Relaxed`: a switch, nothing is published through it.
+    in_place: AtomicBool,
     /// The multicast groups the device receives, a socket each (`multicast.rs`).
     groups: Groups,
     /// The index of the interface holding the device's address (0: none), where an IPv6
@@ -391,6 +396,11 @@ impl std::fmt::Debug for GroArena {
 
 /// Slots of the GRO arena: datagrams one `recvmmsg(2)` takes at most.
 const GRO_SLOTS: usize = 32;
+
+/// `recvmmsg(2)` calls [`Transport::take_in_place`] makes at most while every datagram it
+/// took was dropped (bad ones flooding the socket), before it leaves the rest to the next
+/// receive.
+const IN_PLACE_REFILLS: usize = 4;
 
 /// The size of a GRO slot: the largest UDP datagram (a coalesced one is at most 64 KiB,
 /// `UDP_GRO`), rounded up.
@@ -674,6 +684,7 @@ impl UdpTransport {
                 })
             }),
             held: AtomicUsize::new(0),
+            in_place: AtomicBool::new(false),
             groups: Groups::default(),
             ifindex: crate::device::netdev::holding(bound.ip()).map_or(0, |n| n.index),
         })
@@ -700,6 +711,71 @@ impl UdpTransport {
                 config.port
             ),
         ))
+    }
+
+    /// With GRO ([`Transport::take_in_place`]), the socket's packets where they lie in the
+    /// arena: each datagram of up to 64 KiB is received once, and its segments are checked
+    /// (ICRC included) and handed to `handle` from there (the device's engine, which
+    /// writes their payload into the target region: no copy into a buffer of the
+    /// caller), at most `max`, up to the first packet for which `stop` (given its bytes)
+    /// is true: that one and those after it wait for [`Transport::recv_batch`], which
+    /// copies them out. Without GRO, none.
+    pub(crate) fn take_in_place_until(
+        &self,
+        max: usize,
+        stop: &dyn Fn(&[u8]) -> bool,
+        handle: &mut dyn FnMut(&Received, &[u8]),
+    ) -> usize {
+        let Some(arena) = &self.gro else {
+            return 0;
+        };
+        if max == 0 {
+            return 0;
+        }
+        if !self.in_place.load(Ordering::Relaxed) {
+            self.in_place.store(true, Ordering::Relaxed);
+        }
+        let mut arena = arena
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut handed = self.hand_out_in_place(&mut arena, max, stop, handle);
+        // One `recvmmsg(2)` a call, as `recv_batch`; a few more only while every datagram
+        // taken was dropped.
+        for _ in 0..IN_PLACE_REFILLS {
+            if handed == max || !arena.held.is_empty() {
+                break;
+            }
+            match self.refill(&mut arena, GRO_SLOTS) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(error) => {
+                    match error.kind() {
+                        io::ErrorKind::WouldBlock
+                        | io::ErrorKind::Interrupted
+                        // ICMP errors queued on the socket are not about this receive.
+                        | io::ErrorKind::ConnectionRefused => {}
+                        _ => tracing::warn!(%error, "receive failed"),
+                    }
+                    break;
+                }
+            }
+            let now = self.hand_out_in_place(&mut arena, max - handed, stop, handle);
+            handed += now;
+            if now > 0 {
+                break;
+            }
+        }
+        self.held.store(arena.held.len(), Ordering::Relaxed);
+        if handed > 0 {
+            add(&self.counters.gro_in_place_packets, handed);
+        }
+        handed
+    }
+
+    /// Whether the socket has `UDP_GRO` on: its datagrams can be taken in place
+    /// ([`Transport::take_in_place`]).
+    pub(crate) fn coalesces(&self) -> bool {
+        self.gro.is_some()
     }
 
     /// Whether packets of a coalesced datagram wait to be handed out (they do not show on
@@ -955,10 +1031,16 @@ impl UdpTransport {
         arena: &Mutex<GroArena>,
         bufs: &mut [&mut [u8]],
         received: &mut Vec<Received>,
+        refill: bool,
     ) -> io::Result<usize> {
         let mut arena = arena
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !refill {
+            self.hand_out(&mut arena, bufs, received);
+            self.held.store(arena.held.len(), Ordering::Relaxed);
+            return Ok(0);
+        }
         let result = self.receive_coalesced_locked(&mut arena, bufs, received);
         self.held.store(arena.held.len(), Ordering::Relaxed);
         result
@@ -1060,6 +1142,39 @@ impl UdpTransport {
                 received.push(checked);
             }
         }
+    }
+
+    /// Hands the waiting packets to `handle` where they lie in the arena, in order, at
+    /// most `max` and up to the first for which `stop` (given its bytes, unchecked) is
+    /// true, each checked as [`UdpTransport::hand_out`] checks it; returns how many it
+    /// handed.
+    fn hand_out_in_place(
+        &self,
+        arena: &mut GroArena,
+        max: usize,
+        stop: &dyn Fn(&[u8]) -> bool,
+        handle: &mut dyn FnMut(&Received, &[u8]),
+    ) -> usize {
+        let mut handed = 0;
+        while handed < max {
+            let stopped = arena.held.front().is_some_and(|packet| {
+                arena
+                    .slots
+                    .get(packet.start..packet.start + packet.len)
+                    .is_some_and(stop)
+            });
+            if stopped {
+                break;
+            }
+            let Some(next) = self.next_held(arena, |_| true) else {
+                break;
+            };
+            if let Some((checked, bytes)) = next {
+                handle(&checked, bytes);
+                handed += 1;
+            }
+        }
+        handed
     }
 
     /// Takes the next waiting packet: `None` if there is none; `Some(None)` if it was
@@ -1721,8 +1836,17 @@ impl Transport for UdpTransport {
             _ => None,
         };
         loop {
+            let in_place = self.in_place.load(Ordering::Relaxed);
             let taken = match &self.gro {
-                Some(arena) => self.receive_coalesced(arena, bufs, received),
+                // Nothing left in the arena by `take_in_place` (as a hint: one left behind
+                // is handed out by its next call, or by a later one of this).
+                Some(_) if in_place && self.held.load(Ordering::Relaxed) == 0 => Ok(0),
+                Some(arena) => self.receive_coalesced(
+                    arena, bufs, received,
+                    // The socket's datagrams go through `take_in_place`; what it left in
+                    // the arena is handed out here.
+                    !in_place,
+                ),
                 None => self.receive_many(bufs, received),
             };
             let from_groups = if self.groups.any() {
@@ -1752,6 +1876,13 @@ impl Transport for UdpTransport {
                 return Ok(0);
             }
         }
+    }
+
+    /// With GRO, the socket's packets where they lie in the arena
+    /// ([`UdpTransport::take_in_place_until`]). Without GRO, none (`recv_batch` receives
+    /// each datagram straight into a buffer of the caller).
+    fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
+        self.take_in_place_until(max, &|_| false, handle)
     }
 
     fn counters(&self) -> TransportCounters {

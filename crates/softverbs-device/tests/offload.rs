@@ -121,6 +121,12 @@ fn rdma_writes_of_64_kib_leave_as_gso_messages_and_arrive_coalesced() {
         0,
         "{context}"
     );
+    // Every packet of the coalesced datagrams was handled where the datagram lay, not
+    // copied into a receive buffer first.
+    assert_eq!(
+        receiver.gro_in_place_packets, receiver.received_packets,
+        "{context}"
+    );
     // The receiver took several packets per receive call.
     assert!(
         receiver.received_packets >= 4 * receiver.recv_calls,

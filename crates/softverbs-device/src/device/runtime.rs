@@ -959,22 +959,25 @@ impl DeviceInner {
             });
         let ReceiveBuffers { slots, received } = &mut buffers;
         let mut handled = 0;
-        // Packets in shared memory first, handled where they lie (no copy into a slot),
-        // a batch per run; the state lock is taken only if there is one.
-        // (The clock too is read only then: a poll that finds nothing pays nothing.)
-        // Their ACKs are not held ([`HeldAcks`]).
+        // Packets in memory first (shared-memory rings, a UDP socket's coalesced
+        // datagrams), handled where they lie (no copy into a slot), a batch per run; the
+        // state lock is taken only if there is one. (The clock too is read only then: a
+        // poll that finds nothing pays nothing.) The ACKs of packets from shared memory
+        // are not held ([`HeldAcks`]), those of packets from the socket are.
         for _ in 0..RECEIVE_ROUNDS {
             let mut run = None;
+            let mut from_socket = false;
             let count = transport.take_in_place(RECEIVE_SLOTS, &mut |packet, bytes| {
                 let (_, st, now) = run.get_or_insert_with(|| {
                     (self.span.enter(), lock(&self.state), DeviceClock::now())
                 });
+                from_socket |= !packet.shared_memory;
                 let State { engine, memory, .. } = &mut **st;
                 let grh = grh_bytes(packet.from.addr(), packet.to.addr(), bytes.len());
                 engine.handle_packet(*now, bytes, Some(&grh), memory);
             });
             if let Some((span, st, now)) = run {
-                self.end_run(st, span, now, false);
+                self.end_run(st, span, now, hold_acks && from_socket);
             }
             handled += count;
             if count < RECEIVE_SLOTS {

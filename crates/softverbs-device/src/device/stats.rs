@@ -157,7 +157,7 @@ impl fmt::Display for DeviceStats {
                 "; transport: sent_packets={} sent_bytes={} send_errors={} send_calls={} \
                  received_packets={} received_bytes={} recv_calls={} dropped_bad_icrc={} \
                  dropped_malformed={} dropped_truncated={} dropped_undeliverable={} \
-                 socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={} \
+                 socket_drops={} icrc_unchecked={} gso_sends={} gro_segments={} gro_in_place_packets={} \
                  shm_sent_packets={} shm_received_packets={} shm_direct_bytes={} \
                  shm_in_place_packets={} shm_stalls={}",
                 t.sent_packets,
@@ -175,6 +175,7 @@ impl fmt::Display for DeviceStats {
                 t.icrc_unchecked,
                 t.gso_sends,
                 t.gro_segments,
+                t.gro_in_place_packets,
                 t.shm_sent_packets,
                 t.shm_received_packets,
                 t.shm_direct_bytes,

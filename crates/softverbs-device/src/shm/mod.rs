@@ -1541,11 +1541,40 @@ impl Transport for HostTransport {
 
     /// Packets of the rings sent without an ICRC (a device of another process that
     /// neither captures nor injects faults), handed where they lie.
+    /// The rings' packets sent without an ICRC, then, when the socket is due a look (as in
+    /// `recv_batch`), the packets of the socket's coalesced datagrams where they lie
+    /// (`UdpTransport::take_in_place_until`), up to one for another member of the address.
     fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
-        match &self.shm {
-            Some(shm) => shm.take_in_place(self.local, max, handle),
-            None => 0,
+        let Some(shm) = &self.shm else {
+            return self.udp.take_in_place(max, handle);
+        };
+        let handed = shm.take_in_place(self.local, max, handle);
+        if handed == max || !self.udp.coalesces() {
+            return handed;
         }
+        // The receive that follows (`recv_batch`) counts the call.
+        let call = shm.receives.load(Ordering::Relaxed);
+        let senders = shm.inbox.mapping.header().active.load(Ordering::Relaxed) != 0;
+        if !self.udp_due(shm, call, !senders, coarse_now()) {
+            return handed;
+        }
+        // A packet for another member stops the run: it and those after it go through
+        // `recv_batch`, which forwards it (a push into a full ring may wait, not under
+        // the device's lock that `handle` holds).
+        let own = shm.membership.slot;
+        let members = &shm.membership.members;
+        let for_another = |bytes: &[u8]| {
+            members
+                .packet_slot(bytes)
+                .is_some_and(|slot| slot != own && members.ready_member(slot).is_some())
+        };
+        let taken = self
+            .udp
+            .take_in_place_until(max - handed, &for_another, handle);
+        if taken > 0 {
+            shm.udp_until.store(call + UDP_RECENT, Ordering::Relaxed);
+        }
+        handed + taken
     }
 
     fn wait_readable(&self, timeout: Duration) -> io::Result<()> {
