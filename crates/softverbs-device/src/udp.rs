@@ -1757,22 +1757,23 @@ impl Transport for UdpTransport {
     /// each ICRC is filled for the IP ID its packet carries on the wire.
     fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
         // The socket of each packet, looked up once for a run of packets with one source
-        // port hint (the packets of a message, of a QP's burst, most often).
-        let mut sockets: Vec<Option<Arc<Socket>>> = Vec::with_capacity(packets.len());
-        let mut last: Option<(u16, Option<Arc<Socket>>, u16)> = None;
+        // port hint (the packets of a message, of a QP's burst, most often): `sockets`
+        // holds each run's, `socket_of` the run of each packet.
+        let mut sockets: Vec<(u16, Option<Arc<Socket>>, u16)> = Vec::new();
+        let mut socket_of: Vec<usize> = Vec::with_capacity(packets.len());
         for packet in packets.iter_mut() {
-            let (socket, port) = match &last {
-                Some((hint, socket, port)) if *hint == packet.src_port => (socket.clone(), *port),
-                _ => {
-                    let (socket, port) = self.source_socket(packet.src_port);
-                    last = Some((packet.src_port, socket.clone(), port));
-                    (socket, port)
-                }
-            };
+            if sockets
+                .last()
+                .is_none_or(|(hint, _, _)| *hint != packet.src_port)
+            {
+                let (socket, port) = self.source_socket(packet.src_port);
+                sockets.push((packet.src_port, socket, port));
+            }
+            let run = sockets.len() - 1;
             packet.sent = path_headers(
                 &self.local,
                 &packet.to,
-                port,
+                sockets[run].2,
                 self.config.traffic_class,
                 self.config.hop_limit,
                 packet.bytes.len(),
@@ -1788,10 +1789,11 @@ impl Transport for UdpTransport {
                 tracing::debug!(%error, to = %packet.to.addr(), "send failed");
             })
             .ok();
-            sockets.push(socket);
+            socket_of.push(run);
         }
+        let socket = |index: usize| sockets[socket_of[index]].1.as_ref();
         // Runs of packets for one socket; a packet that could not be prepared ends a run.
-        let same = |a: &Option<Arc<Socket>>, b: &Option<Arc<Socket>>| match (a, b) {
+        let same = |a: usize, b: usize| match (socket(a), socket(b)) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
@@ -1803,14 +1805,11 @@ impl Transport for UdpTransport {
                 continue;
             }
             let mut end = start + 1;
-            while end < packets.len()
-                && packets[end].sent.is_some()
-                && same(&sockets[start], &sockets[end])
-            {
+            while end < packets.len() && packets[end].sent.is_some() && same(start, end) {
                 end += 1;
             }
-            let socket = sockets[start].as_deref().unwrap_or(&self.socket);
-            self.transmit_group(socket, &mut packets[start..end]);
+            let from = socket(start).map_or(&self.socket, |socket| &**socket);
+            self.transmit_group(from, &mut packets[start..end]);
             start = end;
         }
         packets
