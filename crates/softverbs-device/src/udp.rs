@@ -1878,7 +1878,7 @@ impl Transport for UdpTransport {
     }
 
     /// With GRO, the socket's packets where they lie in the arena
-    /// ([`UdpTransport::take_in_place_until`]). Without GRO, none (`recv_batch` receives
+    /// (`UdpTransport::take_in_place_until`). Without GRO, none (`recv_batch` receives
     /// each datagram straight into a buffer of the caller).
     fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
         self.take_in_place_until(max, &|_| false, handle)
