@@ -1539,11 +1539,11 @@ impl Transport for HostTransport {
         }
     }
 
-    /// Packets of the rings sent without an ICRC (a device of another process that
-    /// neither captures nor injects faults), handed where they lie.
-    /// The rings' packets sent without an ICRC, then, when the socket is due a look (as in
-    /// `recv_batch`), the packets of the socket's coalesced datagrams where they lie
-    /// (`UdpTransport::take_in_place_until`), up to one for another member of the address.
+    /// The rings' packets sent without an ICRC (by a device of another process that
+    /// neither captures nor injects faults), then, when the socket is due a look (as in
+    /// `recv_batch`), the packets of the socket's coalesced datagrams, all handed where
+    /// they lie (`UdpTransport::take_in_place_until`), up to one for another member of the
+    /// address.
     fn take_in_place(&self, max: usize, handle: &mut dyn FnMut(&Received, &[u8])) -> usize {
         let Some(shm) = &self.shm else {
             return self.udp.take_in_place(max, handle);
