@@ -1757,23 +1757,19 @@ impl Transport for UdpTransport {
     /// each ICRC is filled for the IP ID its packet carries on the wire.
     fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
         // The socket of each packet, looked up once for a run of packets with one source
-        // port hint (the packets of a message, of a QP's burst, most often): `sockets`
-        // holds each run's, `socket_of` the run of each packet.
-        let mut sockets: Vec<(u16, Option<Arc<Socket>>, u16)> = Vec::new();
-        let mut socket_of: Vec<usize> = Vec::with_capacity(packets.len());
-        for packet in packets.iter_mut() {
-            if sockets
-                .last()
-                .is_none_or(|(hint, _, _)| *hint != packet.src_port)
-            {
+        // port hint (the packets of a message, of a QP's burst, most often): each run's
+        // first packet, hint, socket and port.
+        let mut runs: Vec<(usize, u16, Option<Arc<Socket>>, u16)> = Vec::new();
+        for (index, packet) in packets.iter_mut().enumerate() {
+            if runs.last().is_none_or(|run| run.1 != packet.src_port) {
                 let (socket, port) = self.source_socket(packet.src_port);
-                sockets.push((packet.src_port, socket, port));
+                runs.push((index, packet.src_port, socket, port));
             }
-            let run = sockets.len() - 1;
+            let port = runs.last().map_or(self.local.port(), |run| run.3);
             packet.sent = path_headers(
                 &self.local,
                 &packet.to,
-                sockets[run].2,
+                port,
                 self.config.traffic_class,
                 self.config.hop_limit,
                 packet.bytes.len(),
@@ -1789,26 +1785,37 @@ impl Transport for UdpTransport {
                 tracing::debug!(%error, to = %packet.to.addr(), "send failed");
             })
             .ok();
-            socket_of.push(run);
         }
-        let socket = |index: usize| sockets[socket_of[index]].1.as_ref();
+        // The socket of packet `index`, moving `run` on to the run that holds it (indices
+        // only grow).
+        let socket_at = |run: &mut usize, index: usize| {
+            while runs.get(*run + 1).is_some_and(|next| next.0 <= index) {
+                *run += 1;
+            }
+            runs.get(*run).and_then(|run| run.2.as_ref())
+        };
         // Runs of packets for one socket; a packet that could not be prepared ends a run.
-        let same = |a: usize, b: usize| match (socket(a), socket(b)) {
+        let same = |a: Option<&Arc<Socket>>, b: Option<&Arc<Socket>>| match (a, b) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
         };
+        let mut run = 0;
         let mut start = 0;
         while start < packets.len() {
             if packets[start].sent.is_none() {
                 start += 1;
                 continue;
             }
+            let first = socket_at(&mut run, start);
             let mut end = start + 1;
-            while end < packets.len() && packets[end].sent.is_some() && same(start, end) {
+            while end < packets.len()
+                && packets[end].sent.is_some()
+                && same(first, socket_at(&mut run, end))
+            {
                 end += 1;
             }
-            let from = socket(start).map_or(&self.socket, |socket| &**socket);
+            let from = first.map_or(&self.socket, |socket| &**socket);
             self.transmit_group(from, &mut packets[start..end]);
             start = end;
         }
