@@ -336,8 +336,8 @@ impl Engine {
     /// (and accept only packets cut so) instead of its path MTU; `None` goes back to the
     /// path MTU. For a peer whose packets never cross a wire — a QP of a device of this
     /// process, handed each packet in memory — a packet's size is bounded only by memory,
-    /// and one packet per 32 KiB instead of per 4 KiB costs an eighth of the headers,
-    /// checks and hand-overs. Both QPs of a connection must use the same size: the PSNs a
+    /// and one packet per 32 or 64 KiB instead of per 4 KiB costs an eighth or a sixteenth
+    /// of the headers, checks and hand-overs. Both QPs of a connection must use the same size: the PSNs a
     /// message takes depend on it (a READ's responses, IBTA vol. 1 §9.4.4). Set it before
     /// the QP sends or receives (the device does so as the QP enters RTR); `ibv_query_qp`
     /// still reports the path MTU. Refused for an unknown QP and for UD (whose messages are

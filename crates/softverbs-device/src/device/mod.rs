@@ -323,11 +323,12 @@ impl DeviceInner {
     }
 
     /// The segment size a connected QP entering RTR with `attr` (its path) uses:
-    /// [`DIRECT_SEGMENT`] when no packet of either end meets a wire or a socket's size
-    /// limit — the peer QP is a device's of this process (this one included) and neither
-    /// device captures, injects faults or has the shortcut off, or it is a device's of
-    /// another process of this host reached through shared memory both ways, neither
-    /// capturing nor injecting faults; else the path MTU (`None`). Both ends decide alike.
+    /// [`IN_PROCESS_SEGMENT`] when the peer QP is a device's of this process (this one
+    /// included) and neither device captures, injects faults or has the shortcut off;
+    /// [`DIRECT_SEGMENT`] when it is a device's of another process of this host reached
+    /// through shared memory both ways, neither capturing nor injecting faults; else the
+    /// path MTU (`None`): whenever a packet of either end may meet a wire or a socket's
+    /// size limit. Both ends decide alike.
     fn segment_for(&self, attr: &QpAttr) -> Option<std::num::NonZeroU32> {
         let dest = Gid(attr.ah_attr.dgid).resolve(self.address);
         let peer = lock(registry())
@@ -336,7 +337,7 @@ impl DeviceInner {
             .filter(|peer| (peer.qpns.start..peer.qpns.end).contains(&attr.dest_qp_num));
         if let Some(peer) = peer {
             let direct = self.hands_over_directly() && peer.hands_over_directly();
-            return direct.then_some(DIRECT_SEGMENT);
+            return direct.then_some(IN_PROCESS_SEGMENT);
         }
         // A device of another process of this host, through shared memory both ways.
         let transport = self.transport.as_ref()?;
@@ -346,12 +347,27 @@ impl DeviceInner {
     }
 }
 
-/// The payload of a packet between two QPs of devices of this process (both handing
-/// packets over in memory): 32 KiB instead of the path MTU, an eighth of the packets —
-/// and of their headers, checks and hand-overs — of a large message at a 4096 MTU
-/// (`Engine::set_segment_size`). Not more: a packet's length must still fit the 16-bit
-/// length fields of the IP and UDP headers (and the GRH) its receiver is given.
+/// The payload of a packet between two QPs of devices of this host that reach each other
+/// through shared memory (a ring record each): 32 KiB instead of the path MTU, an eighth
+/// of the packets — and of their headers, checks and hand-overs — of a large message at a
+/// 4096 MTU (`Engine::set_segment_size`). Not more: a packet's length must still fit the
+/// 16-bit length fields of the IP and UDP headers its receiver derives for it, and larger
+/// records measured slower (60 KiB: 1 MiB RDMA WRITEs 20-30 % slower between two pinned
+/// processes, the ring's records fewer and coarser for the receiver to follow).
 const DIRECT_SEGMENT: std::num::NonZeroU32 = match std::num::NonZeroU32::new(32 * 1024) {
+    Some(size) => size,
+    None => unreachable!(),
+};
+
+/// The payload of a packet between two QPs of devices of this process, handed over in
+/// memory: 64 KiB, so that a 64 KiB message is one packet (the size RDMA programs and
+/// benchmarks use most for bandwidth) and each packet's headers, checks, hand-over and
+/// acknowledgement are paid once per 64 KiB (callgrind, 64 KiB RDMA WRITE stream between
+/// two devices of one process: 14,700 instructions per message besides the copy with
+/// 32 KiB packets, 11,900 with one packet). Such a packet is longer than an IP datagram
+/// can be; nothing between the two devices needs its length in a 16-bit field (its GRH,
+/// `grh.rs`, says the longest an IPv4 header can).
+const IN_PROCESS_SEGMENT: std::num::NonZeroU32 = match std::num::NonZeroU32::new(64 * 1024) {
     Some(size) => size,
     None => unreachable!(),
 };

@@ -136,11 +136,13 @@ const RECEIVE_SLOTS: usize = 32;
 /// Batches one round of progress takes off the transport at most.
 const RECEIVE_ROUNDS: usize = 2;
 
-/// The size of a receive slot: a packet of a direct segment with every header (the
-/// shared-memory path between devices of this host that take them), which is more than
-/// any IB transport packet at the largest path MTU (4096, IBTA vol. 1 §9.6.1.1). A larger
-/// datagram is dropped as truncated.
-const RECEIVE_SLOT_LEN: usize = PACKET_ROOM;
+/// The size of a receive slot: a packet of a direct segment between devices of this host
+/// (`DIRECT_SEGMENT`, 32 KiB: the shared-memory path, whose records may come through a
+/// receive slot) with every header, which is more than any IB transport packet at the
+/// largest path MTU (4096, IBTA vol. 1 §9.6.1.1). A larger datagram is dropped as
+/// truncated. (Packets between devices of this process are handed over, never received
+/// into a slot.)
+const RECEIVE_SLOT_LEN: usize = 36 * 1024;
 
 /// The packets a run produced, to send once the state lock is released: their bytes one
 /// after another in `bytes[..used]` (reused from run to run, so no allocation per packet).
@@ -172,9 +174,11 @@ struct OutgoingSlot {
     len: usize,
 }
 
-/// The room the engine is given to build one packet in: a packet of a direct segment
-/// (`DIRECT_SEGMENT`, 32 KiB, between devices of this process) with every header fits.
-const PACKET_ROOM: usize = 36 * 1024;
+/// The room the engine is given to build one packet in: a packet of the largest direct
+/// segment (`IN_PROCESS_SEGMENT`, 64 KiB, between devices of this process) with every
+/// header fits. (Its payload is mostly not written there: the engine leaves it in the
+/// region, `crate::deferred`.)
+const PACKET_ROOM: usize = 64 * 1024 + 512;
 
 impl Outgoing {
     fn clear(&mut self) {
