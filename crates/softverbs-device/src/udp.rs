@@ -113,6 +113,7 @@
 //! RoCEv2 packet on its own; a device with either sends one packet per message.
 
 use rustc_hash::FxHashMap;
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::mem::MaybeUninit;
@@ -1311,15 +1312,101 @@ impl UdpTransport {
         })
     }
 
+    /// [`Transport::send_batch`] with `buffers` to build its system calls' arguments in.
+    fn send_batch_with(
+        &self,
+        packets: &mut [OutgoingPacket<'_>],
+        buffers: &mut SendBuffers,
+    ) -> usize {
+        // The socket of each packet, looked up once for a run of packets with one source
+        // port hint (the packets of a message, of a QP's burst, most often): each run's
+        // first packet, hint, socket and port. (Taken out of `buffers` for the call, put
+        // back empty.)
+        let mut runs = std::mem::take(&mut buffers.runs);
+        runs.clear();
+        for (index, packet) in packets.iter_mut().enumerate() {
+            if runs.last().is_none_or(|run| run.1 != packet.src_port) {
+                let (socket, port) = self.source_socket(packet.src_port);
+                runs.push((index, packet.src_port, socket, port));
+            }
+            let port = runs.last().map_or(self.local.port(), |run| run.3);
+            packet.sent = path_headers(
+                &self.local,
+                &packet.to,
+                port,
+                self.config.traffic_class,
+                self.config.hop_limit,
+                packet.bytes.len(),
+            )
+            .map(|(ip, udp)| Sent {
+                from: self.local,
+                ip,
+                udp,
+                // Filled once the message the packet goes in is known.
+                icrc: 0,
+            })
+            .inspect_err(|error| {
+                tracing::debug!(%error, to = %packet.to.addr(), "send failed");
+            })
+            .ok();
+        }
+        // The socket of packet `index`, moving `run` on to the run that holds it (indices
+        // only grow).
+        let socket_at = |run: &mut usize, index: usize| {
+            while runs.get(*run + 1).is_some_and(|next| next.0 <= index) {
+                *run += 1;
+            }
+            runs.get(*run).and_then(|run| run.2.as_ref())
+        };
+        // Runs of packets for one socket; a packet that could not be prepared ends a run.
+        let same = |a: Option<&Arc<Socket>>, b: Option<&Arc<Socket>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        let mut run = 0;
+        let mut start = 0;
+        while start < packets.len() {
+            if packets[start].sent.is_none() {
+                start += 1;
+                continue;
+            }
+            let first = socket_at(&mut run, start);
+            let mut end = start + 1;
+            while end < packets.len()
+                && packets[end].sent.is_some()
+                && same(first, socket_at(&mut run, end))
+            {
+                end += 1;
+            }
+            let from = first.map_or(&self.socket, |socket| &**socket);
+            self.transmit_group(from, &mut packets[start..end], buffers);
+            start = end;
+        }
+        // The sockets' references go now; the room stays for the next call.
+        runs.clear();
+        buffers.runs = runs;
+        packets
+            .iter()
+            .filter(|packet| packet.sent.is_some())
+            .count()
+    }
+
     /// Sends `packets` (all prepared for `socket`, their ICRCs not filled yet) with as few
     /// `sendmmsg(2)` calls as it takes, in order, as GSO messages where it can (see the
     /// module documentation); fills each ICRC for the headers its packet goes with, and
     /// sets `sent` of each one the kernel took.
-    fn transmit_group(&self, socket: &Socket, packets: &mut [OutgoingPacket<'_>]) {
+    fn transmit_group(
+        &self,
+        socket: &Socket,
+        packets: &mut [OutgoingPacket<'_>],
+        buffers: &mut SendBuffers,
+    ) {
         let mut from = 0;
+        let mut messages = std::mem::take(&mut buffers.messages);
         while from < packets.len() {
             let rest = &mut packets[from..];
-            let messages = plan_messages(rest, self.gso.load(Ordering::Relaxed));
+            plan_messages(rest, self.gso.load(Ordering::Relaxed), &mut messages);
             for message in &messages {
                 let segmented = message.len() > 1;
                 for (segment, packet) in rest[message.clone()].iter_mut().enumerate() {
@@ -1327,12 +1414,13 @@ impl UdpTransport {
                     fill_icrc(packet, if segmented { segment } else { 0 });
                 }
             }
-            match self.send_messages(socket, rest, &messages) {
-                None => return,
+            match self.send_messages(socket, rest, &messages, buffers) {
+                None => break,
                 // GSO is off now: the packets from there go again, one per message.
                 Some(refused) => from += refused,
             }
         }
+        buffers.messages = messages;
     }
 
     /// Sends `messages` (ranges of `packets`, each one message: a GSO message if it holds
@@ -1344,31 +1432,39 @@ impl UdpTransport {
         socket: &Socket,
         packets: &mut [OutgoingPacket<'_>],
         messages: &[Range<usize>],
+        buffers: &mut SendBuffers,
     ) -> Option<usize> {
+        let SendBuffers {
+            addresses,
+            iovecs,
+            controls,
+            headers,
+            done,
+            ..
+        } = buffers;
         for chunk in messages.chunks(MAX_SEND_BATCH) {
-            let addresses: Vec<SockAddr> = chunk
-                .iter()
-                .map(|message| SockAddr::from(packets[message.start].to.socket_addr()))
-                .collect();
+            addresses.clear();
+            addresses.extend(
+                chunk
+                    .iter()
+                    .map(|message| SockAddr::from(packets[message.start].to.socket_addr())),
+            );
             let first = chunk.first().map_or(0, |message| message.start);
             let last = chunk.last().map_or(0, |message| message.end);
-            let iovecs: Vec<libc::iovec> = packets[first..last]
-                .iter()
-                .map(|packet| libc::iovec {
-                    iov_base: packet.bytes.as_ptr().cast_mut().cast(),
-                    iov_len: packet.bytes.len(),
-                })
-                .collect();
-            let mut controls: Vec<SegmentControl> = chunk
-                .iter()
-                .map(|message| {
-                    let size = packets[message.start].bytes.len();
-                    SegmentControl::new(size as u16)
-                })
-                .collect();
+            iovecs.clear();
+            iovecs.extend(packets[first..last].iter().map(|packet| libc::iovec {
+                iov_base: packet.bytes.as_ptr().cast_mut().cast(),
+                iov_len: packet.bytes.len(),
+            }));
+            controls.clear();
+            controls.extend(chunk.iter().map(|message| {
+                let size = packets[message.start].bytes.len();
+                SegmentControl::new(size as u16)
+            }));
+            headers.clear();
             // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
             // zeroes is valid: null pointers with zero lengths.
-            let mut headers: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; chunk.len()];
+            headers.resize(chunk.len(), unsafe { std::mem::zeroed() });
             for (index, message) in chunk.iter().enumerate() {
                 let header = &mut headers[index].msg_hdr;
                 header.msg_name = addresses[index].as_ptr().cast_mut().cast();
@@ -1380,7 +1476,8 @@ impl UdpTransport {
                     header.msg_controllen = controls[index].0.len();
                 }
             }
-            let mut done = vec![false; chunk.len()];
+            done.clear();
+            done.resize(chunk.len(), false);
             let mut at = 0;
             let mut retries = 0;
             while at < headers.len() {
@@ -1454,7 +1551,7 @@ impl UdpTransport {
                                 // Those before the refused message went or failed; the
                                 // rest are still to send (their headers kept).
                                 let refused = message.start;
-                                for (message, done) in chunk[..at].iter().zip(&done) {
+                                for (message, done) in chunk[..at].iter().zip(done.iter()) {
                                     if !done {
                                         for packet in &mut packets[message.clone()] {
                                             packet.sent = None;
@@ -1473,8 +1570,7 @@ impl UdpTransport {
                     }
                 }
             }
-            drop(headers);
-            for (message, done) in chunk.iter().zip(done) {
+            for (message, done) in chunk.iter().zip(done.iter()) {
                 if !done {
                     for packet in &mut packets[message.clone()] {
                         packet.sent = None;
@@ -1598,13 +1694,46 @@ impl SegmentControl {
     }
 }
 
+/// What a send builds its `sendmmsg(2)` calls in, kept from call to call on each thread
+/// (an allocation each, seven in all, per send cost a busy ping-pong about 1,200
+/// instructions of `malloc` and `free` per message).
+#[derive(Default)]
+struct SendBuffers {
+    /// Runs of packets with one source port hint: first packet, hint, socket and port.
+    runs: Vec<(usize, u16, Option<Arc<Socket>>, u16)>,
+    /// The messages the packets go as ([`plan_messages`]).
+    messages: Vec<Range<usize>>,
+    /// Per message of a `sendmmsg(2)` call: its destination, GSO control and header, and
+    /// whether it went; per packet, its iovec.
+    addresses: Vec<SockAddr>,
+    iovecs: Vec<libc::iovec>,
+    controls: Vec<SegmentControl>,
+    headers: Vec<libc::mmsghdr>,
+    done: Vec<bool>,
+}
+
+thread_local! {
+    static SEND_BUFFERS: RefCell<SendBuffers> = RefCell::default();
+}
+
+impl SendBuffers {
+    /// Calls `f` with this thread's buffers (fresh ones if a send further up this
+    /// thread's stack holds them).
+    fn with<R>(f: impl FnOnce(&mut SendBuffers) -> R) -> R {
+        SEND_BUFFERS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buffers) => f(&mut buffers),
+            Err(_) => f(&mut SendBuffers::default()),
+        })
+    }
+}
+
 /// Cuts `packets` into the messages they are sent as, in order: with `gso`, a run of
 /// packets for one destination, all of the first one's length but the last (which may be
 /// shorter, unless it starts a run of its own), at most [`UDP_MAX_SEGMENTS`] of them and
 /// [`MAX_GSO_BYTES`] in all, is one message (udp(7) `UDP_SEGMENT`); without, every packet
 /// is one.
-fn plan_messages(packets: &[OutgoingPacket<'_>], gso: bool) -> Vec<Range<usize>> {
-    let mut messages = Vec::new();
+fn plan_messages(packets: &[OutgoingPacket<'_>], gso: bool, messages: &mut Vec<Range<usize>>) {
+    messages.clear();
     let mut start = 0;
     while start < packets.len() {
         let size = packets[start].bytes.len();
@@ -1633,7 +1762,6 @@ fn plan_messages(packets: &[OutgoingPacket<'_>], gso: bool) -> Vec<Range<usize>>
         messages.push(start..end);
         start = end;
     }
-    messages
 }
 
 /// Fills the ICRC of a prepared packet for the headers it goes with as segment `segment`
@@ -1756,73 +1884,7 @@ impl Transport for UdpTransport {
     /// one `sendmmsg(2)`, in order, as GSO messages where it can (module documentation);
     /// each ICRC is filled for the IP ID its packet carries on the wire.
     fn send_batch(&self, packets: &mut [OutgoingPacket<'_>]) -> usize {
-        // The socket of each packet, looked up once for a run of packets with one source
-        // port hint (the packets of a message, of a QP's burst, most often): each run's
-        // first packet, hint, socket and port.
-        let mut runs: Vec<(usize, u16, Option<Arc<Socket>>, u16)> = Vec::new();
-        for (index, packet) in packets.iter_mut().enumerate() {
-            if runs.last().is_none_or(|run| run.1 != packet.src_port) {
-                let (socket, port) = self.source_socket(packet.src_port);
-                runs.push((index, packet.src_port, socket, port));
-            }
-            let port = runs.last().map_or(self.local.port(), |run| run.3);
-            packet.sent = path_headers(
-                &self.local,
-                &packet.to,
-                port,
-                self.config.traffic_class,
-                self.config.hop_limit,
-                packet.bytes.len(),
-            )
-            .map(|(ip, udp)| Sent {
-                from: self.local,
-                ip,
-                udp,
-                // Filled once the message the packet goes in is known.
-                icrc: 0,
-            })
-            .inspect_err(|error| {
-                tracing::debug!(%error, to = %packet.to.addr(), "send failed");
-            })
-            .ok();
-        }
-        // The socket of packet `index`, moving `run` on to the run that holds it (indices
-        // only grow).
-        let socket_at = |run: &mut usize, index: usize| {
-            while runs.get(*run + 1).is_some_and(|next| next.0 <= index) {
-                *run += 1;
-            }
-            runs.get(*run).and_then(|run| run.2.as_ref())
-        };
-        // Runs of packets for one socket; a packet that could not be prepared ends a run.
-        let same = |a: Option<&Arc<Socket>>, b: Option<&Arc<Socket>>| match (a, b) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        };
-        let mut run = 0;
-        let mut start = 0;
-        while start < packets.len() {
-            if packets[start].sent.is_none() {
-                start += 1;
-                continue;
-            }
-            let first = socket_at(&mut run, start);
-            let mut end = start + 1;
-            while end < packets.len()
-                && packets[end].sent.is_some()
-                && same(first, socket_at(&mut run, end))
-            {
-                end += 1;
-            }
-            let from = first.map_or(&self.socket, |socket| &**socket);
-            self.transmit_group(from, &mut packets[start..end]);
-            start = end;
-        }
-        packets
-            .iter()
-            .filter(|packet| packet.sent.is_some())
-            .count()
+        SendBuffers::with(|buffers| self.send_batch_with(packets, buffers))
     }
 
     /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call
@@ -2043,12 +2105,15 @@ mod tests {
                 OutgoingPacket::new(to, 0xC000, bytes)
             })
             .collect();
+        let mut messages = vec![7..9, 1..2];
+        plan_messages(&outgoing, false, &mut messages);
         assert_eq!(
-            plan_messages(&outgoing, false),
+            messages,
             (0..packets.len()).map(|i| i..i + 1).collect::<Vec<_>>(),
             "without GSO, one packet per message"
         );
-        plan_messages(&outgoing, true)
+        plan_messages(&outgoing, true, &mut messages);
+        messages
     }
 
     // udp(7) UDP_SEGMENT, Documentation/networking/segmentation-offloads.rst: the segments

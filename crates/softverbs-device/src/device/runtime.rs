@@ -426,6 +426,9 @@ thread_local! {
     /// its pieces in the run's `deferred`).
     static LOCAL_TARGETS: RefCell<Vec<LocalTarget>> = const { RefCell::new(Vec::new()) };
 
+    /// The room of the batch a run hands its transport, kept from run to run (empty).
+    static TRANSPORT_BATCH: RefCell<Vec<OutgoingPacket<'static>>> = const { RefCell::new(Vec::new()) };
+
     /// Buffers of runs whose packets were handed over and handled, for the next run to
     /// hand over its own in (swapped, so neither allocates).
     static SPARE_RUNS: RefCell<Vec<Rc<Outgoing>>> = const { RefCell::new(Vec::new()) };
@@ -745,7 +748,7 @@ impl DeviceInner {
             return;
         }
         let mut batch = match self.transport {
-            Some(_) => Vec::with_capacity(outgoing.packets.len()),
+            Some(_) => reuse(TRANSPORT_BATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()))),
             None => Vec::new(),
         };
         let mut local = LOCAL_TARGETS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
@@ -801,7 +804,9 @@ impl DeviceInner {
             // Still under the send lock: the batch leaves in the order of the run.
             transport.send_batch(&mut batch);
         }
-        drop(batch);
+        if batch.capacity() > 0 {
+            TRANSPORT_BATCH.with(|cell| *cell.borrow_mut() = reuse(batch));
+        }
         if !local.is_empty() {
             // The run's packets are handed over as they were built: the buffer goes with
             // them (the run continues with a spare one), and comes back to the thread's
@@ -1281,6 +1286,18 @@ fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGu
     drop(batch);
     drop(sending);
     deliver_local();
+}
+
+/// `spare`'s room, emptied, for packets of another lifetime: a batch borrows the bytes
+/// of one run, and its vector serves the next run's (no allocation per run).
+fn reuse<'b>(mut spare: Vec<OutgoingPacket<'_>>) -> Vec<OutgoingPacket<'b>> {
+    spare.clear();
+    let mut spare = std::mem::ManuallyDrop::new(spare);
+    let (ptr, capacity) = (spare.as_mut_ptr(), spare.capacity());
+    // SAFETY: the allocation is handed over whole (`spare` is not dropped) to a vector of
+    // the same type but for a lifetime, so of the same layout, with no element: no packet
+    // of the old lifetime is reachable through it.
+    unsafe { Vec::from_raw_parts(ptr.cast::<OutgoingPacket<'b>>(), 0, capacity) }
 }
 
 /// Queues a packet the link of a device with a capture or faults hands to `to`, a device

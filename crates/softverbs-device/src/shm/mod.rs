@@ -82,6 +82,12 @@ const FORWARDED: u16 = 2;
 /// Bytes before the packet in a [`FORWARDED`] record.
 const FORWARD_PREFIX: usize = 24;
 
+thread_local! {
+    /// [`HostTransport`]'s send: the runs of a batch that go over UDP.
+    static WIRE_RUNS: std::cell::RefCell<Vec<std::ops::Range<usize>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// How long a device whose address's socket is taken waits at most for the device that
 /// took it to show in the members file (both opened at the same time).
 const JOIN_WAIT: Duration = Duration::from_millis(100);
@@ -1387,7 +1393,10 @@ impl Transport for HostTransport {
         let local = self.local;
         let mut routes = lock(&shm.routes);
         let mut now = None;
-        let mut wire = Vec::new();
+        // The runs of packets that go over UDP (none, or all of them, most often): the
+        // thread's vector, kept from call to call.
+        let mut wire = WIRE_RUNS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        wire.clear();
         let mut sent = 0;
         let mut start = 0;
         let slot = |packet: &OutgoingPacket<'_>| ring_slot(packet.bytes);
@@ -1457,11 +1466,14 @@ impl Transport for HostTransport {
             start = end;
         }
         drop(routes);
-        if wire.is_empty() {
-            return sent;
-        }
-        if wire.len() == 1 && wire[0] == (0..packets.len()) {
-            return sent + self.send_wire(packets);
+        let whole = wire.len() == 1 && wire[0] == (0..packets.len());
+        if wire.is_empty() || whole {
+            WIRE_RUNS.with(|cell| *cell.borrow_mut() = wire);
+            return if whole {
+                sent + self.send_wire(packets)
+            } else {
+                sent
+            };
         }
         // The packets for UDP, in order, as one batch.
         let mut batch: Vec<OutgoingPacket<'_>> = Vec::new();
