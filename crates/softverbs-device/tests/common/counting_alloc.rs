@@ -1,24 +1,23 @@
 //! The global allocator of the allocation tests (softverbs-device's, the safe API's and the
 //! drop-in's `tests/allocations.rs`, each of which includes this file and nothing else
 //! does): the system allocator, counting the allocations (and reallocations) a thread makes
-//! while it has counting on.
+//! while it has counting on, each thread its own (tests of one binary run on threads of
+//! their own at once: one's count never includes another's).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 struct Counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static COUNTED: Cell<u64> = const { Cell::new(0) };
 }
 
 impl Counting {
     fn count(&self) {
         if COUNTING.try_with(Cell::get).unwrap_or(false) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+            let _ = COUNTED.try_with(|counted| counted.set(counted.get() + 1));
         }
     }
 }
@@ -49,9 +48,9 @@ pub fn count(on: bool) {
     COUNTING.with(|c| c.set(on));
 }
 
-/// The allocations counted so far, by every thread.
+/// The allocations this thread counted so far.
 pub fn allocations() -> u64 {
-    ALLOCATIONS.load(Ordering::Relaxed)
+    COUNTED.with(Cell::get)
 }
 
 /// Round trips before counting (queues and tables reach their size).
