@@ -37,7 +37,9 @@
 //! 10,407 with the opcode table's entries handed out by reference. Dev profile: 14,064 then.
 //! Then (10,351 and 13,922 dev on the toolchain of the time): 9,693 and 13,358 dev once a
 //! work request held its one scatter/gather entry inline (`SgeList`), so building and
-//! retiring each request no longer cost a `malloc` and a `free`.
+//! retiring each request no longer cost a `malloc` and a `free`. Then 9,705 -> 8,241 once
+//! the release profile optimised the whole program at once (fat LTO, one codegen unit);
+//! the dev profile is unchanged by that.
 
 use softverbs_proto::{
     AccessFlags, AddressVector, AtomicOp, AttrMask, Engine, EngineConfig, MemError, MemKey, Memory,
@@ -321,7 +323,7 @@ fn count(dir: &Path) -> u64 {
 }
 
 /// The bound on instructions per round trip: optimised build, dev profile (module doc).
-const BOUNDS: (u64, u64) = (10_700, 16_700);
+const BOUNDS: (u64, u64) = (9_100, 16_700);
 
 #[test]
 fn callgrind_counts_stay_within_bounds() {
