@@ -595,6 +595,10 @@ impl PeerInbox {
                 .is_ok()
             {
                 ring_header.pid.store(me, Ordering::Relaxed);
+                // What an earlier producer kept there is not this one's to trust.
+                ring_header
+                    .seen_head
+                    .store(ring_header.head.load(Ordering::Acquire), Ordering::Relaxed);
                 // Before the active bit's Release: a consumer that sees the ring sees it.
                 ring_header.cap.store(cap as u32, Ordering::Relaxed);
                 for (word, bytes) in ring_header.from.iter().zip(from.chunks_exact(4)) {
