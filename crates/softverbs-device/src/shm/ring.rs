@@ -533,6 +533,7 @@ mod tests {
         assert_eq!(done.load(Ordering::Acquire), 1);
         drop(heap);
     }
+
     /// The producer keeps its own copy of the consumer's head and reads the consumer's
     /// cache line only when that copy says the ring is full: a busy pair moves the line of
     /// `tail` and the records, not also the line of `head`, for each packet.
