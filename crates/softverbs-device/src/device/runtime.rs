@@ -965,7 +965,15 @@ impl DeviceInner {
     /// Takes the packets already queued on the transport off it, a batch at a time, and
     /// handles each batch in one run (so its acknowledgements coalesce and leave together).
     /// The caller holds the receive lock. Returns how many packets it handled.
-    fn receive_queued(self: &Arc<Self>, transport: &dyn Transport, hold_acks: bool) -> usize {
+    ///
+    /// `fresh`: a clock reading the caller took just before (the application's poll has
+    /// one), for the first run; later runs read the clock.
+    fn receive_queued(
+        self: &Arc<Self>,
+        transport: &dyn Transport,
+        hold_acks: bool,
+        mut fresh: Option<u64>,
+    ) -> usize {
         let mut buffers = RECEIVE_BUFFERS
             .with(|cell| cell.borrow_mut().take())
             .unwrap_or_else(|| ReceiveBuffers {
@@ -984,7 +992,8 @@ impl DeviceInner {
             let mut from_socket = false;
             let count = transport.take_in_place(RECEIVE_SLOTS, &mut |packet, bytes| {
                 let (_, st, now) = run.get_or_insert_with(|| {
-                    (self.span.enter(), lock(&self.state), DeviceClock::now())
+                    let now = fresh.take().unwrap_or_else(DeviceClock::now);
+                    (self.span.enter(), lock(&self.state), now)
                 });
                 from_socket |= !packet.shared_memory;
                 let State { engine, memory, .. } = &mut **st;
@@ -1015,7 +1024,7 @@ impl DeviceInner {
                 break;
             }
             handled += count;
-            let now = DeviceClock::now();
+            let now = fresh.take().unwrap_or_else(DeviceClock::now);
             self.run_at(now, hold_acks, |st| {
                 let State { engine, memory, .. } = st;
                 for (packet, buf) in received.iter().zip(bufs.iter()) {
@@ -1057,7 +1066,7 @@ impl DeviceInner {
         }
         self.stuck_look.store(NO_LOOK, Ordering::Relaxed);
         match self.rx.try_lock() {
-            Ok(_receiving) => self.receive_queued(transport, false),
+            Ok(_receiving) => self.receive_queued(transport, false, None),
             Err(_) => 0,
         }
     }
@@ -1159,7 +1168,10 @@ impl DeviceInner {
                 if let Some(_receiving) = receiving {
                     // The application's own poll (`wait` given) holds the ACKs of what it
                     // receives for its next post; the progress thread sends them.
-                    received += self.receive_queued(&**transport, wait.is_some());
+                    // A call that does not wait (the application's poll) read the clock
+                    // just before.
+                    let fresh = wait.is_some_and(|w| w.is_zero()).then_some(now);
+                    received += self.receive_queued(&**transport, wait.is_some(), fresh);
                 }
                 if self.tap.is_some() {
                     // Receiving released packets the fault layer held back: those for
@@ -1240,7 +1252,7 @@ impl DeviceInner {
         let _receiving = self.rx.try_lock().ok()?;
         let mut handled = 0;
         for _ in 0..DRAIN_BEFORE_TIMERS {
-            let got = self.receive_queued(&**transport, false);
+            let got = self.receive_queued(&**transport, false, None);
             handled += got;
             if got == 0 {
                 break;
