@@ -638,6 +638,12 @@ impl Engine {
         ran
     }
 
+    /// Whether a local operation heads a send queue: [`Engine::execute_local_operations`]
+    /// has one to run (sending may have brought one to the head).
+    pub fn has_local_operations(&self) -> bool {
+        !self.schedule.local.is_empty()
+    }
+
     /// Queues a management datagram (a MAD, 1..=[`MAD_LEN`](crate::MAD_LEN) bytes) to
     /// send from QP1 to QP1 of the port whose GID is `dgid`, from the local GID at
     /// `sgid_index`. [`poll_transmit`](Self::poll_transmit) writes it as a UD SEND ONLY

@@ -694,7 +694,9 @@ impl DeviceInner {
                 });
                 sent += 1;
             }
-            if ran == 0 && sent == 0 {
+            // Another round only for a local operation that sending brought to the head of
+            // its send queue: what the ones that ran let out was sent in this round.
+            if (ran == 0 && sent == 0) || !engine.has_local_operations() {
                 break;
             }
         }
