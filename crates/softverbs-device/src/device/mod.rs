@@ -65,7 +65,7 @@ pub use stats::{CaptureCounts, CqSummary, DeviceStats, STATS_ENV};
 use attr::gid_table;
 use completions::{Route, Routes};
 use link::Link;
-use registry::{next_in_process_address, registry};
+use registry::{next_in_process_address, note_registered, registry};
 use runtime::progress_loop;
 
 use crate::events::{AsyncEvent, AsyncEventQueue};
@@ -525,7 +525,11 @@ impl Device {
             span,
             groups: Mutex::new(HashSet::new()),
         });
-        lock(registry()).insert(address, Arc::downgrade(&inner));
+        {
+            let mut reg = lock(registry());
+            reg.insert(address, Arc::downgrade(&inner));
+            note_registered(&reg);
+        }
         inner
             .span
             .in_scope(|| inner.events.push(AsyncEvent::PortActive { port: 1 }));
@@ -1382,6 +1386,7 @@ impl Drop for Device {
             .is_some_and(|w| w.as_ptr() == Arc::as_ptr(&self.inner))
         {
             reg.remove(&self.inner.address);
+            note_registered(&reg);
         }
     }
 }

@@ -7,7 +7,7 @@
 use super::DeviceInner;
 use rustc_hash::FxHashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// The devices of this process by address, looked up once per packet sent (so not
@@ -18,6 +18,20 @@ pub(super) type Registry = FxHashMap<IpAddr, Weak<DeviceInner>>;
 pub(super) fn registry() -> &'static Mutex<Registry> {
     static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(Registry::default()))
+}
+
+/// How many devices the registry holds ([`note_registered`] after every change).
+static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+
+/// Notes how many devices `devices` (the registry, under its lock) holds now.
+pub(super) fn note_registered(devices: &Registry) {
+    REGISTERED.store(devices.len(), Ordering::Release);
+}
+
+/// How many devices the registry holds, without its lock: a device with a transport
+/// alone in its process (the common case) need not look there for the packets it sends.
+pub(super) fn registered() -> usize {
+    REGISTERED.load(Ordering::Acquire)
 }
 
 /// The next address in 127.1.0.0/16 for an in-process device (no socket uses it).

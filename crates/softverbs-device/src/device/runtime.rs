@@ -18,7 +18,7 @@
 use super::completions::deliver_completions;
 use super::grh::grh_bytes;
 use super::link::HOP_LIMIT;
-use super::registry::{group_members, registry};
+use super::registry::{group_members, registered, registry};
 use super::{lock, DeviceInner, State};
 use crate::deferred::Deferred;
 use crate::pcap::{Capture, Direction};
@@ -765,16 +765,20 @@ impl DeviceInner {
         let mut local = LOCAL_TARGETS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
         {
             let shortcut = self.shortcut.load(Ordering::Relaxed) || self.transport.is_none();
-            let reg = shortcut.then(|| lock(registry()));
+            // A device with a transport alone in this process (the common case) hands over
+            // to itself only: no lock of the registry, no look-up there.
+            let alone = self.transport.is_some() && registered() <= 1;
+            let reg = (shortcut && !alone).then(|| lock(registry()));
             for (slot, bytes, at, pieces) in outgoing.split() {
                 let dest = slot.to.addr();
                 let len = bytes.len();
                 // A device of this process at that address, unless the address is shared
                 // with other processes and the QPN is another one's.
-                let peer = reg
-                    .as_ref()
-                    .and_then(|reg| reg.get(&dest).and_then(Weak::upgrade))
-                    .filter(|peer| peer.owns_packet(bytes));
+                let peer = match &reg {
+                    Some(reg) => reg.get(&dest).and_then(Weak::upgrade),
+                    None => (shortcut && dest == self.address).then(|| Arc::clone(self)),
+                }
+                .filter(|peer| peer.owns_packet(bytes));
                 match peer {
                     // Its payload, if left for later, read by the receiver straight into
                     // its region (one copy).
