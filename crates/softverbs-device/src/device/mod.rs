@@ -111,6 +111,9 @@ struct State {
     /// How many received management datagrams waited after the last run or
     /// [`Device::gsi_recv`]: a run that leaves more signals [`DeviceInner::gsi_fd`].
     gsi_seen: usize,
+    /// The destination GID of the last packet sent and the endpoint it resolved to
+    /// (most packets of a run, and of the next, go where the last went).
+    last_sent_to: Option<([u8; 16], Endpoint)>,
 }
 
 /// What an open device shares with its progress thread and with the devices of this
@@ -487,6 +490,7 @@ impl Device {
                 cqs: HashMap::new(),
                 retired_cqs: RetiredCqs::default(),
                 gsi_seen: 0,
+                last_sent_to: None,
             }),
             transport,
             tap,

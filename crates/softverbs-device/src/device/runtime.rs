@@ -657,7 +657,12 @@ impl DeviceInner {
 
     /// Collects transmits, completions and events from the engine.
     fn drain(&self, st: &mut State, now: u64, outgoing: &mut Outgoing) {
-        let State { engine, memory, .. } = st;
+        let State {
+            engine,
+            memory,
+            last_sent_to,
+            ..
+        } = st;
         // Payload read as the packets leave, straight into a peer's ring or region, where
         // the transport can or no transport is in between (`crate::deferred`).
         let defer = self.tap.is_none()
@@ -686,7 +691,14 @@ impl DeviceInner {
                 }
                 // The peer's address as the path check reads it (a link-local GID is the
                 // address it was made from).
-                let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
+                let to = match last_sent_to {
+                    Some((dgid, to)) if *dgid == tx.av.dgid => *to,
+                    _ => {
+                        let to = Endpoint::new(Gid(tx.av.dgid).resolve(self.address), self.port());
+                        *last_sent_to = Some((tx.av.dgid, to));
+                        to
+                    }
+                };
                 outgoing.push(OutgoingSlot {
                     to,
                     src_port: udp_src_port_for_qps(tx.src_qpn, tx.dest_qpn),
