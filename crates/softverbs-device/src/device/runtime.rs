@@ -305,7 +305,7 @@ const ACK_HOLD_LIMIT: Duration = Duration::from_micros(100);
 /// Buffers a thread receives into, reused from batch to batch.
 struct ReceiveBuffers {
     /// [`RECEIVE_SLOTS`] slots of [`RECEIVE_SLOT_LEN`] bytes.
-    slots: Box<[[u8; RECEIVE_SLOT_LEN]; RECEIVE_SLOTS]>,
+    slots: Vec<u8>,
     received: Vec<Received>,
 }
 
@@ -998,10 +998,7 @@ impl DeviceInner {
         let mut buffers = RECEIVE_BUFFERS
             .with(|cell| cell.borrow_mut().take())
             .unwrap_or_else(|| ReceiveBuffers {
-                slots: vec![[0u8; RECEIVE_SLOT_LEN]; RECEIVE_SLOTS]
-                    .into_boxed_slice()
-                    .try_into()
-                    .unwrap_or_else(|_| unreachable!("RECEIVE_SLOTS slots")),
+                slots: vec![0u8; RECEIVE_SLOTS * RECEIVE_SLOT_LEN],
                 received: Vec::with_capacity(RECEIVE_SLOTS),
             });
         let ReceiveBuffers { slots, received } = &mut buffers;
@@ -1033,10 +1030,18 @@ impl DeviceInner {
             }
         }
         for _ in 0..RECEIVE_ROUNDS {
-            // A slice per slot, made on every receive (an empty poll's too): no iterator
-            // and no bounds check (through `chunks_exact_mut`, ~300 instructions).
+            // A slice per slot, made on every receive (an empty poll's too): one length
+            // check, no iterator (through `chunks_exact_mut`, ~300 instructions). The
+            // buffer stays one flat allocation zeroed by the allocator (`vec![[0; L]; S]`
+            // would clone a 36 KiB element from the stack of whatever thread receives
+            // first, maybe a C program's small one).
+            let (chunks, _) = slots.as_chunks_mut::<RECEIVE_SLOT_LEN>();
+            let Ok(chunks) = <&mut [[u8; RECEIVE_SLOT_LEN]; RECEIVE_SLOTS]>::try_from(chunks)
+            else {
+                unreachable!("the receive buffer holds RECEIVE_SLOTS slots");
+            };
             let mut bufs: [&mut [u8]; RECEIVE_SLOTS] =
-                slots.each_mut().map(|slot| slot.as_mut_slice());
+                chunks.each_mut().map(|slot| slot.as_mut_slice());
             let count = match transport.recv_batch(&mut bufs, received, Some(Duration::ZERO)) {
                 Ok(count) => count,
                 Err(e) => {
