@@ -102,8 +102,9 @@ const HOLDER_CHECK: Duration = Duration::from_millis(100);
 const FORWARD_RETRY: Duration = Duration::from_millis(100);
 
 /// How long an address found without a usable inbox is sent to over UDP before looking
-/// again.
-const RECHECK: Duration = Duration::from_secs(1);
+/// again, in nanoseconds of the coarse clock ([`coarse_now`]), which the routes' upkeep
+/// reads.
+const RECHECK: u64 = Duration::from_secs(1).as_nanos() as u64;
 
 /// While senders use the inbox, a polling receiver looks at the UDP socket (a system call)
 /// only on one receive in this many, unless UDP brought packets recently or the socket
@@ -357,13 +358,12 @@ impl Shm {
         let slot = slot?;
         let key = (*to, slot);
         let time = |now: &mut Option<u64>| *now.get_or_insert_with(coarse_now);
-        let recheck = RECHECK.as_nanos() as u64;
         let look = match routes.get_mut(&key) {
             // Once every RECHECK: is the member there still the one this route reaches? (A
             // device that died leaves its slot to the next one, with a new inbox.)
             Some(Route::Shared(peer)) => {
                 let at = time(now);
-                if at >= peer.checked.saturating_add(recheck) {
+                if at >= peer.checked.saturating_add(RECHECK) {
                     peer.checked = at;
                     !peer.inbox.still_there()
                 } else {
@@ -388,14 +388,14 @@ impl Shm {
                                 stalled_at: AtomicU64::new(STALLED),
                             }))
                         }
-                        Err(_) => Route::Wire(time(now).saturating_add(recheck)),
+                        Err(_) => Route::Wire(time(now).saturating_add(RECHECK)),
                     }
                 }
                 Err(refused) => {
                     if let Refused::Unusable(why) = refused {
                         tracing::debug!(to = %to, why, "a device of this host, over UDP");
                     }
-                    Route::Wire(time(now).saturating_add(recheck))
+                    Route::Wire(time(now).saturating_add(RECHECK))
                 }
             };
             routes.insert(key, route);
@@ -417,7 +417,7 @@ impl Shm {
     /// ring.
     fn forget_gone(&self, now: u64) {
         let last = self.routes_looked_at.load(Ordering::Relaxed);
-        if now < last.saturating_add(RECHECK.as_nanos() as u64)
+        if now < last.saturating_add(RECHECK)
             || self
                 .routes_looked_at
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
@@ -534,8 +534,7 @@ impl Shm {
         if let Some(Route::Shared(peer)) = routes.get(&key) {
             if !peer.inbox.still_there() {
                 tracing::debug!(to = %key.0, slot = key.1, "the device there is gone: back to UDP");
-                let until = coarse_now().saturating_add(RECHECK.as_nanos() as u64);
-                routes.insert(key, Route::Wire(until));
+                routes.insert(key, Route::Wire(coarse_now().saturating_add(RECHECK)));
             }
         }
     }
