@@ -10,8 +10,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-/// The devices of this process by address, looked up once per packet sent (so not
-/// SipHash: the keys are this process's own addresses).
+/// The devices of this process by address, looked up once per packet sent (by a device
+/// with a transport, only while the process has others: [`registered`]; so not SipHash:
+/// the keys are this process's own addresses).
 pub(super) type Registry = FxHashMap<IpAddr, Weak<DeviceInner>>;
 
 /// The devices of this process by address (weak: the registry keeps none alive).
