@@ -701,6 +701,17 @@ pub trait Transport: Send + Sync {
         false
     }
 
+    /// Whether an ACK held for `to` may leave right behind the packet that takes it along,
+    /// in one datagram with it (a GSO message the peer receives whole, with `UDP_GRO`),
+    /// instead of ahead of it in a datagram of its own. Only where the peer is a softverbs
+    /// device for sure: it takes the datagram's packets in one run and completes the
+    /// ACK's send before the packet's receive, as the wire's order would have; another
+    /// stack could complete them the other way round. The default: false.
+    fn acks_may_follow(&self, to: &Endpoint) -> bool {
+        let _ = to;
+        false
+    }
+
     /// Gets ready to send to QP `dest_qpn` at `to` (a connected QP entering RTR): a
     /// transport that reaches devices of this host through shared memory opens the
     /// peer's inbox and claims its ring now, so the first packet of the connection
@@ -884,6 +895,9 @@ macro_rules! forward_transport {
             }
             fn prepare_route(&self, to: &Endpoint, dest_qpn: u32) {
                 (**self).prepare_route(to, dest_qpn)
+            }
+            fn acks_may_follow(&self, to: &Endpoint) -> bool {
+                (**self).acks_may_follow(to)
             }
             fn address_share(&self) -> u8 {
                 (**self).address_share()

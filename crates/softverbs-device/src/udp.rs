@@ -1887,6 +1887,15 @@ impl Transport for UdpTransport {
         SendBuffers::with(|buffers| self.send_batch_with(packets, buffers))
     }
 
+    /// With GSO, to a loopback address: the peer is a process of this host, a softverbs
+    /// device in practice (kernel RoCE devices sit on Ethernet interfaces), which receives
+    /// with GRO (a GSO message arrives whole on loopback) and takes the datagram's packets
+    /// in one run. Elsewhere the peer may be kernel rxe or a NIC, which take the segments
+    /// one by one and could complete the reply's receive before the ACK's send.
+    fn acks_may_follow(&self, to: &Endpoint) -> bool {
+        self.gso.load(Ordering::Relaxed) && to.addr().is_loopback()
+    }
+
     /// Takes what is queued with `recvmmsg(2)`, up to [`MAX_BATCH`] datagrams a call
     /// (32 with GRO, each possibly several packets), waiting (without the call)
     /// up to `timeout` for the first.
@@ -2194,6 +2203,31 @@ mod tests {
             let error = Ipv4IcrcCheck::parse(bad).unwrap_err();
             assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
         }
+    }
+
+    /// A held ACK rides behind the reply in its datagram only to a peer on loopback (a
+    /// softverbs device, which takes the datagram whole) and only with GSO; to any other
+    /// address it leads, in a datagram of its own (`Transport::acks_may_follow`). Nothing
+    /// is sent.
+    #[test]
+    fn acks_follow_replies_only_to_loopback_peers_with_gso() {
+        let bind = |offload| {
+            UdpTransport::bind(UdpConfig {
+                address: Some("127.0.0.78".parse().unwrap()),
+                port: 0,
+                offload,
+                ..UdpConfig::default()
+            })
+            .unwrap()
+        };
+        let to = |addr: &str| Endpoint::rocev2(addr.parse().unwrap());
+        let with_gso = bind(true);
+        assert!(with_gso.acks_may_follow(&to("127.0.0.79")));
+        assert!(with_gso.acks_may_follow(&to("::1")));
+        assert!(!with_gso.acks_may_follow(&to("192.0.2.1")));
+        assert!(!with_gso.acks_may_follow(&to("2001:db8::1")));
+        drop(with_gso);
+        assert!(!bind(false).acks_may_follow(&to("127.0.0.79")));
     }
 
     #[test]

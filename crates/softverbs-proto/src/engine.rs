@@ -10,7 +10,7 @@ use crate::error::{Capacity, Object, Queue, VerbsError};
 use crate::gsi::{Gsi, GsiMad, GSI_QPN};
 use crate::mcast::{is_multicast_gid, Groups, MULTICAST_QPN};
 use crate::memory::Memory;
-use crate::output::{AsyncEvent, Completion, Counters, DropReason, Transmit};
+use crate::output::{AsyncEvent, Completion, Counters, CqTarget, DropReason, Transmit};
 use crate::qp::{ack_timeout_ns, Ctx, Qp};
 use crate::sched::Schedule;
 use crate::srq::{Srq, SrqInit};
@@ -697,6 +697,22 @@ impl Engine {
     /// The next completion, in the order the engine produced them.
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
+    }
+
+    /// Puts the completions not yet polled for send queues before those for receive
+    /// queues, each kind in the order produced. IBTA orders completions within a work
+    /// queue, not between the send and the receive queue; but on a wire the ACK of a
+    /// request leaves its responder before any reply the responder's program posts
+    /// after, and programs count on its send completion coming first (`ib_send_lat -e`
+    /// of perftest 4.5, Debian 12's, waits on one channel for both CQs' events and
+    /// expects the send CQ's first). A device that takes
+    /// the reply and the ACK behind it in one datagram completes them as the wire would
+    /// have.
+    pub fn order_send_completions_first(&mut self) {
+        let is_recv = |c: &Completion| c.cq == CqTarget::Recv;
+        if self.completions.len() > 1 && !self.completions.iter().is_sorted_by_key(is_recv) {
+            self.completions.make_contiguous().sort_by_key(is_recv);
+        }
     }
 
     /// The next asynchronous event.

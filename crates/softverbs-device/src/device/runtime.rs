@@ -278,11 +278,16 @@ impl Outgoing {
 /// request does not wait behind a call of its own for the ACK (IBTA vol. 1 §9.7.5.1.1
 /// lets a responder coalesce and delay ACKs). Every other run sends them first, before its
 /// own packets, so the order of the device's packets never changes. First also ahead of the
-/// reply, though a datagram's way through the kernel is part of the sending call and the
-/// reply would reach the peer sooner ahead of the ACK (8-byte ping-pong over UDP here:
-/// 3.86 against 4.55 µs one way): a NIC acknowledges before its application sees the
-/// request, programs count on the send completing no later than the reply arrives
-/// (`ib_send_lat -e` hangs otherwise), and `tests/batching.rs` pins the order.
+/// reply, in a datagram of its own, except where the two can share one: a NIC acknowledges
+/// before its application sees the request, programs count on the send completing no later
+/// than the reply arrives (`ib_send_lat -e` hangs otherwise), and a peer that takes the
+/// two in separate receives would complete them the other way round. To a peer that takes
+/// them whole ([`Transport::acks_may_follow`]: over UDP with GSO, on loopback, where the
+/// peer is a softverbs device with GRO), the one ACK rides behind the reply in its GSO
+/// message ([`DeviceInner::acks_may_trail`]), and the peer, handling the datagram in one
+/// run, completes the send first (`Engine::order_send_completions_first`): one datagram
+/// through the kernel each way instead of two (8-byte `ib_send_lat` over UDP, pinned pair:
+/// 9.08 -> 7.25 µs one way). `tests/batching.rs` pins both orders.
 ///
 /// Only ACKs of packets that came through the socket are held. One of packets taken from
 /// shared-memory rings goes back as a record in the peer's ring, no system call to save,
@@ -640,10 +645,15 @@ impl DeviceInner {
                 guard.0.append(&outgoing);
                 self.acks_held.store(true, Ordering::Relaxed);
             } else {
-                // Held ACKs go first, in one call with what this run sends (a run that
-                // sends nothing, e.g. a post_recv, leaves them for the next post).
+                // Held ACKs go in one call with what this run sends (a run that sends
+                // nothing, e.g. a post_recv, leaves them for the next post): first, or
+                // in the datagram of the run's one packet, behind it.
                 if self.acks_held.swap(false, Ordering::Relaxed) {
-                    outgoing.prepend(&guard.0);
+                    if self.acks_may_trail(&guard.0, &outgoing) {
+                        outgoing.append(&guard.0);
+                    } else {
+                        outgoing.prepend(&guard.0);
+                    }
                     guard.0.clear();
                 }
                 if outgoing.only_acks() && PROGRESS_THREAD.with(Cell::get) {
@@ -653,6 +663,31 @@ impl DeviceInner {
             }
         }
         spare_outgoing(outgoing);
+    }
+
+    /// Whether the ACK `held` may leave behind `run`'s one packet, in the same GSO message
+    /// (a reply to the request it acknowledges, most often: one datagram instead of two
+    /// each way of a ping-pong). The wire's order, the ACK first, is what a program sees
+    /// when the two are taken apart: a receiver that takes them in one datagram completes
+    /// the ACK's send first (`Engine::order_send_completions_first`), one that takes
+    /// them one by one would not ([`Transport::acks_may_follow`] says where the peer
+    /// takes them whole). So: one ACK, to the packet's destination and from its port, no
+    /// longer than it (a GSO message's segments after the first may only be shorter),
+    /// through the transport and not handed to a device of this process.
+    fn acks_may_trail(&self, held: &Outgoing, run: &Outgoing) -> bool {
+        let ([ack], [packet]) = (held.packets.as_slice(), run.packets.as_slice()) else {
+            return false;
+        };
+        let to = packet.to;
+        ack.to == to
+            && ack.src_port == packet.src_port
+            && ack.len <= packet.len
+            && self
+                .transport
+                .as_ref()
+                .is_some_and(|transport| transport.acks_may_follow(&to))
+            && (!self.shortcut.load(Ordering::Relaxed)
+                || (registered() <= 1 && to.addr() != self.address))
     }
 
     /// Collects transmits, completions and events from the engine.
@@ -718,6 +753,7 @@ impl DeviceInner {
         // Completions, each CQ's through one burst: what a back-pressure CQ refused goes
         // first, to keep order.
         let mut failed_cqs: Vec<u32> = Vec::new();
+        st.engine.order_send_completions_first();
         deliver_completions(
             &st.routes,
             &mut st.held,

@@ -1665,6 +1665,11 @@ impl Transport for HostTransport {
         inbox::offers_direct_segments(&shm.scope.path(to, slot))
     }
 
+    /// Over UDP only (no inbox): a packet for a ring goes whole, without a datagram.
+    fn acks_may_follow(&self, to: &Endpoint) -> bool {
+        self.shm.is_none() && self.udp.acks_may_follow(to)
+    }
+
     fn prepare_route(&self, to: &Endpoint, dest_qpn: u32) {
         // The route of the packets to `dest_qpn` (none to multicast: `Shm::route`).
         let (Some(shm), Some(slot)) = (&self.shm, members::qpn_ring_slot(dest_qpn)) else {
