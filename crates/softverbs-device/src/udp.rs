@@ -980,7 +980,10 @@ impl UdpTransport {
             addresses,
             iovecs,
             messages,
+            armed,
+            written: _,
         } = batch;
+        *armed = None;
         for index in 0..count {
             let Some(buf) = slots.next() else {
                 count = index;
@@ -1018,6 +1021,96 @@ impl UdpTransport {
         };
         let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
         Ok(taken.min(count))
+    }
+
+    /// One `recvmmsg(2)` (`MSG_DONTWAIT`) of up to `count` datagrams into the first
+    /// `count` [`GRO_SLOT_LEN`]-byte slots of `slots`, with `batch` for their addresses and
+    /// control messages. The headers are pointed at `slots` once and kept from call to
+    /// call: a call sets back only the lengths the last one had the kernel write (none
+    /// after a receive that found nothing), not every header of the batch (about 600
+    /// instructions a call, an empty one included). Returns how many were taken;
+    /// `WouldBlock` if there were none.
+    fn receive_into_slots(
+        &self,
+        batch: &mut ReceiveBatch,
+        slots: &mut [u8],
+        count: usize,
+    ) -> io::Result<usize> {
+        let count = count.min(MAX_BATCH).min(slots.len() / GRO_SLOT_LEN);
+        if count == 0 {
+            return Ok(0);
+        }
+        // The headers point into the batch itself too: armed for this batch where it is.
+        let buffer = (
+            std::ptr::from_ref::<ReceiveBatch>(batch).cast::<u8>(),
+            slots.as_mut_ptr(),
+            slots.len(),
+        );
+        let ReceiveBatch {
+            controls,
+            addresses,
+            iovecs,
+            messages,
+            armed,
+            written,
+        } = batch;
+        if *armed != Some(buffer) {
+            for (index, slot) in slots
+                .chunks_exact_mut(GRO_SLOT_LEN)
+                .take(MAX_BATCH)
+                .enumerate()
+            {
+                iovecs[index] = libc::iovec {
+                    iov_base: slot.as_mut_ptr().cast(),
+                    iov_len: slot.len(),
+                };
+                let header = &mut messages[index].msg_hdr;
+                header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
+                header.msg_iov = &mut iovecs[index];
+                header.msg_iovlen = 1;
+                header.msg_control = controls[index].0.as_mut_ptr().cast();
+            }
+            *armed = Some(buffer);
+            *written = MAX_BATCH;
+        }
+        for index in 0..(*written).min(MAX_BATCH) {
+            let header = &mut messages[index].msg_hdr;
+            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_controllen = controls[index].0.len() as _;
+        }
+        bump(&self.counters.recv_calls);
+        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
+        // first `count` messages points at live memory that nothing else touches during
+        // the call: its address storage and control buffer in `batch` (boxed in the
+        // arena, never moved), and one iovec over slot `index` of `slots`, exclusively
+        // borrowed here (`armed` says the iovecs were made for this very buffer, and
+        // `count` slots fit in it), each with its true length, which the kernel writes
+        // within. No timeout: MSG_DONTWAIT.
+        let taken = unsafe {
+            libc::recvmmsg(
+                self.socket.as_raw_fd(),
+                messages.as_mut_ptr(),
+                count as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        match usize::try_from(taken) {
+            Ok(taken) => {
+                *written = taken.min(count);
+                Ok(*written)
+            }
+            Err(_) => {
+                let error = io::Error::last_os_error();
+                // Nothing there: nothing written. Any other failure: maybe some headers.
+                *written = if error.kind() == io::ErrorKind::WouldBlock {
+                    0
+                } else {
+                    count
+                };
+                Err(error)
+            }
+        }
     }
 
     /// Receives through the GRO arena: hands out into `bufs` (in order, appended to
@@ -1080,8 +1173,7 @@ impl UdpTransport {
             *slots = vec![0u8; GRO_SLOTS * GRO_SLOT_LEN];
         }
         let batch = batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()));
-        let mut chunks = slots.chunks_exact_mut(GRO_SLOT_LEN);
-        let taken = self.receive_into(batch, &mut chunks, room.min(GRO_SLOTS))?;
+        let taken = self.receive_into_slots(batch, slots, room.min(GRO_SLOTS))?;
         for index in 0..taken {
             let datagram = batch.datagram(index);
             let ancillary = self.check_ancillary(datagram.control);
@@ -1610,6 +1702,13 @@ struct ReceiveBatch {
     addresses: [libc::sockaddr_storage; MAX_BATCH],
     iovecs: [libc::iovec; MAX_BATCH],
     messages: [libc::mmsghdr; MAX_BATCH],
+    /// Where the batch was and the buffer (start, length) it was for when
+    /// [`UdpTransport::receive_into_slots`] pointed the headers at them, if it did (and
+    /// [`UdpTransport::receive_into`] did not since).
+    armed: Option<(*const u8, *mut u8, usize)>,
+    /// How many headers the last call may have had the kernel write: their name and
+    /// control lengths are set back before the next call on the same buffer.
+    written: usize,
 }
 
 /// What `recvmmsg(2)` says of one datagram it took.
@@ -1624,10 +1723,12 @@ struct Datagram<'a> {
     control: &'a [u8],
 }
 
-// SAFETY: the raw pointers in `iovecs` and `messages` are only ever dereferenced by the
-// kernel, inside the `recvmmsg(2)` of `UdpTransport::receive_into`, which sets every one
-// it passes to memory borrowed for that call. Between calls they are stale and nothing
-// reads through them, so the batch may move to (and be used by) another thread.
+// SAFETY: the raw pointers in `iovecs`, `messages` and `armed` are only ever dereferenced
+// by the kernel, inside the `recvmmsg(2)` of `UdpTransport::receive_into` (which sets every
+// one it passes to memory borrowed for that call) or of `UdpTransport::receive_into_slots`
+// (which passes them only while it holds the very buffer they were made for exclusively
+// borrowed). Between calls nothing reads through them, so the batch may move to (and be
+// used by) another thread.
 unsafe impl Send for ReceiveBatch {}
 
 impl ReceiveBatch {
@@ -1643,6 +1744,8 @@ impl ReceiveBatch {
             // SAFETY: `mmsghdr` is plain old data (pointers, lengths, flags), for which all
             // zeroes is valid: null pointers with zero lengths.
             messages: unsafe { std::mem::zeroed() },
+            armed: None,
+            written: 0,
         }
     }
 
