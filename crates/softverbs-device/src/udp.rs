@@ -937,9 +937,19 @@ impl UdpTransport {
         if count == 0 {
             return Ok(0);
         }
-        let mut batch = ReceiveBatch::new();
+        ReceiveBatch::with(|batch| self.receive_many_with(batch, bufs, received, count))
+    }
+
+    /// [`UdpTransport::receive_many`] of `count` datagrams with `batch`.
+    fn receive_many_with(
+        &self,
+        batch: &mut ReceiveBatch,
+        bufs: &mut [&mut [u8]],
+        received: &mut Vec<Received>,
+        count: usize,
+    ) -> io::Result<usize> {
         let mut slots = bufs.iter_mut().map(|buf| &mut **buf);
-        let taken = self.receive_into(&mut batch, &mut slots, count)?;
+        let taken = self.receive_into(batch, &mut slots, count)?;
         for index in 0..taken {
             let datagram = batch.datagram(index);
             let slot = received.len();
@@ -1731,7 +1741,23 @@ struct Datagram<'a> {
 // used by) another thread.
 unsafe impl Send for ReceiveBatch {}
 
+thread_local! {
+    /// The batch of [`UdpTransport::receive_many`] (receives without GRO), kept from call
+    /// to call on each thread: a fresh one is some 20 KiB of zeroes a call, an empty
+    /// receive included.
+    static RECEIVE_BATCH: RefCell<Option<Box<ReceiveBatch>>> = const { RefCell::new(None) };
+}
+
 impl ReceiveBatch {
+    /// Calls `f` with this thread's batch (a fresh one if a receive further up this
+    /// thread's stack holds it).
+    fn with<R>(f: impl FnOnce(&mut ReceiveBatch) -> R) -> R {
+        RECEIVE_BATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut batch) => f(batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()))),
+            Err(_) => f(&mut ReceiveBatch::new()),
+        })
+    }
+
     fn new() -> ReceiveBatch {
         ReceiveBatch {
             controls: [Control::new(); MAX_BATCH],
