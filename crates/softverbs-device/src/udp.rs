@@ -985,52 +985,20 @@ impl UdpTransport {
         count: usize,
     ) -> io::Result<usize> {
         let mut count = count.min(MAX_BATCH);
-        let ReceiveBatch {
-            controls,
-            addresses,
-            iovecs,
-            messages,
-            armed,
-            written: _,
-        } = batch;
-        *armed = None;
+        batch.armed = None;
         for index in 0..count {
             let Some(buf) = slots.next() else {
                 count = index;
                 break;
             };
-            iovecs[index] = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            let header = &mut messages[index].msg_hdr;
-            header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
-            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            header.msg_iov = &mut iovecs[index];
-            header.msg_iovlen = 1;
-            header.msg_control = controls[index].0.as_mut_ptr().cast();
-            header.msg_controllen = controls[index].0.len() as _;
+            batch.point(index, buf);
         }
         if count == 0 {
             return Ok(0);
         }
-        bump(&self.counters.recv_calls);
-        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
-        // first `count` messages points at live memory that nothing else touches during
-        // the call: its address storage and control buffer in `batch`, and one iovec over
-        // a buffer `slots` lent exclusively for `'a` (which outlives this call), each with
-        // its true length, which the kernel writes within. No timeout: MSG_DONTWAIT.
-        let taken = unsafe {
-            libc::recvmmsg(
-                self.socket.as_raw_fd(),
-                messages.as_mut_ptr(),
-                count as libc::c_uint,
-                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                std::ptr::null_mut(),
-            )
-        };
-        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
-        Ok(taken.min(count))
+        // SAFETY: the first `count` headers point at `batch`'s own storage and at buffers
+        // `slots` lent exclusively for `'a`, which outlives this call.
+        unsafe { self.recvmmsg(batch, count) }
     }
 
     /// One `recvmmsg(2)` (`MSG_DONTWAIT`) of up to `count` datagrams into the first
@@ -1056,71 +1024,58 @@ impl UdpTransport {
             slots.as_mut_ptr(),
             slots.len(),
         );
-        let ReceiveBatch {
-            controls,
-            addresses,
-            iovecs,
-            messages,
-            armed,
-            written,
-        } = batch;
-        if *armed != Some(buffer) {
+        if batch.armed == Some(buffer) {
+            for index in 0..batch.written.min(MAX_BATCH) {
+                batch.reset_lengths(index);
+            }
+        } else {
             for (index, slot) in slots
                 .chunks_exact_mut(GRO_SLOT_LEN)
                 .take(MAX_BATCH)
                 .enumerate()
             {
-                iovecs[index] = libc::iovec {
-                    iov_base: slot.as_mut_ptr().cast(),
-                    iov_len: slot.len(),
-                };
-                let header = &mut messages[index].msg_hdr;
-                header.msg_name = (&mut addresses[index] as *mut libc::sockaddr_storage).cast();
-                header.msg_iov = &mut iovecs[index];
-                header.msg_iovlen = 1;
-                header.msg_control = controls[index].0.as_mut_ptr().cast();
+                batch.point(index, slot);
             }
-            *armed = Some(buffer);
-            *written = MAX_BATCH;
+            batch.armed = Some(buffer);
         }
-        for index in 0..(*written).min(MAX_BATCH) {
-            let header = &mut messages[index].msg_hdr;
-            header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            header.msg_controllen = controls[index].0.len() as _;
-        }
+        // SAFETY: the first `count` headers point at `batch`'s own storage (boxed in the
+        // arena, never moved; `armed` says they were made for the batch where it is) and
+        // at slots of `slots`, exclusively borrowed here (`armed` says they were made for
+        // this very buffer, and `count` slots fit in it).
+        let taken = unsafe { self.recvmmsg(batch, count) };
+        // Nothing there: nothing written. Any other failure: maybe some headers.
+        batch.written = match &taken {
+            Ok(taken) => *taken,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(_) => count,
+        };
+        taken
+    }
+
+    /// One `recvmmsg(2)` (`MSG_DONTWAIT`, no timeout) into `batch`'s first `count`
+    /// headers. Returns how many datagrams it took; `WouldBlock` if there were none.
+    ///
+    /// # Safety
+    ///
+    /// Each of the first `count` headers must point at live memory that nothing else
+    /// touches during the call: its address storage, control buffer and iovec in `batch`
+    /// ([`ReceiveBatch::point`]), and through the iovec a buffer of its true length.
+    unsafe fn recvmmsg(&self, batch: &mut ReceiveBatch, count: usize) -> io::Result<usize> {
+        let count = count.min(MAX_BATCH);
         bump(&self.counters.recv_calls);
-        // SAFETY: the fd is open (borrowed from `self.socket`) for the call. Each of the
-        // first `count` messages points at live memory that nothing else touches during
-        // the call: its address storage and control buffer in `batch` (boxed in the
-        // arena, never moved), and one iovec over slot `index` of `slots`, exclusively
-        // borrowed here (`armed` says the iovecs were made for this very buffer, and
-        // `count` slots fit in it), each with its true length, which the kernel writes
-        // within. No timeout: MSG_DONTWAIT.
+        // SAFETY: the fd is open (borrowed from `self.socket`) for the call; the headers
+        // are as the caller promises, and the kernel writes within the lengths they give.
         let taken = unsafe {
             libc::recvmmsg(
                 self.socket.as_raw_fd(),
-                messages.as_mut_ptr(),
+                batch.messages.as_mut_ptr(),
                 count as libc::c_uint,
                 libc::MSG_DONTWAIT | libc::MSG_TRUNC,
                 std::ptr::null_mut(),
             )
         };
-        match usize::try_from(taken) {
-            Ok(taken) => {
-                *written = taken.min(count);
-                Ok(*written)
-            }
-            Err(_) => {
-                let error = io::Error::last_os_error();
-                // Nothing there: nothing written. Any other failure: maybe some headers.
-                *written = if error.kind() == io::ErrorKind::WouldBlock {
-                    0
-                } else {
-                    count
-                };
-                Err(error)
-            }
-        }
+        let taken = usize::try_from(taken).map_err(|_| io::Error::last_os_error())?;
+        Ok(taken.min(count))
     }
 
     /// Receives through the GRO arena: hands out into `bufs` (in order, appended to
@@ -1734,11 +1689,11 @@ struct Datagram<'a> {
 }
 
 // SAFETY: the raw pointers in `iovecs`, `messages` and `armed` are only ever dereferenced
-// by the kernel, inside the `recvmmsg(2)` of `UdpTransport::receive_into` (which sets every
-// one it passes to memory borrowed for that call) or of `UdpTransport::receive_into_slots`
-// (which passes them only while it holds the very buffer they were made for exclusively
-// borrowed). Between calls nothing reads through them, so the batch may move to (and be
-// used by) another thread.
+// by the kernel, inside `UdpTransport::recvmmsg`, called by `UdpTransport::receive_into`
+// (which points every header it passes at memory borrowed for that call) and by
+// `UdpTransport::receive_into_slots` (which passes them only while it holds the very
+// buffer they were made for exclusively borrowed). Between calls nothing reads through
+// them, so the batch may move to (and be used by) another thread.
 unsafe impl Send for ReceiveBatch {}
 
 thread_local! {
@@ -1756,6 +1711,29 @@ impl ReceiveBatch {
             Ok(mut batch) => f(batch.get_or_insert_with(|| Box::new(ReceiveBatch::new()))),
             Err(_) => f(&mut ReceiveBatch::new()),
         })
+    }
+
+    /// Points header `index` at its address storage, its control buffer and, through its
+    /// iovec, `buf`, with their whole lengths.
+    fn point(&mut self, index: usize, buf: &mut [u8]) {
+        self.iovecs[index] = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let header = &mut self.messages[index].msg_hdr;
+        header.msg_name = (&mut self.addresses[index] as *mut libc::sockaddr_storage).cast();
+        header.msg_iov = &mut self.iovecs[index];
+        header.msg_iovlen = 1;
+        header.msg_control = self.controls[index].0.as_mut_ptr().cast();
+        self.reset_lengths(index);
+    }
+
+    /// Sets header `index`'s address and control lengths back to their storage's whole
+    /// size (the kernel writes what it used there).
+    fn reset_lengths(&mut self, index: usize) {
+        let header = &mut self.messages[index].msg_hdr;
+        header.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        header.msg_controllen = self.controls[index].0.len() as _;
     }
 
     fn new() -> ReceiveBatch {
