@@ -875,47 +875,65 @@ impl Shm {
 
     /// The holder of the socket: hands every packet of `received` (in `bufs`) whose
     /// destination QPN is another ready member's to that member's inbox, and keeps the
-    /// others (moved to the front). Returns how many it kept.
+    /// others (moved to the front). Returns how many it kept. Packets in a row for one
+    /// member go into its ring together, published at once: a member takes the packets
+    /// of one datagram (a reply and the ACK behind it, [`Transport::acks_may_follow`]) in
+    /// one run, as the holder would have.
     fn forward(&self, bufs: &mut [&mut [u8]], received: &mut Vec<Received>) -> usize {
         let own = self.membership.slot;
+        let target = |index: usize, bufs: &[&mut [u8]], received: &[Received]| {
+            let bytes = bufs[index].get(..received[index].len).unwrap_or(&[]);
+            let slot = self.membership.members.packet_slot(bytes);
+            slot.filter(|&slot| slot != own)
+        };
         let mut kept = 0;
-        for index in 0..received.len() {
-            let packet = received[index];
-            let bytes = &bufs[index][..packet.len];
-            let target = self
-                .membership
-                .members
-                .packet_slot(bytes)
-                .filter(|&slot| slot != own);
-            if let Some(slot) = target {
-                if self.forward_one(slot, &packet, bytes) {
-                    continue;
+        let mut index = 0;
+        while index < received.len() {
+            let mut end = index + 1;
+            if let Some(slot) = target(index, bufs, received) {
+                while end < received.len() && target(end, bufs, received) == Some(slot) {
+                    end += 1;
                 }
+                let mut run = received[index..end]
+                    .iter()
+                    .zip(&bufs[index..end])
+                    .map(|(packet, buf)| (packet, buf.get(..packet.len).unwrap_or(&[])));
+                index += self.forward_run(slot, &mut run);
             }
-            if kept != index {
-                let (front, back) = bufs.split_at_mut(index);
-                let Some(slot) = front[kept].get_mut(..packet.len) else {
-                    // Buffers of different sizes, a shorter one in front: as if truncated.
-                    self.counters.count_drop(DropReason::Truncated);
-                    continue;
-                };
-                slot.copy_from_slice(&back[0][..packet.len]);
-                received[kept] = packet;
+            // What was not forwarded is this device's to handle.
+            for at in index..end {
+                let packet = received[at];
+                if kept != at {
+                    let (front, back) = bufs.split_at_mut(at);
+                    let Some(slot) = front[kept].get_mut(..packet.len) else {
+                        // Buffers of different sizes, a shorter one in front: as if truncated.
+                        self.counters.count_drop(DropReason::Truncated);
+                        continue;
+                    };
+                    slot.copy_from_slice(&back[0][..packet.len]);
+                    received[kept] = packet;
+                }
+                kept += 1;
             }
-            kept += 1;
+            index = end;
         }
         received.truncate(kept);
         kept
     }
 
-    /// Pushes one packet into the inbox of the member in `slot`; false if no member is
-    /// there (the packet is this device's to handle: its engine counts it as for an
-    /// unknown QP).
-    fn forward_one(&self, slot: usize, packet: &Received, bytes: &[u8]) -> bool {
+    /// Pushes `packets` into the inbox of the member in `slot`, in order, and publishes
+    /// them at once (a full ring may publish those before it). Returns how many it took:
+    /// none if no member is there (the packets are this device's to handle: its engine
+    /// counts them as for an unknown QP), fewer than all if the member went away on the
+    /// way. A packet its ring had no room for is counted as undeliverable.
+    fn forward_run<'a>(
+        &self,
+        slot: usize,
+        packets: &mut dyn Iterator<Item = (&'a Received, &'a [u8])>,
+    ) -> usize {
         let Some(pid) = self.membership.members.ready_member(slot) else {
-            return false;
+            return 0;
         };
-        let local = packet.to;
         let mut forwards = lock(&self.forwards);
         let stale = match forwards.get(&slot) {
             Some(forward) if forward.pid == pid => {
@@ -924,6 +942,11 @@ impl Shm {
             _ => true,
         };
         if stale {
+            let mut packets = packets.peekable();
+            let Some((first, _)) = packets.peek() else {
+                return 0;
+            };
+            let local = first.to;
             let peer = PeerInbox::open(&self.scope.path(&local, slot), local.gid().octets())
                 .ok()
                 .and_then(|inbox| {
@@ -946,50 +969,77 @@ impl Shm {
                     record: Vec::new(),
                 },
             );
+            return self.push_run(&mut forwards, slot, &mut packets);
         }
+        self.push_run(&mut forwards, slot, packets)
+    }
+
+    /// [`Shm::forward_run`] once the member's forward is set up.
+    fn push_run<'a>(
+        &self,
+        forwards: &mut FxHashMap<usize, Forward>,
+        slot: usize,
+        packets: &mut dyn Iterator<Item = (&'a Received, &'a [u8])>,
+    ) -> usize {
         let Some(forward) = forwards.get_mut(&slot) else {
-            return false;
+            return 0;
         };
-        let Some(peer) = &forward.peer else {
-            return false;
-        };
-        let record = &mut forward.record;
-        record.clear();
-        record.extend_from_slice(&packet.from.gid().octets());
-        let (tos, ttl, id) = match packet.ip {
-            softverbs_wire::icrc::IpHeaderInfo::V4 { tos, ttl, id, .. } => (tos, ttl, id),
-            softverbs_wire::icrc::IpHeaderInfo::V6 {
-                traffic_class,
-                hop_limit,
-                ..
-            } => (traffic_class, hop_limit, 0),
-        };
-        record.extend_from_slice(&[tos, ttl]);
-        record.extend_from_slice(&id.to_be_bytes());
-        record.extend_from_slice(&[u8::from(packet.icrc_checked), 0, 0, 0]);
-        record.extend_from_slice(bytes);
-        let ring = peer.inbox.ring();
-        let mut producer = ring.producer_within(peer.inbox.usable());
-        if self.push(
+        let Forward {
             peer,
-            &mut producer,
-            packet.from.port(),
-            FORWARDED,
-            (record, 0, &[]),
-        ) == Pushed::Yes
-        {
-            producer.publish();
-            self.counters.count_sent(bytes.len());
-            self.ring_doorbell(peer);
-        } else {
-            crate::transport::bump(&self.counters.dropped_undeliverable);
-            if !peer.inbox.still_there() {
-                tracing::debug!(slot, "the member there is gone");
-                forward.peer = None;
-                forward.retry = Instant::now() + FORWARD_RETRY;
+            record,
+            retry,
+            ..
+        } = forward;
+        let Some(target) = peer.as_ref() else {
+            return 0;
+        };
+        let ring = target.inbox.ring();
+        let mut producer = ring.producer_within(target.inbox.usable());
+        let (mut taken, mut pushed, mut gone) = (0, 0, false);
+        for (packet, bytes) in packets {
+            record.clear();
+            record.extend_from_slice(&packet.from.gid().octets());
+            let (tos, ttl, id) = match packet.ip {
+                softverbs_wire::icrc::IpHeaderInfo::V4 { tos, ttl, id, .. } => (tos, ttl, id),
+                softverbs_wire::icrc::IpHeaderInfo::V6 {
+                    traffic_class,
+                    hop_limit,
+                    ..
+                } => (traffic_class, hop_limit, 0),
+            };
+            record.extend_from_slice(&[tos, ttl]);
+            record.extend_from_slice(&id.to_be_bytes());
+            record.extend_from_slice(&[u8::from(packet.icrc_checked), 0, 0, 0]);
+            record.extend_from_slice(bytes);
+            let contents = (&record[..], 0, &[][..]);
+            taken += 1;
+            if self.push(
+                target,
+                &mut producer,
+                packet.from.port(),
+                FORWARDED,
+                contents,
+            ) == Pushed::Yes
+            {
+                self.counters.count_sent(bytes.len());
+                pushed += 1;
+            } else {
+                crate::transport::bump(&self.counters.dropped_undeliverable);
+                if !target.inbox.still_there() {
+                    tracing::debug!(slot, "the member there is gone");
+                    gone = true;
+                    break;
+                }
             }
         }
-        true
+        if producer.publish() > 0 || pushed > 0 {
+            self.ring_doorbell(target);
+        }
+        if gone {
+            *peer = None;
+            *retry = Instant::now() + FORWARD_RETRY;
+        }
+        taken
     }
 }
 
