@@ -888,12 +888,20 @@ impl Shm {
         };
         let mut kept = 0;
         let mut index = 0;
-        while index < received.len() {
+        // Each packet's target is looked at once: the one that ends a run starts the next.
+        let mut next = (!received.is_empty()).then(|| target(0, bufs, received));
+        while let Some(this) = next {
             let mut end = index + 1;
-            if let Some(slot) = target(index, bufs, received) {
-                while end < received.len() && target(end, bufs, received) == Some(slot) {
-                    end += 1;
+            next = None;
+            while end < received.len() {
+                let after = target(end, bufs, received);
+                if after != this {
+                    next = Some(after);
+                    break;
                 }
+                end += 1;
+            }
+            if let Some(slot) = this {
                 let mut run = received[index..end]
                     .iter()
                     .zip(&bufs[index..end])
