@@ -63,6 +63,7 @@ use rustix::event::epoll;
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 use softverbs_wire::icrc;
+use std::collections::hash_map::Entry;
 use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
@@ -356,53 +357,65 @@ impl Shm {
             return None;
         }
         let slot = slot?;
-        let key = (*to, slot);
         let time = |now: &mut Option<u64>| *now.get_or_insert_with(coarse_now);
-        let look = match routes.get_mut(&key) {
-            // Once every RECHECK: is the member there still the one this route reaches? (A
-            // device that died leaves its slot to the next one, with a new inbox.)
-            Some(Route::Shared(peer)) => {
-                let at = time(now);
-                if at >= peer.checked.saturating_add(RECHECK) {
-                    peer.checked = at;
-                    !peer.inbox.still_there()
-                } else {
-                    false
+        // One look-up of the table (the hot path: a route that stands).
+        let route = match routes.entry((*to, slot)) {
+            Entry::Occupied(entry) => {
+                let route = entry.into_mut();
+                let look = match route {
+                    // Once every RECHECK: is the member there still the one this route
+                    // reaches? (A device that died leaves its slot to the next one, with a
+                    // new inbox.)
+                    Route::Shared(peer) => {
+                        let at = time(now);
+                        if at >= peer.checked.saturating_add(RECHECK) {
+                            peer.checked = at;
+                            !peer.inbox.still_there()
+                        } else {
+                            false
+                        }
+                    }
+                    Route::Wire(until) => time(now) >= *until,
+                };
+                if look {
+                    *route = self.open_route(to, slot, from, time(now));
+                }
+                route
+            }
+            Entry::Vacant(entry) => entry.insert(self.open_route(to, slot, from, time(now))),
+        };
+        match route {
+            Route::Shared(peer) => Some(peer),
+            Route::Wire(_) => None,
+        }
+    }
+
+    /// A route to member `slot` of `to` as found now: into its inbox if it has one this
+    /// device may use, else over UDP until [`RECHECK`] from `now`.
+    fn open_route(&self, to: &Endpoint, slot: usize, from: Gid, now: u64) -> Route {
+        match PeerInbox::open(&self.scope.path(to, slot), from.octets()) {
+            Ok(inbox) => {
+                match SocketAddrUnix::new_abstract_name(
+                    self.scope.doorbell_name(to, slot).as_bytes(),
+                ) {
+                    Ok(doorbell) => {
+                        tracing::debug!(to = %to, slot, "sending through shared memory");
+                        Route::Shared(Box::new(Peer {
+                            inbox,
+                            doorbell,
+                            checked: now,
+                            stalled_at: AtomicU64::new(STALLED),
+                        }))
+                    }
+                    Err(_) => Route::Wire(now.saturating_add(RECHECK)),
                 }
             }
-            Some(Route::Wire(until)) => time(now) >= *until,
-            None => true,
-        };
-        if look {
-            let route = match PeerInbox::open(&self.scope.path(to, slot), from.octets()) {
-                Ok(inbox) => {
-                    match SocketAddrUnix::new_abstract_name(
-                        self.scope.doorbell_name(to, slot).as_bytes(),
-                    ) {
-                        Ok(doorbell) => {
-                            tracing::debug!(to = %to, slot, "sending through shared memory");
-                            Route::Shared(Box::new(Peer {
-                                inbox,
-                                doorbell,
-                                checked: time(now),
-                                stalled_at: AtomicU64::new(STALLED),
-                            }))
-                        }
-                        Err(_) => Route::Wire(time(now).saturating_add(RECHECK)),
-                    }
+            Err(refused) => {
+                if let Refused::Unusable(why) = refused {
+                    tracing::debug!(to = %to, why, "a device of this host, over UDP");
                 }
-                Err(refused) => {
-                    if let Refused::Unusable(why) = refused {
-                        tracing::debug!(to = %to, why, "a device of this host, over UDP");
-                    }
-                    Route::Wire(time(now).saturating_add(RECHECK))
-                }
-            };
-            routes.insert(key, route);
-        }
-        match routes.get(&key) {
-            Some(Route::Shared(peer)) => Some(peer),
-            _ => None,
+                Route::Wire(now.saturating_add(RECHECK))
+            }
         }
     }
 
