@@ -209,12 +209,15 @@ pub(crate) struct DeviceInner {
     /// Packets the progress thread received (`DeviceStats::progress_received`).
     progress_received: AtomicU64,
     /// Packets received by any thread (the progress thread's look for packets nobody took,
-    /// [`DeviceInner::take_stuck_packets`]).
+    /// [`DeviceInner::take_stuck_packets`]). Written under the receive lock (`rx`) only.
     packets_taken: AtomicU64,
     /// What `packets_taken` was when the progress thread, napping for an application woken
     /// by the packets, last found a packet waiting; [`NO_LOOK`](runtime::NO_LOOK) if it
     /// found none.
     stuck_look: AtomicU64,
+    /// Polls in a row that took packets in place and left the copying receive for later
+    /// ([`runtime::IN_PLACE_STREAK`]). Written under the receive lock (`rx`) only.
+    in_place_streak: AtomicU32,
     port_mtu: Mtu,
     /// The figures of the last statistics report, if one was made (the drop, and the
     /// drop-in at exit, report only if something happened since: see
@@ -281,7 +284,7 @@ impl DeviceInner {
             // reached, a poll writes nothing here.
             self.polls_since_arm.fetch_add(1, Ordering::Relaxed);
         }
-        let received = self.progress_once(now, Some(Duration::ZERO));
+        let received = self.progress_once(now, Some(Duration::ZERO), may_yield);
         if received > 0 {
             // Its runs may have been long (sending what the ACKs let out): the application
             // polled until now, not only since it began (the progress thread leaves the
@@ -523,6 +526,7 @@ impl Device {
             progress_received: AtomicU64::new(0),
             packets_taken: AtomicU64::new(0),
             stuck_look: AtomicU64::new(runtime::NO_LOOK),
+            in_place_streak: AtomicU32::new(0),
             port_mtu: engine_config.port_mtu,
             capture: config.capture.clone(),
             last_report: Mutex::new(None),

@@ -136,6 +136,17 @@ const RECEIVE_SLOTS: usize = 32;
 /// Batches one round of progress takes off the transport at most.
 const RECEIVE_ROUNDS: usize = 2;
 
+/// Polls in a row at most (an application's poll of an empty CQ, which comes back at
+/// once) that, having taken packets in place (from shared-memory rings, from a socket's
+/// coalesced datagrams), leave the copying receive ([`Transport::recv_batch`]: records a
+/// ring holds for it, a socket without GRO, the multicast groups' sockets) to a later
+/// poll. The poll that took a message returns to the application without another look at
+/// every ring and the socket pacing on the way (~190 instructions and a lock here, between
+/// the message and its completion); what only the copying receive takes waits this many
+/// polls at most. The progress thread and a thread waiting for an event receive both ways
+/// every time.
+pub(super) const IN_PLACE_STREAK: u32 = 8;
+
 /// The size of a receive slot: a packet of a direct segment between devices of this host
 /// (`DIRECT_SEGMENT`, 32 KiB: the shared-memory path, whose records may come through a
 /// receive slot) with every header, which is more than any IB transport packet at the
@@ -459,7 +470,7 @@ pub(super) fn progress_loop(weak: Weak<DeviceInner>) {
         if inner.shutdown.load(Ordering::Acquire) {
             return;
         }
-        let received = inner.progress_once(DeviceClock::now(), None);
+        let received = inner.progress_once(DeviceClock::now(), None, false);
         if received > 0 {
             inner
                 .progress_received
@@ -1030,14 +1041,8 @@ impl DeviceInner {
         transport: &dyn Transport,
         hold_acks: bool,
         mut fresh: Option<u64>,
+        polling: bool,
     ) -> usize {
-        let mut buffers = RECEIVE_BUFFERS
-            .with(|cell| cell.borrow_mut().take())
-            .unwrap_or_else(|| ReceiveBuffers {
-                slots: vec![0u8; RECEIVE_SLOTS * RECEIVE_SLOT_LEN],
-                received: Vec::with_capacity(RECEIVE_SLOTS),
-            });
-        let ReceiveBuffers { slots, received } = &mut buffers;
         let mut handled = 0;
         // Packets in memory first (shared-memory rings, a UDP socket's coalesced
         // datagrams), handled where they lie (no copy into a slot), a batch per run; the
@@ -1065,6 +1070,43 @@ impl DeviceInner {
                 break;
             }
         }
+        // A polling application that took packets in place comes back at once: the
+        // copying receive waits for a later poll ([`IN_PLACE_STREAK`]). Like the count
+        // below, written under the receive lock only.
+        let streak = self.in_place_streak.load(Ordering::Relaxed);
+        let (copying, next) = copying_receive(polling, handled > 0, streak);
+        if next != streak {
+            self.in_place_streak.store(next, Ordering::Relaxed);
+        }
+        if copying {
+            handled += self.receive_copied(transport, hold_acks, fresh);
+        }
+        if handled > 0 {
+            // No locked add: every receive holds the receive lock.
+            let taken = self.packets_taken.load(Ordering::Relaxed);
+            self.packets_taken
+                .store(taken.wrapping_add(handled as u64), Ordering::Relaxed);
+        }
+        handled
+    }
+
+    /// The copying receive of [`receive_queued`](Self::receive_queued): packets the
+    /// transport copies into the thread's receive slots ([`Transport::recv_batch`]), a
+    /// batch per run.
+    fn receive_copied(
+        self: &Arc<Self>,
+        transport: &dyn Transport,
+        hold_acks: bool,
+        mut fresh: Option<u64>,
+    ) -> usize {
+        let mut buffers = RECEIVE_BUFFERS
+            .with(|cell| cell.borrow_mut().take())
+            .unwrap_or_else(|| ReceiveBuffers {
+                slots: vec![0u8; RECEIVE_SLOTS * RECEIVE_SLOT_LEN],
+                received: Vec::with_capacity(RECEIVE_SLOTS),
+            });
+        let ReceiveBuffers { slots, received } = &mut buffers;
+        let mut handled = 0;
         for _ in 0..RECEIVE_ROUNDS {
             // A slice per slot, made on every receive (an empty poll's too): one length
             // check, no iterator (through `chunks_exact_mut`, ~300 instructions). The
@@ -1106,10 +1148,6 @@ impl DeviceInner {
             }
         }
         RECEIVE_BUFFERS.with(|cell| *cell.borrow_mut() = Some(buffers));
-        if handled > 0 {
-            self.packets_taken
-                .fetch_add(handled as u64, Ordering::Relaxed);
-        }
         handled
     }
 
@@ -1131,15 +1169,21 @@ impl DeviceInner {
         }
         self.stuck_look.store(NO_LOOK, Ordering::Relaxed);
         match self.rx.try_lock() {
-            Ok(_receiving) => self.receive_queued(transport, false, None),
+            Ok(_receiving) => self.receive_queued(transport, false, None, false),
             Err(_) => 0,
         }
     }
 
     /// One round of progress: receive (waiting up to `wait`, or until the next deadline
-    /// when `None`), handle, and run due timers.
+    /// when `None`), handle, and run due timers. `polling`: the application's poll of an
+    /// empty CQ, which comes back at once ([`IN_PLACE_STREAK`]).
     /// Returns how many packets it received.
-    pub(super) fn progress_once(self: &Arc<Self>, now: u64, wait: Option<Duration>) -> usize {
+    pub(super) fn progress_once(
+        self: &Arc<Self>,
+        now: u64,
+        wait: Option<Duration>,
+        polling: bool,
+    ) -> usize {
         // ACKs held for a post that did not come leave now, before anything else.
         if self.acks_held.load(Ordering::Relaxed) && self.send_held_acks() {
             self.progress_ack_sends.fetch_add(1, Ordering::Relaxed);
@@ -1236,7 +1280,7 @@ impl DeviceInner {
                     // A call that does not wait (the application's poll) read the clock
                     // just before.
                     let fresh = wait.is_some_and(|w| w.is_zero()).then_some(now);
-                    received += self.receive_queued(&**transport, wait.is_some(), fresh);
+                    received += self.receive_queued(&**transport, wait.is_some(), fresh, polling);
                 }
                 if self.tap.is_some() {
                     // Receiving released packets the fault layer held back: those for
@@ -1317,7 +1361,7 @@ impl DeviceInner {
         let _receiving = self.rx.try_lock().ok()?;
         let mut handled = 0;
         for _ in 0..DRAIN_BEFORE_TIMERS {
-            let got = self.receive_queued(&**transport, false, None);
+            let got = self.receive_queued(&**transport, false, None, false);
             handled += got;
             if got == 0 {
                 break;
@@ -1356,6 +1400,14 @@ impl DeviceInner {
 /// it hands to devices of this process; then delivers those (other devices' engines run:
 /// never while holding the send lock).
 #[inline(never)]
+/// Whether a receive that `took_in_place` packets (by the application's poll if `polling`)
+/// goes on to the copying receive, after `streak` that did not; and the streak after it
+/// ([`IN_PLACE_STREAK`]).
+fn copying_receive(polling: bool, took_in_place: bool, streak: u32) -> (bool, u32) {
+    let copying = !polling || !took_in_place || streak >= IN_PLACE_STREAK;
+    (copying, if copying { 0 } else { streak + 1 })
+}
+
 fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGuard<'_, HeldAcks>) {
     let mut batch: Vec<OutgoingPacket<'_>> = outgoing
         .split()
@@ -1450,6 +1502,33 @@ mod tests {
     /// While the application polls, the progress thread wakes once per sixteenth of the
     /// shortest local ACK timeout (IBTA 9.7.6.1.3: 4.096 µs · 2^timeout), never more often
     /// than once a millisecond nor less often than once per 5 ms.
+    /// A polling application whose polls keep taking packets in place leaves the copying
+    /// receive (`Transport::recv_batch`: a ring's records kept for it, a socket without
+    /// GRO, the multicast sockets) to a later poll, never more than `IN_PLACE_STREAK` in
+    /// a row, so what only that receive takes is never starved; a poll that took nothing,
+    /// the progress thread and a thread waiting for an event always go on to it.
+    #[test]
+    fn a_polling_receive_leaves_the_copying_receive_to_a_later_poll_eight_times_at_most() {
+        let mut streak = 0;
+        let mut left = 0;
+        let mut copying_polls = 0;
+        for _ in 0..100 {
+            let (copying, next) = copying_receive(true, true, streak);
+            if copying {
+                assert_eq!(left, IN_PLACE_STREAK);
+                copying_polls += 1;
+                left = 0;
+            } else {
+                left += 1;
+            }
+            streak = next;
+        }
+        assert_eq!(copying_polls, 100 / (IN_PLACE_STREAK as usize + 1));
+        assert_eq!(copying_receive(true, false, 3), (true, 0));
+        assert_eq!(copying_receive(false, true, 0), (true, 0));
+        assert_eq!(copying_receive(true, true, 0), (false, 1));
+    }
+
     #[test]
     fn the_progress_thread_naps_a_sixteenth_of_the_ack_timeout_between_1_and_5_ms() {
         let timeout = |t: u32| 4096u64 << t;
