@@ -409,9 +409,12 @@ pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Adds `n` to a counter (see [`AtomicCounters`] for the ordering).
+/// Adds `n` to a counter (see [`AtomicCounters`] for the ordering); adding nothing
+/// (a packet sent without a payload read from a region, most often) is no locked add.
 pub(crate) fn add(counter: &AtomicU64, n: usize) {
-    counter.fetch_add(n as u64, Ordering::Relaxed);
+    if n > 0 {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 impl AtomicCounters {
