@@ -115,6 +115,13 @@ impl Ring {
         unsafe { &*self.header }
     }
 
+    /// Where position `pos` lies in the data area: a mask, `cap` being a power of two (a
+    /// `%` by a capacity known only at run time is a division, some 25 cycles, on every
+    /// record pushed and taken).
+    fn offset(&self, pos: u64) -> usize {
+        (pos & (self.cap as u64 - 1)) as usize
+    }
+
     /// The largest packet a record can hold.
     pub(crate) fn max_packet(&self) -> usize {
         (self.cap / 4).min(u32::MAX as usize - 8)
@@ -181,7 +188,7 @@ impl Ring {
                 result = Err(Broken);
                 break;
             }
-            let offset = (head % self.cap as u64) as usize;
+            let offset = self.offset(head);
             let to_end = self.cap - offset;
             // SAFETY: `offset + 8 <= cap` (offsets are multiples of 8 while the ring is
             // consistent, checked below), in the data area of the invariant; published by
@@ -272,7 +279,7 @@ impl Producer<'_> {
         if used > cap as u64 {
             return Pushed::Full;
         }
-        let mut offset = (self.tail % cap as u64) as usize;
+        let mut offset = self.ring.offset(self.tail);
         let to_end = cap - offset;
         // Past the limit: the rest of the lap is skipped (a marker at `offset`, which a
         // record that ended before the limit left there, or 0).
