@@ -23,7 +23,7 @@ use crate::memory::{traced, Accessor, AtomicOp, MemError, MemKey, Memory};
 use crate::output::{AsyncEvent, Completion, CqTarget, DropReason};
 use crate::psn;
 use crate::qp::{ack_timeout_ns, Ctx, CurMsg, Qp, Resource, RespOut};
-use crate::requester::scatter;
+use crate::requester::{mtu_pieces, scatter};
 use crate::types::{AccessFlags, QpState, QpType};
 use crate::wr::{FlushPlacement, FlushSelectivity, RecvWr};
 
@@ -439,7 +439,7 @@ impl Qp {
                     self.rc_fault(psn, fault, None, ctx);
                     return;
                 }
-                let npkts = total.div_ceil(mtu).max(1) as u32;
+                let npkts = mtu_pieces(total, mtu as u32).max(1) as u32;
                 self.msn = psn::add(self.msn, 1);
                 self.push_resource(Resource::Read {
                     first_psn: psn,
@@ -654,7 +654,10 @@ impl Qp {
                 // Replace a response of the same read still waiting to go out; one being
                 // sent (the head, past its first packet) goes on to its end, so copies of
                 // the request cannot keep restarting it.
-                let end_psn = psn::add(first_psn, len.div_ceil(mtu as u32).max(1));
+                let end_psn = psn::add(
+                    first_psn,
+                    (mtu_pieces(u64::from(len), mtu as u32) as u32).max(1),
+                );
                 let head_started = matches!(
                     self.resp_out.front(),
                     Some(RespOut::Read { first: false, .. })
