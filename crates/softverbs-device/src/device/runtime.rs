@@ -659,7 +659,10 @@ impl DeviceInner {
                 // Held ACKs go in one call with what this run sends (a run that sends
                 // nothing, e.g. a post_recv, leaves them for the next post): first, or
                 // in the datagram of the run's one packet, behind it.
-                if self.acks_held.swap(false, Ordering::Relaxed) {
+                // (A load first: the swap, a locked instruction, only when ACKs are held.)
+                if self.acks_held.load(Ordering::Relaxed)
+                    && self.acks_held.swap(false, Ordering::Relaxed)
+                {
                     if self.acks_may_trail(&guard.0, &outgoing) {
                         outgoing.append(&guard.0);
                     } else {
