@@ -381,7 +381,8 @@ impl fmt::Display for TransportCounters {
 /// Ordering: every counter is an independent statistic, incremented with `Relaxed` by the
 /// thread that saw the event and read with `Relaxed` by [`AtomicCounters::snapshot`]; no
 /// other memory is published through them, so a snapshot may mix counts from slightly
-/// different instants but each count is exact.
+/// different instants but each count is exact. A counter whose writers a lock serialises
+/// may be incremented with a load and a store ([`add_exclusive`]) by its holder.
 #[derive(Debug, Default)]
 pub(crate) struct AtomicCounters {
     pub(crate) sent_packets: AtomicU64,
@@ -407,6 +408,18 @@ pub(crate) struct AtomicCounters {
 /// Adds one to a counter (see [`AtomicCounters`] for the ordering).
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n` to a counter that only the caller writes at the moment (it holds the lock
+/// that serialises its writers, which orders each write after the last): a load and a
+/// store, no locked instruction.
+pub(crate) fn add_exclusive(counter: &AtomicU64, n: usize) {
+    if n > 0 {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n as u64),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 /// Adds `n` to a counter (see [`AtomicCounters`] for the ordering); adding nothing
@@ -462,6 +475,14 @@ impl AtomicCounters {
     pub(crate) fn count_received(&self, len: usize) {
         bump(&self.received_packets);
         add(&self.received_bytes, len);
+    }
+
+    /// [`count_received`](Self::count_received) by the only thread that writes the
+    /// received counters at the moment (it holds the lock that serialises them: the
+    /// shared-memory consumer's), with no locked add.
+    pub(crate) fn count_received_exclusive(&self, len: usize) {
+        add_exclusive(&self.received_packets, 1);
+        add_exclusive(&self.received_bytes, len);
     }
 }
 

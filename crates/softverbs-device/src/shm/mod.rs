@@ -242,7 +242,8 @@ struct Shm {
     /// arrives between the two is left for the next in-place take, not copied).
     in_place: AtomicBool,
     /// [`TransportCounters::shm_direct_bytes`] and
-    /// [`TransportCounters::shm_in_place_packets`].
+    /// [`TransportCounters::shm_in_place_packets`] (the latter written under the consumer
+    /// lock only, as the received counts of `counters`: no locked add).
     direct_bytes: AtomicU64,
     in_place_packets: AtomicU64,
     /// [`TransportCounters::shm_stalls`].
@@ -722,6 +723,7 @@ impl Shm {
         }
         let mut handed = 0;
         self.visit_rings(|ring, from| {
+            let before = handed;
             let taken = ring.consume(|record, bytes| {
                 if handed == max || record.flags != 0 {
                     return false;
@@ -732,11 +734,10 @@ impl Shm {
                 }
                 true
             });
+            // Under the consumer lock, as every count of what the rings gave.
+            crate::transport::add_exclusive(&self.in_place_packets, handed - before);
             (taken, handed == max)
         });
-        if handed > 0 {
-            crate::transport::add(&self.in_place_packets, handed);
-        }
         handed
     }
 
@@ -768,7 +769,7 @@ impl Shm {
             return None;
         }
         let packet = self.derive(local, from, record, bytes.len())?;
-        self.counters.count_received(bytes.len());
+        self.counters.count_received_exclusive(bytes.len());
         Some(packet)
     }
 
@@ -828,7 +829,7 @@ impl Shm {
             // Shorter than an ICRC: refused as malformed above.
             let _ = icrc::fill(&packet.ip, &packet.udp, slot);
         }
-        self.counters.count_received(bytes.len());
+        self.counters.count_received_exclusive(bytes.len());
         Some(packet)
     }
 }
@@ -874,7 +875,7 @@ impl Shm {
             *id = u16::from_be_bytes([prefix[18], prefix[19]]);
         }
         slot.copy_from_slice(packet);
-        self.counters.count_received(packet.len());
+        self.counters.count_received_exclusive(packet.len());
         Some(Received {
             from,
             to: local,
