@@ -463,6 +463,13 @@ impl AtomicCounters {
         add(&self.sent_bytes, len);
     }
 
+    /// [`count_sent`](Self::count_sent) by the only thread that writes the sent counters
+    /// at the moment (it holds the lock that serialises them), with no locked add.
+    pub(crate) fn count_sent_exclusive(&self, len: usize) {
+        add_exclusive(&self.sent_packets, 1);
+        add_exclusive(&self.sent_bytes, len);
+    }
+
     pub(crate) fn count_drop(&self, reason: DropReason) {
         bump(match reason {
             DropReason::BadIcrc => &self.dropped_bad_icrc,

@@ -256,7 +256,12 @@ struct Shm {
     udp_until: AtomicU64,
     /// When a receive last looked at the UDP socket ([`coarse_now`]).
     udp_looked_at: AtomicU64,
+    /// What went through the rings: the received counts written under the consumer lock
+    /// only, the sent ones under the routes lock only (no locked add for either).
     counters: AtomicCounters,
+    /// What the holder of the address's socket forwarded into members' rings (under the
+    /// forwards lock), sent packets and bytes beside `counters`' own.
+    forwarded: AtomicCounters,
     /// Fill the ICRC of packets that came without one (for a capture above).
     complete_icrc: bool,
     /// Last: the slot is freed after the inbox is gone.
@@ -333,6 +338,7 @@ impl Shm {
             udp_until: AtomicU64::new(0),
             udp_looked_at: AtomicU64::new(0),
             counters: AtomicCounters::default(),
+            forwarded: AtomicCounters::default(),
             complete_icrc: false,
             membership,
         })
@@ -1043,7 +1049,7 @@ impl Shm {
                 contents,
             ) == Pushed::Yes
             {
-                self.counters.count_sent(bytes.len());
+                self.forwarded.count_sent(bytes.len());
                 pushed += 1;
             } else {
                 crate::transport::bump(&self.counters.dropped_undeliverable);
@@ -1423,7 +1429,7 @@ impl HostTransport {
         match shm.push(peer, &mut producer, src_port, flags, (bytes, 0, &[])) {
             Pushed::Yes => {
                 producer.publish();
-                shm.counters.count_sent(bytes.len());
+                shm.counters.count_sent_exclusive(bytes.len());
                 shm.ring_doorbell(peer);
             }
             Pushed::Full | Pushed::Refused => {
@@ -1503,7 +1509,7 @@ impl Transport for HostTransport {
                             (headers, pushed)
                         }) {
                             Ok(((ip, udp), Pushed::Yes)) => {
-                                shm.counters.count_sent(packet.bytes.len());
+                                shm.counters.count_sent_exclusive(packet.bytes.len());
                                 let direct = packet.deferred.iter().map(|piece| piece.len).sum();
                                 crate::transport::add(&shm.direct_bytes, direct);
                                 packet.sent = Some(Sent {
@@ -1824,7 +1830,10 @@ impl Transport for HostTransport {
                 counters.dropped_malformed += socket.dropped_malformed;
                 counters.dropped_truncated += socket.dropped_truncated;
             }
-            let shared = shm.counters.snapshot();
+            let mut shared = shm.counters.snapshot();
+            let forwarded = shm.forwarded.snapshot();
+            shared.sent_packets += forwarded.sent_packets;
+            shared.sent_bytes += forwarded.sent_bytes;
             counters.sent_packets += shared.sent_packets;
             counters.sent_bytes += shared.sent_bytes;
             counters.received_packets += shared.received_packets;
