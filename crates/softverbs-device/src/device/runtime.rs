@@ -1399,10 +1399,6 @@ impl DeviceInner {
     }
 }
 
-/// Sends every packet through a device's capture and fault stack, whose link queues what
-/// it hands to devices of this process; then delivers those (other devices' engines run:
-/// never while holding the send lock).
-#[inline(never)]
 /// Whether a receive that `took_in_place` packets (by the application's poll if `polling`)
 /// goes on to the copying receive, after `streak` that did not; and the streak after it
 /// ([`IN_PLACE_STREAK`]).
@@ -1411,6 +1407,10 @@ fn copying_receive(polling: bool, took_in_place: bool, streak: u32) -> (bool, u3
     (copying, if copying { 0 } else { streak + 1 })
 }
 
+/// Sends every packet through a device's capture and fault stack, whose link queues what
+/// it hands to devices of this process; then delivers those (other devices' engines run:
+/// never while holding the send lock).
+#[inline(never)]
 fn send_through(stack: &dyn Transport, outgoing: &mut Outgoing, sending: MutexGuard<'_, HeldAcks>) {
     let mut batch: Vec<OutgoingPacket<'_>> = outgoing
         .split()
@@ -1502,9 +1502,6 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
 
-    /// While the application polls, the progress thread wakes once per sixteenth of the
-    /// shortest local ACK timeout (IBTA 9.7.6.1.3: 4.096 µs · 2^timeout), never more often
-    /// than once a millisecond nor less often than once per 5 ms.
     /// A polling application whose polls keep taking packets in place leaves the copying
     /// receive (`Transport::recv_batch`: a ring's records kept for it, a socket without
     /// GRO, the multicast sockets) to a later poll, never more than `IN_PLACE_STREAK` in
@@ -1532,6 +1529,9 @@ mod tests {
         assert_eq!(copying_receive(true, true, 0), (false, 1));
     }
 
+    /// While the application polls, the progress thread wakes once per sixteenth of the
+    /// shortest local ACK timeout (IBTA 9.7.6.1.3: 4.096 µs · 2^timeout), never more often
+    /// than once a millisecond nor less often than once per 5 ms.
     #[test]
     fn the_progress_thread_naps_a_sixteenth_of_the_ack_timeout_between_1_and_5_ms() {
         let timeout = |t: u32| 4096u64 << t;
