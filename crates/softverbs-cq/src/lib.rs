@@ -27,8 +27,8 @@ pub mod wc;
 pub use channel::{CompletionChannel, CqEvent};
 pub use clock::{DeviceClock, DEVICE_CLOCK_KHZ, DEVICE_CLOCK_MASK};
 pub use cq::{
-    CompletionQueue, CqBuilder, CqOverrun, CqProducer, CqStats, Moderation, OverrunPolicy,
-    OverrunSink, PollBatch, ProducerBurst, SingleThreadedCq, MAX_CQE,
+    moderation_in_use, CompletionQueue, CqBuilder, CqOverrun, CqProducer, CqStats, Moderation,
+    OverrunPolicy, OverrunSink, PollBatch, ProducerBurst, SingleThreadedCq, MAX_CQE,
 };
 pub use error::{
     CreateError, DestroyError, FieldNotRequested, ModifyError, PollError, PushError, ResizeError,

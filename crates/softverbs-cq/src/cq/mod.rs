@@ -54,7 +54,7 @@ mod unsynchronized;
 
 pub use builder::{CqBuilder, MAX_CQE};
 pub use extended_poll::PollBatch;
-pub use moderation::Moderation;
+pub use moderation::{moderation_in_use, Moderation};
 pub use overrun::{CqOverrun, OverrunPolicy, OverrunSink};
 pub use produce::{CqProducer, ProducerBurst};
 pub use stats::CqStats;
@@ -152,6 +152,7 @@ type ArmHook = Box<dyn Fn(bool) + Send + Sync>;
 
 impl Drop for CqShared {
     fn drop(&mut self) {
+        self.forget_moderation();
         let ring = self.ring.load(Ordering::Relaxed);
         // SAFETY: `ring` came from `Box::into_raw` (creation in `builder.rs` or resize in
         // `resize.rs`) and is replaced only by resize, which retires the old box; `drop` has

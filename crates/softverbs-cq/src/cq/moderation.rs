@@ -30,6 +30,21 @@ impl Moderation {
     }
 }
 
+/// CQs of this process with moderation set (`ibv_modify_cq(3)`), changed under each CQ's
+/// moderation lock. A plain `std` atomic, not a modelled one: loom models no moderation.
+static MODERATED_CQS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether any CQ of this process has moderation set. While none has, no CQ has a
+/// moderation deadline ([`CqProducer::moderation_deadline`](super::CqProducer::moderation_deadline)
+/// is `None` for every CQ), so a device that looks for the earliest deadline of its CQs
+/// after every run of its engine need not visit them (one load where it visited every CQ:
+/// a cache line of each, for a program with a CQ per connection). A push that held an event
+/// back for moderation took the CQ's moderation lock, which `modify` changes this count
+/// under: the thread that made that push sees the count of that CQ afterwards.
+pub fn moderation_in_use() -> bool {
+    MODERATED_CQS.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
 #[derive(Default)]
 pub(super) struct ModerationState {
     config: Moderation,
@@ -66,9 +81,19 @@ impl CqShared {
         let mut m = lock(&self.moderation);
         m.config = moderation;
         m.pending = 0;
-        self.moderation_active
-            .store(moderation.is_active(), Ordering::Release);
+        let active = moderation.is_active();
+        if active != self.moderation_active.load(Ordering::Relaxed) {
+            count_moderated(active);
+        }
+        self.moderation_active.store(active, Ordering::Release);
         Ok(())
+    }
+
+    /// The CQ goes: it no longer counts as moderated ([`moderation_in_use`]).
+    pub(super) fn forget_moderation(&self) {
+        if self.moderation_active.load(Ordering::Relaxed) {
+            count_moderated(false);
+        }
     }
 
     pub(super) fn moderation_deadline(&self) -> Option<u64> {
@@ -94,5 +119,15 @@ impl CqShared {
         let before = this.events.raised();
         Self::fire(this, |arm| arm != ARM_NONE);
         this.events.raised() != before
+    }
+}
+
+/// One more CQ with moderation set (`true`), or one fewer.
+fn count_moderated(active: bool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if active {
+        MODERATED_CQS.fetch_add(1, Relaxed);
+    } else {
+        MODERATED_CQS.fetch_sub(1, Relaxed);
     }
 }

@@ -1488,10 +1488,13 @@ fn drain_local() {
 /// The earliest deadline of the engine's timers and of the CQs' moderation periods.
 fn next_deadline(st: &State) -> u64 {
     let mut deadline = st.engine.poll_timeout().unwrap_or(u64::MAX);
-    // Each CQ once: a run costs the number of CQs here, not the number of QPs.
-    for cq in st.cqs.values() {
-        if let Some(d) = cq.moderation_deadline() {
-            deadline = deadline.min(d);
+    // Each CQ once, and only while some CQ of the process is moderated (none has a
+    // deadline otherwise): a run costs nothing per CQ, as it costs nothing per QP.
+    if softverbs_cq::moderation_in_use() {
+        for cq in st.cqs.values() {
+            if let Some(d) = cq.moderation_deadline() {
+                deadline = deadline.min(d);
+            }
         }
     }
     deadline
